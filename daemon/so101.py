@@ -1,0 +1,61 @@
+"""What an SO-101 arm is, as data: its motors, their ids, and the dataset columns they make.
+
+Names, order, dtype and units follow LeRobot's SO-101 follower/leader with ``use_degrees=True``
+(LeRobot >= 0.4.4): body joints in DEGREES (0 at the calibrated mid-range), the gripper in
+RANGE_0_100. Both the drivers and the MuJoCo twin produce columns through this table, so a sim
+column and a real column mean the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+NormMode = Literal["degrees", "range_0_100", "range_m100_100"]
+
+# motor name -> (servo id, normalisation mode). Order is the column order.
+MOTORS: Final[dict[str, tuple[int, NormMode]]] = {
+    "shoulder_pan": (1, "degrees"),
+    "shoulder_lift": (2, "degrees"),
+    "elbow_flex": (3, "degrees"),
+    "wrist_flex": (4, "degrees"),
+    "wrist_roll": (5, "degrees"),
+    "gripper": (6, "range_0_100"),
+}
+JOINT_NAMES: Final[tuple[str, ...]] = tuple(MOTORS)
+MOTOR_IDS: Final[tuple[int, ...]] = tuple(mid for mid, _ in MOTORS.values())
+POSITION_NAMES: Final[list[str]] = [f"{name}.pos" for name in JOINT_NAMES]
+NUM_JOINTS: Final[int] = len(JOINT_NAMES)
+
+ROBOT_TYPE: Final[str] = "so_follower"  # LeRobot >= 0.4.3 robot.name for SO-100/SO-101 followers
+
+ACTION_KEY: Final[str] = "action"
+STATE_KEY: Final[str] = "observation.state"
+IMAGE_PREFIX: Final[str] = "observation.images."
+
+
+def position_feature() -> dict[str, Any]:
+    return {"dtype": "float32", "shape": [NUM_JOINTS], "names": list(POSITION_NAMES)}
+
+
+def camera_feature(height: int, width: int, *, video: bool = True) -> dict[str, Any]:
+    return {
+        "dtype": "video" if video else "image",
+        "shape": [height, width, 3],
+        "names": ["height", "width", "channels"],
+    }
+
+
+def so101_features(cameras: Mapping[str, tuple[int, int]] | None = None, *,
+                   video: bool = True) -> dict[str, dict[str, Any]]:
+    """The dataset features of an SO-101 follower teleoperated by a leader, as LeRobot builds them.
+
+    ``cameras`` maps a camera name to its (height, width).
+    """
+    features: dict[str, dict[str, Any]] = {
+        ACTION_KEY: position_feature(),
+        STATE_KEY: position_feature(),
+    }
+    for name, (height, width) in (cameras or {}).items():
+        features[IMAGE_PREFIX + name] = camera_feature(height, width, video=video)
+    return features

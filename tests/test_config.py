@@ -1,0 +1,69 @@
+"""The TOML edge: every refusal names the dotted key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from hilrec.daemon.config import from_mapping, load_toml
+from hilrec.daemon.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Port:
+    path: str
+    baudrate: int = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Root:
+    mode: Literal["sim", "hil"]
+    fps: int = 25
+    follower: Port
+    gains: dict[str, float] = field(default_factory=dict)
+    cameras: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.fps <= 0:
+            raise ConfigError("fps", "must be positive")
+
+
+def test_builds_nested_frozen_config() -> None:
+    cfg = from_mapping(Root, {"mode": "hil", "follower": {"path": "/dev/ttyACM0"},
+                              "gains": {"p": 16}, "cameras": ["front"]})
+    assert cfg.follower.path == "/dev/ttyACM0" and cfg.follower.baudrate == 1_000_000
+    assert cfg.gains == {"p": 16.0} and cfg.cameras == ("front",)
+    with pytest.raises(AttributeError):
+        cfg.fps = 30  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "fragment"),
+    [
+        ({"mode": "hil", "follower": {"path": "x", "baud": 1}}, "follower.baud", "unknown key"),
+        ({"mode": "hil"}, "follower", "required"),
+        ({"mode": "real", "follower": {"path": "x"}}, "mode", "one of"),
+        ({"mode": "sim", "follower": {"path": "x", "baudrate": "fast"}}, "follower.baudrate", "integer"),
+        ({"mode": "sim", "follower": {"path": "x"}, "fps": 0}, "fps", "positive"),
+        ({"mode": "sim", "follower": {"path": "x"}, "gains": {"p": "x"}}, "gains.p", "number"),
+    ],
+)
+def test_errors_name_the_key(data: dict, key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_mapping(Root, data)
+    assert info.value.key == key
+    assert fragment in str(info.value)
+
+
+def test_load_toml_names_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('mode = "sim"\n[follower]\npath = 3\n')
+    with pytest.raises(ConfigError) as info:
+        load_toml(Root, path)
+    assert "follower.path" in str(info.value) and str(path) in str(info.value)
+    path.write_text("mode = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(Root, path)
