@@ -1,0 +1,306 @@
+"""The daemon's wire protocol: every message type, its version, and its checks on arrival.
+
+One module owns the wire format (as zguide's ``MDP.py`` and jupyter's ``session.py`` do), so the
+server, the client, the tests and the README describe the same bytes. Three channels:
+
+- **control** (REQ -> REP, port 5555): one UTF-8 JSON object per request, ``{"v", "id", "cmd",
+  ...arguments}``; one JSON object per reply, ``{"v", "id", "ok": true, ...}`` or
+  ``{"v", "id", "ok": false, "error", "code"}``. ``id`` is echoed so a Lazy-Pirate client can
+  match a reply to its request, and the server answers a repeated ``id`` from its cache so a
+  retried ``start_episode`` is not run twice.
+- **telemetry** (PUB, port 5556): multipart ``[topic, JSON header, binary frames...]``. Topics:
+  ``tick`` (every loop tick), ``preview`` (JPEG camera frames after the header), ``event``.
+- **remote leader** (PUSH -> PULL, port 5557): one JSON object ``{"v", "type": "leader", "seq",
+  "action": [6 numbers]}`` in LeRobot units, joint order of :data:`hilrec.daemon.so101.POSITION_NAMES`.
+
+Everything that arrives is checked before it is used: size, frame count, UTF-8, JSON, object,
+version, command, argument names and types. A refusal is a :class:`ProtocolError` whose message
+names the problem; the server turns it into an error reply and carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from hilrec.daemon.errors import ProtocolError
+from hilrec.daemon.so101 import NUM_JOINTS
+
+PROTOCOL_VERSION: Final[int] = 1
+
+DEFAULT_MAX_REQUEST_BYTES: Final[int] = 64 * 1024
+DEFAULT_MAX_LEADER_BYTES: Final[int] = 4 * 1024
+MAX_TASK_CHARS: Final[int] = 1000
+MAX_ID_CHARS: Final[int] = 128
+
+TOPIC_TICK: Final[bytes] = b"tick"
+TOPIC_PREVIEW: Final[bytes] = b"preview"
+TOPIC_EVENT: Final[bytes] = b"event"
+
+# Reply codes: a machine-readable class of refusal beside the human message.
+CODE_BAD_REQUEST: Final[str] = "bad_request"
+CODE_UNKNOWN_CMD: Final[str] = "unknown_command"
+CODE_TOO_LARGE: Final[str] = "too_large"
+CODE_BAD_VERSION: Final[str] = "bad_version"
+CODE_BAD_STATE: Final[str] = "bad_state"
+CODE_FAULT: Final[str] = "fault"
+CODE_TIMEOUT: Final[str] = "timeout"
+CODE_INTERNAL: Final[str] = "internal"
+
+# command -> {argument: (accepted python types, required)}. The table *is* the request schema.
+_INT = (int,)
+_STR = (str,)
+_BOOL = (bool,)
+COMMANDS: Final[dict[str, dict[str, tuple[tuple[type, ...], bool]]]] = {
+    "status": {},
+    "start_episode": {"task": (_STR, True), "seed": (_INT, False)},
+    "stop_episode": {"success": (_BOOL, False)},
+    "discard_episode": {},
+    "finalize": {},
+    "shutdown": {},
+}
+_ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"v", "id", "cmd"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """A checked control request. ``args`` holds only the arguments its command declares."""
+
+    cmd: str
+    args: Mapping[str, Any]
+    id: str | None = None
+
+    def encode(self) -> bytes:
+        return dumps({"v": PROTOCOL_VERSION, "id": self.id, "cmd": self.cmd, **self.args})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderCommand:
+    """A checked remote-leader command: six float32 joint targets in LeRobot units."""
+
+    seq: int
+    action: np.ndarray
+
+
+def new_request(cmd: str, **args: Any) -> Request:
+    """Build a request with a fresh id (what a client sends)."""
+    request = Request(cmd=cmd, args={k: v for k, v in args.items() if v is not None},
+                      id=uuid.uuid4().hex)
+    _check_args(request.cmd, dict(request.args))
+    return request
+
+
+def dumps(obj: Mapping[str, Any]) -> bytes:
+    """Compact JSON; NaN/inf are refused because JSON has no spelling for them."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default).encode()
+
+
+# --- checks on arrival ---------------------------------------------------------------------------
+
+
+def parse_request(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Request:
+    """Check one control request as received (all its frames) and return it."""
+    payload = _single_frame(frames, "request", max_bytes)
+    obj = _json_object(payload, "request")
+    _check_version(obj, "request", required=False)
+    request_id = obj.get("id")
+    if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID_CHARS):
+        raise ProtocolError(f"request field 'id' must be a string of at most {MAX_ID_CHARS} "
+                            f"characters, got {_describe(request_id)}")
+    if "cmd" not in obj:
+        raise ProtocolError("request has no 'cmd' field")
+    cmd = obj["cmd"]
+    if not isinstance(cmd, str):
+        raise ProtocolError(f"request field 'cmd' must be a string, got {_describe(cmd)}")
+    if cmd not in COMMANDS:
+        raise UnknownCommandError(f"unknown command {cmd!r} (known: {', '.join(COMMANDS)})")
+    args = {k: v for k, v in obj.items() if k not in _ENVELOPE_KEYS}
+    _check_args(cmd, args)
+    return Request(cmd=cmd, args=args, id=request_id)
+
+
+def request_id_of(frames: Sequence[bytes]) -> str | None:
+    """The ``id`` of a request that failed its checks, if one can be read, for the error reply."""
+    if len(frames) != 1 or len(frames[0]) > DEFAULT_MAX_REQUEST_BYTES:
+        return None
+    try:
+        obj = json.loads(frames[0])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) else None
+    return rid if isinstance(rid, str) and len(rid) <= MAX_ID_CHARS else None
+
+
+def parse_reply(payload: bytes) -> dict[str, Any]:
+    """Check a control reply (client side)."""
+    obj = _json_object(payload, "reply")
+    _check_version(obj, "reply", required=True)
+    if not isinstance(obj.get("ok"), bool):
+        raise ProtocolError("reply has no boolean 'ok' field")
+    if not obj["ok"] and not isinstance(obj.get("error"), str):
+        raise ProtocolError("error reply has no 'error' string")
+    return obj
+
+
+def parse_leader(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_LEADER_BYTES) -> LeaderCommand:
+    """Check one remote-leader command as received."""
+    obj = _json_object(_single_frame(frames, "leader command", max_bytes), "leader command")
+    _check_version(obj, "leader command", required=True)
+    if obj.get("type") != "leader":
+        raise ProtocolError(f"leader command field 'type' must be 'leader', got {_describe(obj.get('type'))}")
+    unknown = sorted(set(obj) - {"v", "type", "seq", "action"})
+    if unknown:
+        raise ProtocolError(f"leader command has unknown field {unknown[0]!r}")
+    seq = obj.get("seq", 0)
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise ProtocolError(f"leader command field 'seq' must be an integer, got {_describe(seq)}")
+    action = obj.get("action")
+    if not isinstance(action, list) or len(action) != NUM_JOINTS:
+        raise ProtocolError(f"leader command field 'action' must be a list of {NUM_JOINTS} numbers, "
+                            f"got {_describe(action)}")
+    for i, value in enumerate(action):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ProtocolError(f"leader command field 'action[{i}]' must be a finite number, "
+                                f"got {_describe(value)}")
+    return LeaderCommand(seq=seq, action=np.asarray(action, dtype=np.float32))
+
+
+def encode_leader(action: Sequence[float] | np.ndarray, seq: int) -> bytes:
+    values = [float(x) for x in np.asarray(action, dtype=np.float32).reshape(-1)]
+    return dumps({"v": PROTOCOL_VERSION, "type": "leader", "seq": seq, "action": values})
+
+
+def parse_telemetry(frames: Sequence[bytes]) -> tuple[str, dict[str, Any], list[bytes]]:
+    """Split a telemetry message into (topic, header, binary frames) and check the header."""
+    if len(frames) < 2:
+        raise ProtocolError(f"telemetry message has {len(frames)} frame(s), expected at least 2")
+    topic = frames[0].decode("ascii", errors="replace")
+    header = _json_object(frames[1], f"telemetry {topic!r} header")
+    _check_version(header, f"telemetry {topic!r} header", required=True)
+    if header.get("type") != topic:
+        raise ProtocolError(f"telemetry header type {header.get('type')!r} does not match topic {topic!r}")
+    return topic, header, list(frames[2:])
+
+
+# --- replies -------------------------------------------------------------------------------------
+
+
+def ok_reply(request_id: str | None, **fields: Any) -> bytes:
+    return dumps({"v": PROTOCOL_VERSION, "id": request_id, "ok": True, **fields})
+
+
+def error_reply(request_id: str | None, error: str, code: str) -> bytes:
+    return dumps({"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": error, "code": code})
+
+
+def telemetry_header(topic: bytes, seq: int, **fields: Any) -> bytes:
+    return dumps({"v": PROTOCOL_VERSION, "type": topic.decode("ascii"), "seq": seq, **fields})
+
+
+class UnknownCommandError(ProtocolError):
+    """The request's ``cmd`` is not one this protocol version knows."""
+
+
+class OversizedMessageError(ProtocolError):
+    """A message is larger than the configured limit."""
+
+
+class VersionMismatchError(ProtocolError):
+    """A message carries a protocol version this daemon does not speak."""
+
+
+def error_code(exc: ProtocolError) -> str:
+    if isinstance(exc, UnknownCommandError):
+        return CODE_UNKNOWN_CMD
+    if isinstance(exc, OversizedMessageError):
+        return CODE_TOO_LARGE
+    if isinstance(exc, VersionMismatchError):
+        return CODE_BAD_VERSION
+    return CODE_BAD_REQUEST
+
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+def _single_frame(frames: Sequence[bytes], what: str, max_bytes: int) -> bytes:
+    if len(frames) != 1:
+        raise ProtocolError(f"{what} has {len(frames)} frames, expected exactly 1")
+    payload = frames[0]
+    if len(payload) > max_bytes:
+        raise OversizedMessageError(f"{what} is {len(payload)} bytes, over the limit of {max_bytes} bytes")
+    return payload
+
+
+def _json_object(payload: bytes, what: str) -> dict[str, Any]:
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"{what} is not UTF-8 (byte {exc.start})") from None
+    try:
+        obj = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} must be a JSON object, got {_describe(obj)}")
+    return obj
+
+
+def _check_version(obj: Mapping[str, Any], what: str, *, required: bool) -> None:
+    if "v" not in obj:
+        if required:
+            raise VersionMismatchError(f"{what} has no protocol version field 'v'")
+        return  # a hand-typed {"cmd": "status"} is read as the current version
+    version = obj["v"]
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise VersionMismatchError(f"{what} has protocol version {_describe(version)}, "
+                                   f"this daemon speaks version {PROTOCOL_VERSION}")
+
+
+def _check_args(cmd: str, args: Mapping[str, Any]) -> None:
+    schema = COMMANDS[cmd]
+    for name in args:
+        if name not in schema:
+            known = ", ".join(schema) or "none"
+            raise ProtocolError(f"command {cmd!r} has unknown argument {name!r} (arguments: {known})")
+    for name, (types_, required) in schema.items():
+        if name not in args:
+            if required:
+                raise ProtocolError(f"command {cmd!r} needs argument {name!r}")
+            continue
+        value = args[name]
+        if (isinstance(value, bool) and bool not in types_) or not isinstance(value, types_):
+            kind = " or ".join(t.__name__ for t in types_)
+            raise ProtocolError(f"command {cmd!r} argument {name!r} must be {kind}, got {_describe(value)}")
+    task = args.get("task")
+    if isinstance(task, str) and not (0 < len(task.strip()) and len(task) <= MAX_TASK_CHARS):
+        raise ProtocolError(f"command {cmd!r} argument 'task' must be a non-empty string of at most "
+                            f"{MAX_TASK_CHARS} characters")
+    seed = args.get("seed")
+    if isinstance(seed, int) and not 0 <= seed < 2**32:
+        raise ProtocolError(f"command {cmd!r} argument 'seed' must be in [0, 2**32), got {seed}")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, default=repr) if not isinstance(value, bytes) else repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    kind = "null" if value is None else type(value).__name__
+    return f"{kind} {text}" if value is not None else "null"
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,231 @@
+"""The writer thread: the loop hands frames over without waiting for the disk or the encoder.
+
+Every call on the :class:`~hilrec.daemon.dataset.sink.FrameSink` happens on one thread, in the
+order the loop asked for it, so the sink needs no locking and a save can never overtake the frames
+it saves. The loop side never drops anything: :meth:`Recorder.add_frame` puts into a bounded queue
+and, if the writer has fallen that far behind, waits (the tick is then recorded as late) up to
+``stall_s`` before it raises :class:`WriterStalledError`. Saves, discards and the finalize return
+futures so the control thread can answer at once and report the outcome later.
+
+A frame the sink refuses, or a failed save, is kept as an error with the episode it belongs to
+(``errors``) and published by the daemon; the episode is then discarded rather than saved short.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.errors import DatasetStateError, HilrecError
+
+log = logging.getLogger(__name__)
+
+
+class WriterStalledError(DatasetStateError):
+    """The writer thread has not taken a frame for ``stall_s``: the queue stays full."""
+
+
+@dataclass
+class _Op:
+    kind: str  # "frame" | "save" | "discard" | "finalize" | "stop"
+    frame: Mapping[str, Any] | None = None
+    sidecar: Mapping[str, Any] | None = None
+    arrays: Mapping[str, np.ndarray] | None = None
+    future: Future[Any] | None = None
+
+
+@dataclass
+class RecorderStats:
+    frames_written: int = 0
+    episodes_saved: int = 0
+    episodes_discarded: int = 0
+    saving: int = 0  # saves queued or running
+    finalized: bool = False
+    last_saved_index: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+class Recorder:
+    """Owns a sink and the one thread that calls it. Lifecycle: start() ... close()."""
+
+    def __init__(self, sink_factory: Callable[[], FrameSink], *, queue_frames: int,
+                 stall_s: float, on_saved: Callable[[int, Mapping[str, Any]], None] | None = None) -> None:
+        self._sink_factory = sink_factory
+        self._queue: queue.Queue[_Op] = queue.Queue(maxsize=queue_frames)
+        self._stall_s = stall_s
+        self._on_saved = on_saved
+        self._lock = threading.Lock()
+        self._stats = RecorderStats()
+        self._episode_error: str | None = None  # first refusal in the open episode
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hilrec-writer", daemon=True)
+        self._sink: FrameSink | None = None
+        self._start_error: BaseException | None = None
+        self.initial_episodes = 0
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Create the sink on the writer thread and wait until it is ready (or failed)."""
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise DatasetStateError(f"dataset writer did not open within {timeout_s:.0f} s")
+        if self._start_error is not None:
+            raise self._start_error
+
+    def close(self, timeout_s: float) -> bool:
+        """Stop the thread after everything queued so far; True if it ended in time."""
+        if not self._thread.is_alive():
+            return True
+        self._put_control(_Op("stop"), timeout_s)
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # --- loop side (never blocks while the writer keeps up) ------------------------------------
+
+    def add_frame(self, frame: Mapping[str, Any]) -> None:
+        try:
+            self._queue.put(_Op("frame", frame=frame), timeout=self._stall_s)
+        except queue.Full:
+            raise WriterStalledError(
+                f"dataset writer for {self._root()} took no frame for {self._stall_s:.1f} s "
+                f"({self._queue.maxsize} frames queued)") from None
+
+    def save(self, *, sidecar: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Future[int]:
+        with self._lock:
+            self._stats.saving += 1
+        return self._submit(_Op("save", sidecar=sidecar, arrays=arrays))
+
+    def discard(self) -> Future[None]:
+        return self._submit(_Op("discard"))
+
+    def finalize(self) -> Future[None]:
+        return self._submit(_Op("finalize"))
+
+    # --- views -------------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def capacity(self) -> int:
+        return self._queue.maxsize
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stats(self) -> RecorderStats:
+        with self._lock:
+            s = self._stats
+            return RecorderStats(frames_written=s.frames_written, episodes_saved=s.episodes_saved,
+                                 episodes_discarded=s.episodes_discarded, saving=s.saving,
+                                 finalized=s.finalized, last_saved_index=s.last_saved_index,
+                                 errors=list(s.errors[-10:]))
+
+    # --- the writer thread -------------------------------------------------------------------
+
+    def _submit(self, op: _Op) -> Future[Any]:
+        op.future = Future()
+        self._put_control(op, self._stall_s)
+        return op.future
+
+    def _put_control(self, op: _Op, timeout_s: float) -> None:
+        try:
+            self._queue.put(op, timeout=timeout_s)
+        except queue.Full:
+            raise WriterStalledError(f"dataset writer for {self._root()} took no request for "
+                                     f"{timeout_s:.1f} s") from None
+
+    def _root(self) -> str:
+        return str(self._sink.root) if self._sink is not None else "<not open>"
+
+    def _run(self) -> None:
+        try:
+            self._sink = self._sink_factory()
+            self.initial_episodes = self._sink.num_episodes
+        except BaseException as exc:  # handed to start(), which raises it on the caller's thread
+            self._start_error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        while True:
+            op = self._queue.get()
+            if op.kind == "stop":
+                return
+            if op.kind == "frame":
+                self._write_frame(op)
+                continue
+            assert op.future is not None
+            if not op.future.set_running_or_notify_cancel():
+                continue
+            try:
+                op.future.set_result(self._apply(op))
+            except HilrecError as exc:
+                self._record_error(f"{op.kind}: {exc}")
+                op.future.set_exception(exc)
+            except OSError as exc:  # a full disk or a vanished directory: report, keep serving
+                self._record_error(f"{op.kind}: {exc}")
+                op.future.set_exception(exc)
+            finally:
+                if op.kind == "save":
+                    with self._lock:
+                        self._stats.saving -= 1
+
+    def _write_frame(self, op: _Op) -> None:
+        assert self._sink is not None and op.frame is not None
+        if self._episode_error is not None:
+            return  # the episode is already broken; its stop turns into a discard
+        try:
+            self._sink.add_frame(op.frame)
+        except (HilrecError, OSError) as exc:
+            self._episode_error = str(exc)
+            self._record_error(f"frame refused: {exc}")
+            return
+        with self._lock:
+            self._stats.frames_written += 1
+
+    def _apply(self, op: _Op) -> Any:
+        sink = self._sink
+        assert sink is not None
+        if op.kind == "save":
+            if self._episode_error is not None:
+                error, self._episode_error = self._episode_error, None
+                sink.discard_episode()
+                with self._lock:
+                    self._stats.episodes_discarded += 1
+                raise DatasetStateError(f"episode discarded instead of saved: {error}")
+            index = sink.save_episode(sidecar=op.sidecar, arrays=op.arrays)
+            with self._lock:
+                self._stats.episodes_saved += 1
+                self._stats.last_saved_index = index
+            if self._on_saved is not None:
+                self._on_saved(index, op.sidecar or {})
+            return index
+        if op.kind == "discard":
+            self._episode_error = None
+            sink.discard_episode()
+            with self._lock:
+                self._stats.episodes_discarded += 1
+            return None
+        if op.kind == "finalize":
+            sink.finalize()
+            with self._lock:
+                self._stats.finalized = True
+            return None
+        raise DatasetStateError(f"unknown writer request {op.kind!r}")
+
+    def _record_error(self, message: str) -> None:
+        log.error("dataset writer: %s", message)
+        with self._lock:
+            self._stats.errors.append(message)
+            del self._stats.errors[:-100]

@@ -1,0 +1,240 @@
+"""The daemon's configuration: frozen dataclasses read from one TOML file and checked at start.
+
+``hilrec daemon --config configs/emulated.toml`` builds :class:`DaemonSettings` with
+:func:`hilrec.daemon.config.load_toml`; any unknown, missing or invalid key stops the daemon
+before it opens a port, with the dotted key in the message. Cross-field rules (a serial leader
+needs a port, a non-loopback bind needs CURVE keys, sim cameras only in sim mode...) live in the
+``validate`` methods so they are checked at the same edge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from hilrec.daemon.config import load_toml
+from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.protocol import DEFAULT_MAX_LEADER_BYTES, DEFAULT_MAX_REQUEST_BYTES
+
+Mode = Literal["sim", "hil", "emulated"]
+LeaderSource = Literal["serial", "remote", "scripted"]
+CameraSource = Literal["opencv", "video", "sim", "synthetic"]
+DeviceLostPolicy = Literal["save", "discard"]
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "*", "0.0.0.0"-style wildcards and interface names reach beyond loopback
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveSettings:
+    """CURVE keys, required whenever the sockets bind beyond loopback.
+
+    ``server_secret_key`` is a ZeroMQ certificate file holding the daemon's secret key (made by
+    ``zmq.auth.create_certificates``); ``authorized_clients`` is a directory of client public
+    certificates: a peer whose key is not there is refused during the handshake.
+    """
+
+    server_secret_key: Path
+    authorized_clients: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZmqSettings:
+    host: str = "127.0.0.1"
+    control_port: int = 5555
+    telemetry_port: int = 5556
+    leader_port: int = 5557
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_leader_bytes: int = DEFAULT_MAX_LEADER_BYTES
+    # How long a control request may wait for the loop to apply it (start/stop at a tick edge).
+    apply_timeout_ms: int = 1000
+    telemetry_hwm: int = 100
+    curve: CurveSettings | None = None
+
+    def validate(self) -> None:
+        ports = {"control_port": self.control_port, "telemetry_port": self.telemetry_port,
+                 "leader_port": self.leader_port}
+        for key, port in ports.items():
+            if not 1 <= port <= 65535:
+                raise ConfigError(key, f"must be a TCP port in 1..65535, got {port}")
+        if len(set(ports.values())) != 3:
+            raise ConfigError("leader_port", "control, telemetry and leader ports must differ")
+        for key, value in (("max_request_bytes", self.max_request_bytes),
+                           ("max_leader_bytes", self.max_leader_bytes)):
+            if not 64 <= value <= 16 * 1024 * 1024:
+                raise ConfigError(key, f"must be in 64..16777216 bytes, got {value}")
+        if self.apply_timeout_ms <= 0:
+            raise ConfigError("apply_timeout_ms", "must be positive")
+        if not is_loopback(self.host) and self.curve is None:
+            raise ConfigError("curve", f"binding to host {self.host!r} reaches beyond loopback and "
+                                       "requires CURVE keys ([zmq.curve] server_secret_key, "
+                                       "authorized_clients)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSettings:
+    root: Path
+    video_codec: str = "libsvtav1"
+    # Frames the writer thread may lag behind before the loop waits (then the tick is late).
+    writer_queue_frames: int = 250
+    # How long the loop may wait on a full writer queue before it declares the writer stalled.
+    writer_stall_ms: int = 2000
+
+    def validate(self) -> None:
+        if self.writer_queue_frames < 1:
+            raise ConfigError("writer_queue_frames", "must be at least 1")
+        if self.writer_stall_ms <= 0:
+            raise ConfigError("writer_stall_ms", "must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowerSettings:
+    port: str = ""  # hil only; emulated mode makes its own
+    calibration: Path | None = None  # hil only; emulated mode uses the twin's calibration
+    # LeRobot's max_relative_target: per-tick clamp of the goal around the present position.
+    max_relative_target: float | None = None
+
+    def validate(self) -> None:
+        if self.max_relative_target is not None and self.max_relative_target <= 0:
+            raise ConfigError("max_relative_target", "must be positive when set")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderSettings:
+    source: LeaderSource
+    port: str = ""  # serial source in hil mode
+    calibration: Path | None = None
+    # Remote source: no command for this long -> the follower holds position and a fault shows.
+    watchdog_ms: int = 500
+
+    def validate(self) -> None:
+        if self.watchdog_ms <= 0:
+            raise ConfigError("watchdog_ms", "must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CameraSettings:
+    source: CameraSource
+    width: int = 640
+    height: int = 480
+    fps: int = 30
+    device: str = ""  # opencv: /dev/videoN or an index
+    path: Path | None = None  # video: a file played in a loop at its own rate
+    # No new frame for this long: the camera counts as stalled.
+    stall_ms: int = 500
+
+    def validate(self) -> None:
+        if self.width <= 0 or self.height <= 0:
+            raise ConfigError("width", f"frame size must be positive, got {self.width}x{self.height}")
+        if self.fps <= 0:
+            raise ConfigError("fps", "must be positive")
+        if self.stall_ms <= 0:
+            raise ConfigError("stall_ms", "must be positive")
+        if self.source == "opencv" and not self.device:
+            raise ConfigError("device", "an opencv camera needs a device (e.g. /dev/video0 or 0)")
+        if self.source == "video" and self.path is None:
+            raise ConfigError("path", "a video camera needs a file path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultSettings:
+    # What happens to the open episode when a port disappears or a camera stalls.
+    on_device_lost: DeviceLostPolicy = "save"
+    # Consecutive ticks whose bus transaction failed (after the driver's retries) before the
+    # device counts as lost; single failures only mark the frame.
+    max_failed_ticks: int = 3
+
+    def validate(self) -> None:
+        if self.max_failed_ticks < 1:
+            raise ConfigError("max_failed_ticks", "must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetrySettings:
+    preview_hz: float = 2.0  # 0 turns previews off
+    preview_width: int = 320
+    jpeg_quality: int = 70
+
+    def validate(self) -> None:
+        if self.preview_hz < 0:
+            raise ConfigError("preview_hz", "must be 0 (off) or positive")
+        if self.preview_width < 16:
+            raise ConfigError("preview_width", "must be at least 16")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError("jpeg_quality", "must be in 1..100")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimSettings:
+    # False: sim mode ticks as fast as it can (timing is still recorded, so nothing claims 25 Hz).
+    realtime: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class DaemonSettings:
+    mode: Mode
+    fps: int = 25
+    dataset: DatasetSettings
+    zmq: ZmqSettings = field(default_factory=ZmqSettings)
+    follower: FollowerSettings = field(default_factory=FollowerSettings)
+    leader: LeaderSettings
+    cameras: dict[str, CameraSettings] = field(default_factory=dict)
+    faults: FaultSettings = field(default_factory=FaultSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    sim: SimSettings = field(default_factory=SimSettings)
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.fps
+
+    def validate(self) -> None:
+        if not 1 <= self.fps <= 1000:
+            raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
+        for name, cam in self.cameras.items():
+            key = f"cameras.{name}.source"
+            if not name.isidentifier():
+                raise ConfigError(f"cameras.{name}", "camera names must be identifiers")
+            if (cam.source == "sim") != (self.mode == "sim"):
+                raise ConfigError(key, f"source {cam.source!r} cannot be used in {self.mode} mode "
+                                       "(sim cameras render the twin and exist only in sim mode)")
+        if self.mode == "hil":
+            if not self.follower.port:
+                raise ConfigError("follower.port", "hil mode needs the follower's serial port")
+            if self.follower.calibration is None:
+                raise ConfigError("follower.calibration", "hil mode needs the follower's calibration file")
+            if self.leader.source == "serial":
+                if not self.leader.port:
+                    raise ConfigError("leader.port", "a serial leader needs its serial port")
+                if self.leader.calibration is None:
+                    raise ConfigError("leader.calibration", "a serial leader needs its calibration file")
+        else:
+            if self.follower.port:
+                raise ConfigError("follower.port", f"{self.mode} mode makes its own follower; remove the port")
+            if self.leader.port:
+                raise ConfigError("leader.port", f"{self.mode} mode makes its own leader; remove the port")
+        if self.mode == "sim" and self.leader.source == "serial":
+            raise ConfigError("leader.source", "sim mode takes a 'scripted' or 'remote' leader")
+        if self.mode == "hil" and self.leader.source == "scripted":
+            raise ConfigError("leader.source", "hil mode takes a 'serial' or 'remote' leader "
+                                               "(use emulated mode for a scripted leader arm)")
+        if self.mode != "sim" and not self.sim.realtime:
+            raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
+
+
+def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:
+    """Read and check a daemon config; ``root`` overrides ``dataset.root`` (``--root``)."""
+    settings = load_toml(DaemonSettings, path)
+    if root is not None:
+        settings = dataclasses.replace(settings, dataset=dataclasses.replace(settings.dataset, root=root))
+    return settings
