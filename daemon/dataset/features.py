@@ -102,16 +102,16 @@ def _validate_spec(key: Any, spec: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "names": copy.deepcopy(names)}
     if dtype == VIDEO_DTYPE:
         _validate_video_spec(key, list(shape), names)
-        info = dict(spec.get("info") or {})
-        info.setdefault("video.is_depth_map", False)
-        out["info"] = info
+        if spec.get("info"):
+            # Replaced by the probed stream info once the first episode's video exists.
+            out["info"] = copy.deepcopy(spec["info"])
     elif dtype == "image":
         raise FeatureSpecError(key, "dtype 'image' (PNG in parquet) is not written by the native "
                                     "writer; declare cameras as 'video'")
     elif dtype in NUMERIC_DTYPES:
-        if len(shape) > 5:
-            raise FeatureSpecError(key, f"at most 5 dimensions are supported, got {len(shape)}")
-        if names is not None and len(shape) == 1:
+        if len(shape) != 1:
+            raise FeatureSpecError(key, f"numeric features are vectors: shape [n], got {list(shape)}")
+        if names is not None:
             flat = _flat_names(names)
             if len(flat) != shape[0] or not all(isinstance(n, str) for n in flat):
                 raise FeatureSpecError(key, f"names must be {shape[0]} strings, got {names!r}")

@@ -1,0 +1,298 @@
+"""LeRobot v3.0 on disk: paths, info.json, and the arrow schemas of its parquet files.
+
+Everything here mirrors what LeRobot 0.4.4 writes (read from its source and from datasets it
+wrote), so that ``LeRobotDataset(repo_id, root=...)`` loads our files unchanged:
+
+- ``data/chunk-XXX/file-XXX.parquet``: one column per non-video feature in features order;
+  vectors as ``fixed_size_list<T>[n]``, scalars as plain columns; the Hugging Face ``datasets``
+  feature description in the schema metadata (key ``huggingface``).
+- ``meta/episodes/chunk-XXX/file-XXX.parquet``: one row per episode, LeRobot's column order, stats
+  as (nested) lists of double (int64 for integer min/max and every count).
+- ``meta/tasks.parquet``: ``task_index`` plus the pandas index column ``__index_level_0__`` holding
+  the task string, with the pandas metadata that makes ``pd.read_parquet`` restore the index.
+
+Every file is published atomically (temp file, fsync, rename, fsync of the directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hilrec.daemon.dataset.atomic import atomic_replace, atomic_write_bytes
+from hilrec.daemon.dataset.features import DEFAULT_FEATURES, data_keys, is_video, video_keys
+from hilrec.daemon.dataset.stats import QUANTILE_KEYS, STAT_KEYS, stats_to_json
+from hilrec.daemon.errors import CorruptDatasetError
+
+CODEBASE_VERSION: Final[str] = "v3.0"
+DEFAULT_CHUNK_SIZE: Final[int] = 1000
+DEFAULT_DATA_FILE_SIZE_IN_MB: Final[int] = 100
+DEFAULT_VIDEO_FILE_SIZE_IN_MB: Final[int] = 200
+
+INFO_PATH: Final[str] = "meta/info.json"
+STATS_PATH: Final[str] = "meta/stats.json"
+TASKS_PATH: Final[str] = "meta/tasks.parquet"
+EPISODES_DIR: Final[str] = "meta/episodes"
+DATA_PATH: Final[str] = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH: Final[str] = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+EPISODES_PATH: Final[str] = EPISODES_DIR + "/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+TASK_INDEX_COLUMN: Final[str] = "__index_level_0__"
+PARQUET_OPTIONS: Final[dict[str, Any]] = {"compression": "snappy", "use_dictionary": True}
+MB: Final[int] = 1024 * 1024
+
+
+@dataclass(frozen=True, order=True)
+class FileRef:
+    """A (chunk, file) pair. ``next`` moves to a new chunk after ``chunks_size`` files."""
+
+    chunk: int = 0
+    file: int = 0
+
+    def next(self, chunks_size: int) -> FileRef:
+        if self.file >= chunks_size - 1:
+            return FileRef(self.chunk + 1, 0)
+        return FileRef(self.chunk, self.file + 1)
+
+
+def data_path(root: Path, ref: FileRef) -> Path:
+    return root / DATA_PATH.format(chunk_index=ref.chunk, file_index=ref.file)
+
+
+def video_path(root: Path, key: str, ref: FileRef) -> Path:
+    return root / VIDEO_PATH.format(video_key=key, chunk_index=ref.chunk, file_index=ref.file)
+
+
+def episodes_path(root: Path, ref: FileRef) -> Path:
+    return root / EPISODES_PATH.format(chunk_index=ref.chunk, file_index=ref.file)
+
+
+# --- info.json -----------------------------------------------------------------------------------
+
+
+def empty_info(*, fps: int, features: Mapping[str, Any], robot_type: str | None,
+               chunks_size: int = DEFAULT_CHUNK_SIZE,
+               data_files_size_in_mb: int = DEFAULT_DATA_FILE_SIZE_IN_MB,
+               video_files_size_in_mb: int = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> dict[str, Any]:
+    """info.json of a dataset with no episode yet, LeRobot's keys and order."""
+    return {
+        "codebase_version": CODEBASE_VERSION,
+        "robot_type": robot_type,
+        "total_episodes": 0,
+        "total_frames": 0,
+        "total_tasks": 0,
+        "chunks_size": chunks_size,
+        "data_files_size_in_mb": data_files_size_in_mb,
+        "video_files_size_in_mb": video_files_size_in_mb,
+        "fps": fps,
+        "splits": {},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if video_keys(features) else None,
+        "features": json.loads(json.dumps(features)),
+    }
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=4, ensure_ascii=False) + "\n").encode())
+
+
+def write_info(root: Path, info: Mapping[str, Any]) -> None:
+    write_json_atomic(root / INFO_PATH, info)
+
+
+def read_info(root: Path) -> dict[str, Any]:
+    path = root / INFO_PATH
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CorruptDatasetError(str(path), "missing: not a LeRobot dataset root") from exc
+    except (OSError, ValueError) as exc:
+        raise CorruptDatasetError(str(path), f"cannot read JSON: {exc}") from exc
+
+
+def write_stats(root: Path, stats: Mapping[str, Mapping[str, Any]]) -> None:
+    write_json_atomic(root / STATS_PATH, stats_to_json(stats))
+
+
+# --- parquet -------------------------------------------------------------------------------------
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> int:
+    """Write ``table`` to ``path`` via a temp file and rename; return the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, **PARQUET_OPTIONS)
+    size = tmp.stat().st_size
+    atomic_replace(tmp, path)
+    return size
+
+
+def read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=list(columns) if columns is not None else None)
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptDatasetError(str(path), f"cannot read parquet: {exc}") from exc
+
+
+def _arrow_scalar(dtype: str) -> pa.DataType:
+    return pa.from_numpy_dtype(np.dtype(dtype))
+
+
+def data_schema(features: Mapping[str, Mapping[str, Any]]) -> pa.Schema:
+    """The data-parquet schema, with the ``datasets`` feature description LeRobot writes."""
+    fields = []
+    hf: dict[str, Any] = {}
+    for key in data_keys(features):
+        spec = features[key]
+        value = {"dtype": spec["dtype"], "_type": "Value"}
+        if list(spec["shape"]) == [1]:
+            fields.append(pa.field(key, _arrow_scalar(spec["dtype"])))
+            hf[key] = value
+        else:
+            length = int(spec["shape"][0])
+            fields.append(pa.field(key, pa.list_(_arrow_scalar(spec["dtype"]), length)))
+            hf[key] = {"feature": value, "length": length, "_type": "List"}
+    meta = {b"huggingface": json.dumps({"info": {"features": hf}}).encode()}
+    return pa.schema(fields, metadata=meta)
+
+
+def episode_data_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> pa.Table:
+    """Arrow table of one episode's rows; ``columns`` holds (n,) or (n, d) arrays per column."""
+    arrays = []
+    for field in schema:
+        values = np.ascontiguousarray(columns[field.name])
+        if pa.types.is_fixed_size_list(field.type):
+            flat = pa.array(values.reshape(-1), type=field.type.value_type)
+            arrays.append(pa.FixedSizeListArray.from_arrays(flat, field.type.list_size))
+        else:
+            arrays.append(pa.array(values.reshape(-1), type=field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A data column as (n,) or (n, d) numpy, in its stored dtype."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_fixed_size_list(array.type):
+        size = array.type.list_size
+        flat = array.flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(-1, size)
+    return array.to_numpy(zero_copy_only=False)
+
+
+# --- meta/episodes -------------------------------------------------------------------------------
+
+
+def episodes_schema(features: Mapping[str, Mapping[str, Any]]) -> pa.Schema:
+    """LeRobot 0.4.4's episodes-parquet columns, in its order."""
+    fields = [
+        pa.field("episode_index", pa.int64()),
+        pa.field("tasks", pa.list_(pa.string())),
+        pa.field("length", pa.int64()),
+        pa.field("data/chunk_index", pa.int64()),
+        pa.field("data/file_index", pa.int64()),
+        pa.field("dataset_from_index", pa.int64()),
+        pa.field("dataset_to_index", pa.int64()),
+    ]
+    for key in video_keys(features):
+        fields += [
+            pa.field(f"videos/{key}/chunk_index", pa.int64()),
+            pa.field(f"videos/{key}/file_index", pa.int64()),
+            pa.field(f"videos/{key}/from_timestamp", pa.float64()),
+            pa.field(f"videos/{key}/to_timestamp", pa.float64()),
+        ]
+    for key, spec in features.items():
+        fields += [pa.field(f"stats/{key}/{name}", _stat_type(spec, name)) for name in STAT_KEYS]
+    fields += [pa.field("meta/episodes/chunk_index", pa.int64()),
+               pa.field("meta/episodes/file_index", pa.int64())]
+    return pa.schema(fields)
+
+
+def _stat_type(spec: Mapping[str, Any], name: str) -> pa.DataType:
+    if name == "count":
+        return pa.list_(pa.int64())
+    if is_video(spec):
+        return pa.list_(pa.list_(pa.list_(pa.float64())))
+    integral = np.dtype(spec["dtype"]).kind in "iub"
+    if integral and name in ("min", "max"):
+        return pa.list_(pa.int64())
+    return pa.list_(pa.float64())
+
+
+def episodes_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, Mapping[str, Any]],
+                   ) -> pa.Table:
+    """Arrow table of episode rows. Stats columns may be numpy arrays; they become lists."""
+    schema = episodes_schema(features)
+    columns: dict[str, list[Any]] = {field.name: [] for field in schema}
+    for row in rows:
+        for field in schema:
+            value = row[field.name]
+            if isinstance(value, np.ndarray):
+                value = value.tolist()
+            elif isinstance(value, np.generic):
+                value = value.item()
+            columns[field.name].append(value)
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+# --- meta/tasks.parquet --------------------------------------------------------------------------
+
+
+def tasks_table(tasks: Sequence[str]) -> pa.Table:
+    """tasks.parquet as LeRobot writes it through pandas (task string in the index)."""
+    pandas_meta = {
+        "index_columns": [TASK_INDEX_COLUMN],
+        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode",
+                            "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+             "numpy_type": "int64", "metadata": None},
+            {"name": None, "field_name": TASK_INDEX_COLUMN, "pandas_type": "unicode",
+             "numpy_type": "object", "metadata": None},
+        ],
+        "attributes": {},
+        "creator": {"library": "pyarrow", "version": pa.__version__},
+        "pandas_version": "2.2.3",
+    }
+    schema = pa.schema([pa.field("task_index", pa.int64()), pa.field(TASK_INDEX_COLUMN, pa.string())],
+                       metadata={b"pandas": json.dumps(pandas_meta).encode()})
+    return pa.Table.from_pydict({"task_index": list(range(len(tasks))),
+                                 TASK_INDEX_COLUMN: list(tasks)}, schema=schema)
+
+
+def read_tasks(root: Path) -> list[str]:
+    """Task strings by task_index, from either LeRobot's pandas form or a plain ``task`` column."""
+    path = root / TASKS_PATH
+    if not path.exists():
+        return []
+    table = read_parquet(path)
+    names = table.column_names
+    text_column = TASK_INDEX_COLUMN if TASK_INDEX_COLUMN in names else "task"
+    if text_column not in names or "task_index" not in names:
+        raise CorruptDatasetError(str(path), f"no task column in {names}")
+    pairs = sorted(zip(table.column("task_index").to_pylist(), table.column(text_column).to_pylist()))
+    if [i for i, _ in pairs] != list(range(len(pairs))):
+        raise CorruptDatasetError(str(path), "task_index is not 0..n-1")
+    return [task for _, task in pairs]
+
+
+def stat_column_names(features: Mapping[str, Any]) -> list[str]:
+    return [f"stats/{key}/{name}" for key in features for name in STAT_KEYS]
+
+
+def default_feature_keys() -> list[str]:
+    return list(DEFAULT_FEATURES)
+
+
+__all__ = [
+    "CODEBASE_VERSION", "FileRef", "QUANTILE_KEYS", "data_path", "video_path", "episodes_path",
+    "empty_info", "write_info", "read_info", "write_stats", "write_parquet_atomic", "read_parquet",
+    "data_schema", "episode_data_table", "column_to_numpy", "episodes_schema", "episodes_table",
+    "tasks_table", "read_tasks",
+]

@@ -1,0 +1,297 @@
+"""Camera frames to mp4: a streaming encoder per episode, probing, and stream-copy concatenation.
+
+Frames go into a PyAV encoder on a background thread as they arrive, so ``add_frame`` only copies
+the frame and enqueues it (no PNG staging, no encoding on the caller's thread). Each frame gets
+``pts = frame_index`` in a ``1/fps`` time base, so the mp4 has exactly one frame per row on the
+``1/fps`` grid.
+
+A frame is never dropped. If the encoder falls so far behind that its queue would exceed its
+memory bound, :meth:`EpisodeVideoEncoder.put` raises :class:`VideoEncodingError` instead, and an
+encoder failure on the thread is raised at the next ``put`` or ``finish``.
+
+:func:`concat_segments` builds LeRobot's multi-episode files by copying packets (no re-encode),
+shifting each segment's timestamps to follow the previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Final
+
+import av
+import numpy as np
+
+from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_CODECS: Final[frozenset[str]] = frozenset({"libsvtav1", "libx264"})
+DEFAULT_MAX_QUEUE_BYTES: Final[int] = 256 * 1024 * 1024
+# SVT-AV1 prints its whole configuration on every encoder open unless told otherwise.
+os.environ.setdefault("SVT_LOG", "1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VideoSettings:
+    """Encoder settings. The defaults are LeRobot's (libsvtav1, yuv420p, g=2, crf=30, preset 12)."""
+
+    codec: str = "libsvtav1"
+    pix_fmt: str = "yuv420p"
+    g: int = 2
+    crf: int = 30
+    preset: int = 12
+
+    def __post_init__(self) -> None:
+        if self.codec not in SUPPORTED_CODECS:
+            raise VideoEncodingError(f"video codec {self.codec!r} is not one of {sorted(SUPPORTED_CODECS)}")
+        if self.codec not in av.codecs_available:
+            raise VideoEncodingError(f"video codec {self.codec!r} is not in this PyAV/FFmpeg build")
+
+    def options(self) -> dict[str, str]:
+        options = {"g": str(self.g), "crf": str(self.crf)}
+        if self.codec == "libsvtav1":
+            options["preset"] = str(self.preset)
+        else:
+            # No B-frames: pts == dts, so segments concatenate by a plain timestamp shift.
+            options["bf"] = "0"
+        return options
+
+    def provenance(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"codec": self.codec, "pix_fmt": self.pix_fmt, "g": self.g,
+                               "crf": self.crf, "pyav": av.__version__}
+        if self.codec == "libsvtav1":
+            out["preset"] = self.preset
+        return out
+
+
+class EpisodeVideoEncoder:
+    """Encodes one camera's frames of one episode into ``path`` on a background thread."""
+
+    _STOP: Final = object()
+
+    def __init__(self, path: Path, *, key: str, episode_index: int, fps: int, height: int,
+                 width: int, settings: VideoSettings,
+                 max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES) -> None:
+        self.path = path
+        self.key = key
+        self.episode_index = episode_index
+        self.fps = fps
+        self.height = height
+        self.width = width
+        self.settings = settings
+        frame_bytes = height * width * 3
+        self.max_queued = max(2, max_queue_bytes // frame_bytes)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.max_queued + 1)
+        self._error: BaseException | None = None
+        self._aborted = False
+        self.frames_in = 0
+        self.frames_encoded = 0
+        self._thread = threading.Thread(target=self._run, name=f"encode-{key}-{episode_index}",
+                                         daemon=True)
+        self._thread.start()
+
+    def _where(self) -> str:
+        return f"video '{self.key}' episode {self.episode_index} ({self.path})"
+
+    def put(self, frame: np.ndarray) -> None:
+        """Enqueue a copy of ``frame`` (H, W, 3) uint8; raise rather than drop it."""
+        self._raise_if_failed()
+        if self._queue.qsize() >= self.max_queued:
+            raise VideoEncodingError(
+                f"{self._where()}: encoder is {self._queue.qsize()} frames behind (bound "
+                f"{self.max_queued}); refusing to drop frame {self.frames_in}")
+        self._queue.put_nowait(np.array(frame, dtype=np.uint8, copy=True, order="C"))
+        self.frames_in += 1
+
+    def finish(self, timeout: float | None = None) -> int:
+        """Flush and close the file; return the number of frames encoded."""
+        self._raise_if_failed()
+        self._queue.put(self._STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise VideoEncodingError(f"{self._where()}: encoder did not finish within {timeout} s")
+        self._raise_if_failed()
+        if self.frames_encoded != self.frames_in:
+            raise VideoEncodingError(f"{self._where()}: encoded {self.frames_encoded} frames of "
+                                     f"{self.frames_in}")
+        return self.frames_encoded
+
+    def abort(self) -> None:
+        """Stop encoding and delete the partial file (discarding the episode)."""
+        self._aborted = True
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(self._STOP)
+        self._thread.join()
+        self.path.unlink(missing_ok=True)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise VideoEncodingError(f"{self._where()}: encoder failed: {self._error}") from self._error
+
+    def _run(self) -> None:
+        container = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            container = av.open(str(self.path), "w", format="mp4")
+            stream = container.add_stream(self.settings.codec, rate=self.fps,
+                                          options=self.settings.options())
+            stream.width = self.width
+            stream.height = self.height
+            stream.pix_fmt = self.settings.pix_fmt
+            stream.time_base = Fraction(1, self.fps)
+            while True:
+                item = self._queue.get()
+                if item is self._STOP:
+                    break
+                if self._aborted:
+                    continue
+                frame = av.VideoFrame.from_ndarray(item, format="rgb24")
+                frame.pts = self.frames_encoded
+                frame.time_base = Fraction(1, self.fps)
+                for packet in stream.encode(frame):
+                    container.mux(packet)
+                self.frames_encoded += 1
+            if not self._aborted:
+                for packet in stream.encode(None):
+                    container.mux(packet)
+            container.close()
+            container = None
+        except BaseException as exc:  # surfaced to the caller at the next put/finish
+            self._error = exc
+            log.error("%s: encoder failed: %s", self._where(), exc)
+        finally:
+            if container is not None:
+                try:
+                    container.close()
+                except Exception:  # noqa: BLE001 - the first error is the one reported
+                    pass
+
+
+# --- probing -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VideoProbe:
+    frames: int
+    duration_s: float
+    width: int
+    height: int
+    codec: str
+    pix_fmt: str
+    fps: int
+    has_audio: bool
+    pts: tuple[int, ...]
+    time_base: Fraction
+
+
+def probe_video(path: Path) -> VideoProbe:
+    """Count frames (packets, no decode) and read stream properties."""
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise CorruptDatasetError(str(path), "no video stream")
+            stream = container.streams.video[0]
+            pts = tuple(int(p.pts) for p in container.demux(stream) if p.pts is not None)
+            time_base = Fraction(stream.time_base)
+            fps = int(stream.base_rate) if stream.base_rate else 0
+            frame_ticks = _frame_ticks(time_base, fps) if fps else 0
+            duration = float(len(pts) * frame_ticks * time_base)
+            return VideoProbe(frames=len(pts), duration_s=duration, width=stream.width,
+                              height=stream.height, codec=stream.codec.canonical_name,
+                              pix_fmt=stream.pix_fmt or "", fps=fps,
+                              has_audio=bool(container.streams.audio), pts=pts,
+                              time_base=time_base)
+    except (av.error.FFmpegError, OSError) as exc:
+        raise CorruptDatasetError(str(path), f"cannot read video: {exc}") from exc
+
+
+def video_info(probe: VideoProbe) -> dict[str, Any]:
+    """The ``info`` block LeRobot 0.4.4 stores for a video feature (its ``get_video_info`` keys)."""
+    return {
+        "video.height": probe.height,
+        "video.width": probe.width,
+        "video.codec": probe.codec,
+        "video.pix_fmt": probe.pix_fmt,
+        "video.is_depth_map": False,
+        "video.fps": probe.fps,
+        "video.channels": 3,
+        "has_audio": probe.has_audio,
+    }
+
+
+def _frame_ticks(time_base: Fraction, fps: int) -> int:
+    ticks = Fraction(1, fps) / time_base
+    if ticks.denominator != 1:
+        raise VideoEncodingError(f"time base {time_base} cannot hold a 1/{fps} s frame grid")
+    return int(ticks)
+
+
+# --- concatenation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Frames of ``path`` with ``start_s <= t < end_s`` (``end_s=None``: to the end)."""
+
+    path: Path
+    start_s: float = 0.0
+    end_s: float | None = None
+
+
+def concat_segments(output: Path, segments: Sequence[Segment], *, fps: int,
+                    ) -> list[tuple[float, float, int]]:
+    """Write ``segments`` back to back into ``output`` (a temp path is the caller's business).
+
+    Returns ``(from_s, to_s, frames)`` of each segment inside ``output``. Packets are copied, not
+    re-encoded; timestamps are shifted so that segment k starts where k-1 ended, on the 1/fps grid.
+    """
+    if not segments:
+        raise VideoEncodingError(f"{output}: nothing to concatenate")
+    placed: list[tuple[float, float, int]] = []
+    inputs = [av.open(str(s.path)) for s in segments]
+    try:
+        template = inputs[0].streams.video[0]
+        out_tb = Fraction(template.time_base)
+        ticks = _frame_ticks(out_tb, fps)
+        with av.open(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
+            out_stream = out.add_stream_from_template(template=template, opaque=True)
+            out_stream.time_base = out_tb
+            offset = 0
+            for segment, container in zip(segments, inputs):
+                stream = container.streams.video[0]
+                in_tb = Fraction(stream.time_base)
+                start = round(Fraction(segment.start_s) / in_tb)
+                end = None if segment.end_s is None else round(Fraction(segment.end_s) / in_tb)
+                count = 0
+                for packet in container.demux(stream):
+                    if packet.pts is None or packet.dts is None:
+                        continue
+                    if packet.pts < start or (end is not None and packet.pts >= end):
+                        continue
+                    shift = round((packet.pts - start) * in_tb / out_tb)
+                    dts_shift = round((packet.dts - start) * in_tb / out_tb)
+                    packet.pts = offset + shift
+                    packet.dts = offset + dts_shift
+                    packet.duration = ticks
+                    packet.stream = out_stream
+                    out.mux(packet)
+                    count += 1
+                placed.append((float(offset * out_tb), float((offset + count * ticks) * out_tb), count))
+                offset += count * ticks
+    except av.error.FFmpegError as exc:
+        raise VideoEncodingError(f"{output}: concatenation failed: {exc}") from exc
+    finally:
+        for container in inputs:
+            container.close()
+    return placed
