@@ -1,0 +1,407 @@
+"""An emulated SO-101 arm: six STS3215 servos answering on a real pseudo-terminal.
+
+Any Feetech client opens the pty's device path (or the symlink) exactly like a USB adapter's
+``/dev/ttyACM0``: pyserial, the unmodified scservo_sdk, our bus, LeRobot's FeetechMotorsBus.
+A background thread reads the master side, frames instruction packets, answers PING, READ,
+WRITE, REG_WRITE, ACTION, SYNC_READ and SYNC_WRITE (unicast and broadcast), and writes status
+packets back: optionally at the wire speed of the servos' Baud_Rate register (10 bits a byte
+plus Return_Delay_Time), optionally with injected faults (:mod:`hilrec.drivers.emulator_faults`).
+
+Usage (the daemon's ``emulated`` mode and the tests)::
+
+    with EmulatedArm(EmulatorConfig(role="follower")) as port:
+        bus = FeetechBus(port) ...
+
+The emulator keeps its own slave fd open: otherwise the master reports EIO (and select() says
+"readable" forever) whenever a client closes the port.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import logging
+import os
+import pty
+import select
+import threading
+import time
+import tty
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from hilrec.daemon.errors import DeviceError
+from hilrec.daemon.so101 import MOTOR_IDS
+from hilrec.drivers.calibration import ArmCalibration, load_calibration
+from hilrec.drivers.emulator_faults import Fault, FaultPlan
+from hilrec.drivers.emulator_motion import (
+    ArmMotion,
+    MechanicalFrame,
+    OperatorPath,
+    ServoMotion,
+    SweepPath,
+    TwinMotion,
+    wave_path,
+)
+from hilrec.drivers.emulator_servo import EmulatedServo
+from hilrec.drivers.packets import Packet, PacketReader, status_packet
+from hilrec.drivers.tables import (
+    BAUD_RATES,
+    BITS_PER_BYTE_ON_WIRE,
+    BROADCAST_ID,
+    Instruction,
+)
+
+log = logging.getLogger(__name__)
+
+Role = Literal["follower", "leader"]
+MotionKind = Literal["auto", "twin", "operator", "servo", "wave", "sweep"]
+_PR_SET_TIMERSLACK = 29
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatorConfig:
+    role: Role
+    link: Path | None = None  # also reachable at this path (a symlink to the pty)
+    wire_timing: bool = False
+    faults: tuple[Fault, ...] = ()
+    # The arm's mechanics: whose calibration makes its readings the twin's units. Default:
+    # hilrec.sim.units.emulated_calibration().
+    calibration: Path | None = None
+    # auto: follower = the MuJoCo twin, leader = the scripted operator's hand.
+    motion: MotionKind = "auto"
+    seed: int = 0
+    # True: EEPROM as it left the factory (no offsets, full limits), for calibrating from
+    # scratch; False: as left by a calibration with ``calibration``.
+    factory_fresh: bool = False
+
+
+@dataclass
+class _Outgoing:
+    due: float
+    seq: int
+    data: bytes = field(compare=False)
+    late: bool = field(default=False, compare=False)
+
+    def __lt__(self, other: _Outgoing) -> bool:
+        return (self.due, self.seq) < (other.due, other.seq)
+
+
+class EmulatedArm:
+    """Six emulated STS3215 (ids 1..6) on a pty; ``start()``/``stop()`` or a context manager."""
+
+    def __init__(self, config: EmulatorConfig, *, motion: ArmMotion | None = None,
+                 frame: MechanicalFrame | None = None) -> None:
+        self.config = config
+        self.frame = frame or _frame_for(config)
+        self.servos = [EmulatedServo(servo_id) for servo_id in MOTOR_IDS]
+        if not config.factory_fresh:
+            self._preload_calibration(self.frame.calibration)
+        self.faults = FaultPlan(config.faults, seed=config.seed)
+        self.sweep: SweepPath | None = None
+        self.motion = motion or self._build_motion()
+        self.lock = threading.RLock()  # held while a packet is handled; tests hold it to inspect
+        self.vanished = threading.Event()
+        self.packets_handled = 0
+        self._reader = PacketReader()
+        self._outgoing: list[_Outgoing] = []
+        self._seq = 0
+        self._line_free = 0.0
+        self._master = self._slave = -1
+        self._wake_r = self._wake_w = -1
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._started_at = 0.0
+        self.device_path = ""
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def port(self) -> str:
+        """What a client opens: the link if one was asked for, else the pty's device path."""
+        return str(self.config.link) if self.config.link else self.device_path
+
+    def start(self) -> str:
+        if self._thread is not None:
+            raise DeviceError(f"emulated {self.config.role} already started on {self.port}")
+        self._master, self._slave = pty.openpty()
+        tty.setraw(self._slave)
+        os.set_blocking(self._master, False)
+        self.device_path = os.ttyname(self._slave)
+        self._wake_r, self._wake_w = os.pipe()
+        if self.config.link is not None:
+            _replace_symlink(self.config.link, self.device_path)
+        self._running = True
+        self._started_at = time.monotonic()
+        self.motion.advance(self._started_at, self._targets())
+        self._thread = threading.Thread(target=self._serve, name=f"emulated-{self.config.role}",
+                                        daemon=True)
+        self._thread.start()
+        log.info("emulated %s on %s", self.config.role, self.port)
+        return self.port
+
+    def stop(self) -> None:
+        self._running = False
+        if self._wake_w >= 0:
+            os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._close_pty()
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
+        self.motion.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def inject(self, fault: Fault) -> None:
+        self.faults.add(fault)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+        with self.lock:
+            for servo in self.servos:
+                servo.apply_faults(0)
+
+    def servo(self, servo_id: int) -> EmulatedServo:
+        for servo in self.servos:
+            if servo.servo_id == servo_id:
+                return servo
+        raise KeyError(f"no emulated servo with id {servo_id}")
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the emulator still (no packet handled) while a test inspects or edits it."""
+        with self.lock:
+            yield
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def _preload_calibration(self, calibration: ArmCalibration) -> None:
+        for servo, cal in zip(self.servos, calibration.values(), strict=True):
+            servo.set("Homing_Offset", cal.homing_offset)
+            servo.set("Min_Position_Limit", cal.range_min)
+            servo.set("Max_Position_Limit", cal.range_max)
+
+    def _build_motion(self) -> ArmMotion:
+        kind = self.config.motion
+        if kind == "auto":
+            kind = "twin" if self.config.role == "follower" else "operator"
+        middle = self.frame.middle()
+        if kind == "twin":
+            return TwinMotion(self.frame, seed=self.config.seed)
+        if kind == "servo":
+            return ServoMotion(middle)
+        if kind == "wave":
+            return ServoMotion(middle, hand=wave_path(self.frame))
+        if kind == "sweep":
+            self.sweep = SweepPath(self.frame, ready=lambda: all(
+                s.log.offset_writes >= 2 for s in self.servos))
+            return ServoMotion(middle, hand=self.sweep)
+        operator = OperatorPath(self.frame, seed=self.config.seed)
+        return ServoMotion(operator(0.0), hand=operator)
+
+    def _targets(self) -> list[float | None]:
+        return [servo.goal_target() for servo in self.servos]
+
+    # --- the serving thread -----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        if self.config.wire_timing:
+            _tighten_timer_slack()
+        try:
+            while self._running:
+                self._flush_due(time.monotonic())
+                if self._check_vanish():
+                    return
+                timeout = self._next_wakeup()
+                readable, _, _ = select.select([self._master, self._wake_r], [], [], timeout)
+                if self._master in readable:
+                    try:
+                        data = os.read(self._master, 4096)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        return
+                    now = time.monotonic()
+                    for packet in self._reader.feed(data):
+                        self._handle(packet, now)
+        except Exception:  # a bug here must be loud, not a silently dead servo chain
+            log.exception("emulated %s crashed", self.config.role)
+            raise
+
+    def _next_wakeup(self) -> float:
+        deadlines = [0.2 + time.monotonic()]
+        if self._outgoing:
+            deadlines.append(self._outgoing[0].due)
+        vanish_at = self.faults.next_vanish_time()
+        if vanish_at is not None:
+            deadlines.append(self._started_at + vanish_at)
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def _check_vanish(self) -> bool:
+        if not self.faults.vanish_due(time.monotonic() - self._started_at):
+            return False
+        log.info("emulated %s: port %s vanishes (injected)", self.config.role, self.port)
+        self._close_pty()
+        self.vanished.set()
+        self.faults.record("vanish")
+        return True
+
+    def _close_pty(self) -> None:
+        for fd in (self._master, self._slave):
+            if fd >= 0:
+                os.close(fd)
+        self._master = self._slave = -1
+        link = self.config.link
+        if link is not None and link.is_symlink() and os.readlink(link) == self.device_path:
+            link.unlink()
+
+    def _schedule(self, due: float, data: bytes, *, late: bool = False) -> None:
+        self._seq += 1
+        heapq.heappush(self._outgoing, _Outgoing(due, self._seq, data, late))
+
+    def _flush_due(self, now: float) -> None:
+        while self._outgoing and self._outgoing[0].due <= now:
+            item = heapq.heappop(self._outgoing)
+            try:
+                os.write(self._master, item.data)
+            except BlockingIOError:
+                log.warning("emulated %s: client not reading, reply dropped", self.config.role)
+            if item.late:
+                self.faults.record("late_written")
+
+    # --- packets ----------------------------------------------------------------------------
+
+    def _byte_time(self) -> float:
+        return BITS_PER_BYTE_ON_WIRE / BAUD_RATES.get(self.servos[0].baud_index, 1_000_000)
+
+    def _handle(self, packet: Packet, now: float) -> None:
+        with self.lock:
+            self.packets_handled += 1
+            self.faults.packet_received()
+            timing = self.config.wire_timing
+            rx_done = now + len(packet.raw) * self._byte_time() if timing else now
+            self._line_free = max(self._line_free, rx_done)
+            if self.faults.echo():
+                self._schedule(rx_done, packet.raw)
+            self.motion.advance(now, self._targets())
+            for servo in self.servos:
+                servo.apply_faults(self.faults.condition_bits(servo.servo_id))
+            for servo, data in self._execute(packet):
+                self._reply(servo, data, now)
+            self._flush_due(time.monotonic())
+
+    def _present(self) -> list[EmulatedServo]:
+        return [s for s in self.servos if not self.faults.is_missing(s.servo_id)]
+
+    def _addressed(self, servo_id: int) -> list[EmulatedServo]:
+        present = self._present()
+        if servo_id == BROADCAST_ID:
+            return present
+        return [s for s in present if s.servo_id == servo_id]
+
+    def _execute(self, packet: Packet) -> list[tuple[EmulatedServo, bytes]]:
+        """Apply the instruction; return the (servo, data) of every status packet it causes."""
+        code, params, broadcast = packet.code, packet.params, packet.is_broadcast
+        actual = self.motion.actual()
+        velocity = self.motion.velocity()
+        index = {s.servo_id: i for i, s in enumerate(self.servos)}
+
+        def state(servo: EmulatedServo) -> tuple[float, float]:
+            i = index[servo.servo_id]
+            return float(actual[i]), float(velocity[i])
+
+        if code == Instruction.PING:
+            return [(s, b"") for s in self._addressed(packet.servo_id)]
+        if code == Instruction.READ and len(params) == 2 and not broadcast:
+            return [(s, s.read(params[0], params[1], *state(s)))
+                    for s in self._addressed(packet.servo_id)]
+        if code in (Instruction.WRITE, Instruction.REG_WRITE) and params:
+            replies = []
+            for servo in self._addressed(packet.servo_id):
+                if code == Instruction.WRITE:
+                    servo.write(params[0], params[1:], state(servo)[0])
+                else:
+                    servo.pending = (params[0], params[1:])
+                if not broadcast and servo.replies_to_writes:
+                    replies.append((servo, b""))
+            return replies
+        if code == Instruction.ACTION:
+            replies = []
+            for servo in self._addressed(packet.servo_id):
+                if servo.pending is not None:
+                    servo.write(*servo.pending, state(servo)[0])
+                    servo.pending = None
+                if not broadcast and servo.replies_to_writes:
+                    replies.append((servo, b""))
+            return replies
+        if code == Instruction.SYNC_READ and len(params) >= 2 and broadcast:
+            address, length = params[0], params[1]
+            by_id = {s.servo_id: s for s in self._present()}
+            return [(by_id[i], by_id[i].read(address, length, *state(by_id[i])))
+                    for i in params[2:] if i in by_id]
+        if code == Instruction.SYNC_WRITE and len(params) >= 2 and broadcast:
+            address, length = params[0], params[1]
+            by_id = {s.servo_id: s for s in self._present()}
+            body = params[2:]
+            for start in range(0, len(body) - length, length + 1):
+                servo = by_id.get(body[start])
+                if servo is not None:
+                    servo.write(address, body[start + 1:start + 1 + length], state(servo)[0])
+            return []
+        log.debug("emulated %s ignored instruction 0x%02x from %s", self.config.role, code,
+                  packet.raw.hex(" "))
+        return []
+
+    def _reply(self, servo: EmulatedServo, data: bytes, now: float) -> None:
+        raw = status_packet(servo.servo_id, servo.fault_bits, data)
+        fate, delay = self.faults.reply_fate(servo.servo_id)
+        if fate == "drop":
+            return
+        if fate == "corrupt":
+            raw = raw[:-1] + bytes(((raw[-1] + 1) & 0xFF,))
+        if self.config.wire_timing:
+            start = self._line_free + servo.return_delay_s
+            self._line_free = start + len(raw) * self._byte_time()
+            due = self._line_free
+        else:
+            due = now
+        self._schedule(due + delay, raw, late=fate == "late")
+
+
+def _frame_for(config: EmulatorConfig) -> MechanicalFrame:
+    frame = MechanicalFrame.from_sim()
+    if config.calibration is None:
+        return frame
+    return frame.with_calibration(load_calibration(config.calibration))
+
+
+def _replace_symlink(link: Path, target: str) -> None:
+    if link.exists() and not link.is_symlink():
+        raise DeviceError(f"--link {link}: exists and is not a symlink; refusing to replace it")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _tighten_timer_slack() -> None:
+    """Sleep to within microseconds, not Linux's default 50 us slack, when timing the wire."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.debug("could not tighten the timer slack; wire timing may run a little late")
+

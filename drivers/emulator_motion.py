@@ -1,0 +1,318 @@
+"""Where an emulated arm's six horns are: motion models behind one small protocol.
+
+Every model works in *actual* encoder ticks (float, before the servo subtracts its
+Homing_Offset) against the monotonic wall clock. The emulated arm's mechanics are fixed by the
+emulated calibration (``hilrec.sim.units.emulated_calibration``): a joint at sim angle ``rad``
+reads ``present(rad)`` ticks under that calibration, so its encoder reads
+``present(rad) + homing_offset``. That is the bridge between the twin and the registers, and the
+reason a LeRobot client reading the emulator sees exactly the twin's units.
+
+- :class:`ServoMotion`: a first-order position servo with a speed limit; joints without torque
+  follow a "hand" path (the person moving a leader) or stay put.
+- :class:`TwinMotion`: the follower is the MuJoCo twin: goals become actuator targets (in
+  LeRobot units, through the calibration), encoder readings come from the joint angles.
+- Hand paths: :func:`wave_path` (smooth sines), :class:`SweepPath` (a person calibrating:
+  holds the middle until the homing offsets are written, then sweeps every range) and
+  :class:`OperatorPath` (the sim's scripted operator doing the task on its own twin).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
+from hilrec.drivers.calibration import ArmCalibration
+
+Path = Callable[[float], np.ndarray]  # seconds since start -> actual ticks (6,)
+_MID = 2047.0
+
+
+class ArmMotion(Protocol):
+    def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        """Move to wall-clock ``now``; ``targets[i]`` is servo i's actual goal, None if limp."""
+        ...
+
+    def actual(self) -> np.ndarray:
+        """Encoder ticks (6,), float64."""
+        ...
+
+    def velocity(self) -> np.ndarray:
+        """Ticks per second (6,), float64."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+@dataclass(frozen=True)
+class MechanicalFrame:
+    """The emulated arm's fixed mechanics: sim angle <-> encoder ticks, per joint, affine.
+
+    ``actual = zero + rad * ticks_per_rad``, with ``zero`` the encoder reading at sim angle 0,
+    taken from :func:`hilrec.sim.units.present_position` and the emulated calibration's offsets.
+    """
+
+    zero: np.ndarray  # (6,)
+    ticks_per_rad: float
+    calibration: ArmCalibration
+
+    @classmethod
+    def from_sim(cls) -> MechanicalFrame:
+        from hilrec.sim import units
+
+        calibration = ArmCalibration.from_mapping(units.emulated_calibration(),
+                                                  source="hilrec.sim.units.emulated_calibration()")
+        zero = np.array([units.present_position(name, 0.0) + calibration[name].homing_offset
+                         for name in JOINT_NAMES])
+        return cls(zero, units.TICKS_PER_RAD, calibration)
+
+    def with_calibration(self, calibration: ArmCalibration) -> MechanicalFrame:
+        """The same arm calibrated differently: its middle and offsets follow ``calibration``.
+
+        Body joints read their calibrated middle at sim angle 0; the gripper reads ``range_min``
+        at its sim lower limit (closed), as in the emulated calibration.
+        """
+        from hilrec.sim import units
+
+        gripper_low = units.default_units_map().joint_ranges[JOINT_NAMES.index("gripper")][0]
+        zero = []
+        for name, cal in calibration.items():
+            at_zero = (cal.range_min - gripper_low * self.ticks_per_rad if name == "gripper"
+                       else cal.mid)
+            zero.append(at_zero + cal.homing_offset)
+        return MechanicalFrame(np.array(zero), self.ticks_per_rad, calibration)
+
+    def actual_from_rad(self, rad: np.ndarray) -> np.ndarray:
+        return self.zero + np.asarray(rad, dtype=np.float64) * self.ticks_per_rad
+
+    def rad_from_actual(self, actual: np.ndarray) -> np.ndarray:
+        return (np.asarray(actual, dtype=np.float64) - self.zero) / self.ticks_per_rad
+
+    def middle(self) -> np.ndarray:
+        """Encoder ticks of the pose that reads 2047 on every joint under the calibration."""
+        return np.array([_MID + cal.homing_offset for cal in self.calibration.values()])
+
+    def range_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.array([cal.homing_offset for cal in self.calibration.values()], dtype=float)
+        low = np.array([cal.range_min for cal in self.calibration.values()], dtype=float)
+        high = np.array([cal.range_max for cal in self.calibration.values()], dtype=float)
+        return low + offsets, high + offsets
+
+
+class ServoMotion:
+    """Six first-order position servos (time constant ``tau_s``, speed cap ``max_speed``)."""
+
+    def __init__(self, initial: np.ndarray, *, hand: Path | None = None, tau_s: float = 0.03,
+                 max_speed: float = 3000.0) -> None:
+        self._pos = np.asarray(initial, dtype=np.float64).copy()
+        self._vel = np.zeros(NUM_JOINTS)
+        self._hand = hand
+        self._tau = tau_s
+        self._max_speed = max_speed  # ticks/s: about an STS3215's no-load 270 deg/s
+        self._t0: float | None = None
+        self._last: float | None = None
+
+    def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        if self._last is None:
+            self._t0 = self._last = now
+            return
+        dt = now - self._last
+        if dt <= 0:
+            return
+        self._last = now
+        hand = self._hand(now - self._t0) if self._hand is not None else None  # type: ignore[operator]
+        previous = self._pos.copy()
+        gain = 1.0 - math.exp(-dt / self._tau)
+        step_cap = self._max_speed * dt
+        for i, target in enumerate(targets):
+            if target is not None:
+                self._pos[i] += max(-step_cap, min(step_cap, (target - self._pos[i]) * gain))
+            elif hand is not None:
+                self._pos[i] = hand[i]
+        self._vel = (self._pos - previous) / dt
+
+    def actual(self) -> np.ndarray:
+        return self._pos.copy()
+
+    def velocity(self) -> np.ndarray:
+        return self._vel.copy()
+
+    def place(self, actual: np.ndarray) -> None:
+        """Put the horns somewhere by hand (tests: 'the person moved the arm')."""
+        self._pos = np.asarray(actual, dtype=np.float64).copy()
+
+    def close(self) -> None:
+        pass
+
+
+def wave_path(frame: MechanicalFrame, *, amplitude: float = 0.3, period_s: float = 4.0) -> Path:
+    """Slow sines through ``amplitude`` of each joint's calibrated range, one phase per joint."""
+    low, high = frame.range_ends()
+    centre, half = (low + high) / 2, (high - low) / 2 * amplitude
+    phases = np.arange(NUM_JOINTS) * (2 * math.pi / NUM_JOINTS)
+
+    def path(t: float) -> np.ndarray:
+        return centre + half * np.sin(2 * math.pi * t / period_s + phases)
+
+    return path
+
+
+class SweepPath:
+    """A person calibrating: hold the middle, then sweep every joint through its whole range.
+
+    The sweep starts once ``ready()`` is true (the emulator passes "every servo got its homing
+    offset written"), so a calibration reads the middle before anything moves, with no timing
+    guess. ``sweep_s`` goes middle -> min -> max -> middle, dwelling ``dwell_s`` at each end.
+    """
+
+    def __init__(self, frame: MechanicalFrame, ready: Callable[[], bool], *,
+                 sweep_s: float = 0.8, dwell_s: float = 0.15) -> None:
+        self._middle = frame.middle()
+        self._low, self._high = frame.range_ends()
+        self._ready = ready
+        self._sweep_s, self._dwell_s = sweep_s, dwell_s
+        self._start: float | None = None
+        self.done = threading.Event()
+
+    def __call__(self, t: float) -> np.ndarray:
+        if self._start is None:
+            if not self._ready():
+                return self._middle.copy()
+            self._start = t
+        leg = self._sweep_s / 4
+        s = t - self._start
+        waypoints = [(self._middle, self._low, leg), (self._low, self._low, self._dwell_s),
+                     (self._low, self._high, 2 * leg), (self._high, self._high, self._dwell_s),
+                     (self._high, self._middle, leg)]
+        for start, end, duration in waypoints:
+            if s < duration:
+                return start + (end - start) * (s / duration)
+            s -= duration
+        self.done.set()
+        return self._middle.copy()
+
+
+class OperatorPath:
+    """The sim's scripted operator doing the task on a twin of its own; the leader shows its hand.
+
+    Actions come at the twin's fps; between two frames the path interpolates linearly, as a hand
+    moves continuously. After ``episode_frames`` the next seed starts a new episode.
+    """
+
+    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, episode_frames: int = 500,
+                 twin: Any | None = None, operator_factory: Callable[[int], Any] | None = None
+                 ) -> None:
+        from hilrec.sim import units
+
+        if twin is None:
+            from hilrec.sim.twin import Twin
+
+            twin = Twin(cameras=())
+        if operator_factory is None:
+            from hilrec.sim.operator import ScriptedOperator
+
+            operator_factory = ScriptedOperator
+        self._frame = frame
+        self._units = units.default_units_map()
+        self._twin = twin
+        self._factory = operator_factory
+        self._seed = seed
+        self._episode_frames = episode_frames
+        self._frame_dt = 1.0 / twin.fps
+        self._frames_done = 0  # frames since the path started, across episodes
+        self._start_episode()
+
+    def _start_episode(self) -> None:
+        start = self._twin.reset(self._seed)
+        self._operator = self._factory(self._seed)
+        self._operator.reset(start)
+        self._episode_frame = 0
+        self._seed += 1
+        observed = self._twin.observe()
+        self._previous = self._current = self._ticks(observed)
+
+    def _ticks(self, units_values: np.ndarray) -> np.ndarray:
+        return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
+
+    def _step(self) -> None:
+        if self._episode_frame >= self._episode_frames:
+            self._start_episode()
+        action = self._operator.act(self._episode_frame, self._twin.observe())
+        executed = self._twin.command(action)
+        self._twin.step_frame()
+        self._episode_frame += 1
+        self._frames_done += 1
+        self._previous, self._current = self._current, self._ticks(executed)
+
+    def __call__(self, t: float) -> np.ndarray:
+        # One frame ahead, so that t lies between the previous and the current action.
+        frames = t / self._frame_dt
+        while self._frames_done < int(frames) + 1:
+            self._step()
+        alpha = min(1.0, max(0.0, frames - (self._frames_done - 1)))
+        return self._previous + (self._current - self._previous) * alpha
+
+
+class TwinMotion:
+    """The follower is the MuJoCo twin, stepped a frame at a time to keep up with the wall clock.
+
+    A servo with torque on drives its joint's actuator to its goal (converted to LeRobot units
+    through the calibration); a servo without torque holds its joint where it is.
+    """
+
+    def __init__(self, frame: MechanicalFrame, *, twin: Any | None = None, seed: int = 0,
+                 max_catch_up_frames: int = 50) -> None:
+        from hilrec.sim import units
+
+        if twin is None:
+            from hilrec.sim.twin import Twin
+
+            twin = Twin(cameras=())
+            twin.reset(seed)
+        self.twin = twin
+        self._frame = frame
+        self._units = units.default_units_map()
+        self._frame_dt = 1.0 / twin.fps
+        self._max_catch_up = max_catch_up_frames
+        self._t0: float | None = None
+        self._frames = 0
+        self._pos = self._ticks(twin.observe())
+        self._vel = np.zeros(NUM_JOINTS)
+
+    def _ticks(self, units_values: np.ndarray) -> np.ndarray:
+        return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
+
+    def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        if self._t0 is None:
+            self._t0 = now
+        wanted = int((now - self._t0) / self._frame_dt)
+        if wanted <= self._frames:
+            return
+        # A stalled client must not make the next request pay for minutes of physics.
+        self._frames = max(self._frames, wanted - self._max_catch_up)
+        goal = np.array([self._pos[i] if t is None else t for i, t in enumerate(targets)])
+        command = self._units.units_from_rad(self._frame.rad_from_actual(goal))
+        previous, stepped = self._pos, wanted - self._frames
+        while self._frames < wanted:
+            self.twin.command(command)
+            self.twin.step_frame()
+            self._frames += 1
+        self._pos = self._ticks(self.twin.observe())
+        self._vel = (self._pos - previous) / (stepped * self._frame_dt)
+
+    def actual(self) -> np.ndarray:
+        return self._pos.copy()
+
+    def velocity(self) -> np.ndarray:
+        return self._vel.copy()
+
+    def close(self) -> None:
+        close = getattr(self.twin, "close", None)
+        if callable(close):
+            close()
