@@ -1,0 +1,248 @@
+"""The episode journal and the consolidation intent: how a saved episode stays saved.
+
+An episode is written into ``hilrec/journal/.episode-NNNNNN.tmp/`` while it is recorded (its mp4
+streams there). ``save_episode`` adds ``data.parquet`` (the episode's rows, final columns) and
+``episode.json`` (length, tasks, stats, video frame counts), fsyncs every file and the directory,
+and renames it to ``episode-NNNNNN/``. That rename is the commit: once it is fsynced, the episode
+is durable whatever happens next. A ``.tmp`` directory found later is an episode that was never
+saved; it is dropped.
+
+Consolidation then merges committed episodes into LeRobot's files. Each of those files is
+rewritten to ``<file>.hilrec-new`` and renamed over the old one, never changed in place. A batch
+of renames is bracketed by ``hilrec/journal/consolidation.json`` (the intent): before the first
+rename every target's old version is hard-linked to ``<file>.hilrec-old``; after the last one
+(info.json) the intent is marked done. :func:`recover_intent` rolls an interrupted batch back to
+the state before it, so the batch's episodes are simply consolidated again.
+
+An episode counts as consolidated when its index is below info.json's ``total_episodes``. The
+journal keeps ``data.parquet`` and ``episode.json`` of every episode for good (a few kB per
+minute), so ``hilrec repair`` can rebuild data and metadata files from them; the staged mp4 is
+deleted once the episode is in LeRobot's video files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hilrec.daemon.dataset.atomic import atomic_write_bytes, fsync_dir
+from hilrec.daemon.errors import CorruptDatasetError
+
+JOURNAL_DIR: Final[str] = "hilrec/journal"
+INTENT_FILE: Final[str] = "consolidation.json"
+EPISODE_META: Final[str] = "episode.json"
+EPISODE_DATA: Final[str] = "data.parquet"
+NEW_SUFFIX: Final[str] = ".hilrec-new"
+OLD_SUFFIX: Final[str] = ".hilrec-old"
+JOURNAL_FORMAT: Final[int] = 1
+_COMMITTED = re.compile(r"^episode-(\d{6,})$")
+_OPEN = re.compile(r"^\.episode-(\d{6,})\.tmp$")
+
+
+def journal_dir(root: Path) -> Path:
+    return root / JOURNAL_DIR
+
+
+def episode_dir(root: Path, episode_index: int) -> Path:
+    return journal_dir(root) / f"episode-{episode_index:06d}"
+
+
+def open_episode_dir(root: Path, episode_index: int) -> Path:
+    return journal_dir(root) / f".episode-{episode_index:06d}.tmp"
+
+
+def video_file_name(key: str) -> str:
+    return f"{key}.mp4"
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_episode_meta(directory: Path, meta: dict[str, Any]) -> None:
+    payload = dict(meta)
+    payload["format"] = JOURNAL_FORMAT
+    path = directory / EPISODE_META
+    with open(path, "w") as fh:
+        json.dump(payload, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def commit_episode(root: Path, episode_index: int) -> Path:
+    """Make the open episode directory durable and rename it to its committed name."""
+    src = open_episode_dir(root, episode_index)
+    dst = episode_dir(root, episode_index)
+    for child in src.iterdir():
+        fsync_file(child)
+    fsync_dir(src)
+    os.replace(src, dst)
+    fsync_dir(dst.parent)
+    return dst
+
+
+def committed_episodes(root: Path) -> list[int]:
+    directory = journal_dir(root)
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in directory.iterdir():
+        match = _COMMITTED.match(child.name)
+        if match and (child / EPISODE_META).is_file():
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def open_episodes(root: Path) -> list[int]:
+    """Episodes that were being recorded and never saved (their .tmp directories)."""
+    directory = journal_dir(root)
+    if not directory.is_dir():
+        return []
+    return sorted(int(m.group(1)) for c in directory.iterdir() if (m := _OPEN.match(c.name)))
+
+
+def load_episode_meta(root: Path, episode_index: int) -> dict[str, Any]:
+    path = episode_dir(root, episode_index) / EPISODE_META
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CorruptDatasetError(str(path), f"cannot read journal entry: {exc}") from exc
+    if meta.get("episode_index") != episode_index:
+        raise CorruptDatasetError(str(path), f"says episode {meta.get('episode_index')}, "
+                                             f"expected {episode_index}")
+    return meta
+
+
+def remove_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+        fsync_dir(path.parent)
+
+
+# --- consolidation intent ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One file a consolidation batch replaces (``path`` relative to the root)."""
+
+    path: str
+    existed: bool
+
+
+def intent_path(root: Path) -> Path:
+    return journal_dir(root) / INTENT_FILE
+
+
+def new_path(path: Path) -> Path:
+    return path.with_name(path.name + NEW_SUFFIX)
+
+
+def old_path(path: Path) -> Path:
+    return path.with_name(path.name + OLD_SUFFIX)
+
+
+def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str],
+                  hook: Any = None) -> None:
+    """Rename every ``<target>.hilrec-new`` over its target, recoverably, in the given order.
+
+    ``hook(name)`` (tests only) is called at each step so a crash test can kill the process there.
+    """
+    plan = [Target(t, (root / t).exists()) for t in targets]
+    _write_intent(root, {"episodes": list(episodes), "state": "renaming",
+                         "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
+    _hook(hook, "intent-written")
+    for target in plan:
+        path = root / target.path
+        if target.existed and not old_path(path).exists():
+            os.link(path, old_path(path))
+        os.replace(new_path(path), path)
+        fsync_dir(path.parent)
+        _hook(hook, f"renamed {target.path}")
+    _write_intent(root, {"episodes": list(episodes), "state": "done",
+                         "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
+    _hook(hook, "intent-done")
+    finish_intent(root)
+
+
+def _hook(hook: Any, name: str) -> None:
+    if hook is not None:
+        hook(name)
+
+
+def _write_intent(root: Path, payload: dict[str, Any]) -> None:
+    atomic_write_bytes(intent_path(root), json.dumps(payload).encode())
+
+
+def read_intent(root: Path) -> dict[str, Any] | None:
+    path = intent_path(root)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CorruptDatasetError(str(path), f"cannot read consolidation intent: {exc}") from exc
+
+
+def finish_intent(root: Path) -> None:
+    """After a completed batch: drop the old versions, then the intent."""
+    intent = read_intent(root)
+    if intent is None:
+        return
+    dirs = set()
+    for target in intent["targets"]:
+        old = old_path(root / target["path"])
+        if old.exists():
+            old.unlink()
+            dirs.add(old.parent)
+    for directory in dirs:
+        fsync_dir(directory)
+    intent_path(root).unlink(missing_ok=True)
+    fsync_dir(journal_dir(root))
+
+
+def recover_intent(root: Path) -> str | None:
+    """Complete or roll back an interrupted batch. Returns what was done (None: nothing pending)."""
+    intent = read_intent(root)
+    if intent is None:
+        return None
+    if intent.get("state") == "done":
+        finish_intent(root)
+        return "completed"
+    for target in reversed(intent["targets"]):
+        path = root / target["path"]
+        old = old_path(path)
+        if old.exists():
+            os.replace(old, path)
+        elif not target["existed"]:
+            path.unlink(missing_ok=True)
+        new_path(path).unlink(missing_ok=True)
+        fsync_dir(path.parent)
+    intent_path(root).unlink(missing_ok=True)
+    fsync_dir(journal_dir(root))
+    return "rolled back"
+
+
+def orphan_files(root: Path) -> list[Path]:
+    """Temp files a crash can leave: ``*.hilrec-new``, stray ``*.hilrec-old``, atomic.py temps."""
+    found: list[Path] = []
+    for top in ("meta", "data", "videos", "hilrec"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for dirpath, _dirnames, filenames in os.walk(base):
+            for name in filenames:
+                if (name.endswith(NEW_SUFFIX) or name.endswith(OLD_SUFFIX)
+                        or (name.startswith(".") and ".tmp-" in name)):
+                    found.append(Path(dirpath) / name)
+    return sorted(found)
