@@ -130,6 +130,10 @@ class CalibrationError(DeviceError, ValueError):
     """A calibration file is missing, malformed, or does not match the motors."""
 
 
+class ActionError(DeviceError, ValueError):
+    """An action handed to an arm is malformed (shape, non-finite values)."""
+
+
 class CameraError(DeviceError):
     """A camera could not be opened or read."""
 
