@@ -136,7 +136,7 @@ class EmulatedArm:
             _replace_symlink(self.config.link, self.device_path)
         self._running = True
         self._started_at = time.monotonic()
-        self.motion.advance(self._started_at, self._targets())
+        self._power_up()
         self._thread = threading.Thread(target=self._serve, name=f"emulated-{self.config.role}",
                                         daemon=True)
         self._thread.start()
@@ -209,6 +209,13 @@ class EmulatedArm:
             return ServoMotion(middle, hand=self.sweep)
         operator = OperatorPath(self.frame, seed=self.config.seed)
         return ServoMotion(operator(0.0), hand=operator)
+
+    def _power_up(self) -> None:
+        """Servos power up holding where they stand, torque on (as reported for the STS3215)."""
+        self.motion.advance(self._started_at, [None] * len(self.servos))
+        for servo, actual in zip(self.servos, self.motion.actual(), strict=True):
+            servo.set("Goal_Position", servo.present_from_actual(float(actual)))
+            servo.set("Torque_Enable", 1)
 
     def _targets(self) -> list[float | None]:
         return [servo.goal_target() for servo in self.servos]
