@@ -1,0 +1,55 @@
+"""``hilrec check ROOT [--json] [--replay]``: check a dataset; exit 0 only when everything passes.
+
+``--replay`` also replays the recorded actions on the MuJoCo twin (:mod:`hilrec.sim.replay`) and
+merges its verdict into the report. The twin is imported only then, so a plain check never pays for
+MuJoCo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hilrec.daemon.dataset.checker import CheckReport, check_dataset
+from hilrec.daemon.errors import ReplayError
+
+EXIT_PASSED = 0
+EXIT_FAILED = 1
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "check", help="check a LeRobot v3.0 dataset (and replay it with --replay)",
+        description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, metavar="ROOT", help="dataset directory (holds meta/)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--replay", action="store_true",
+                        help="also replay the episodes on the twin and check they reproduce")
+    parser.add_argument("--no-decode", dest="decode", action="store_false",
+                        help="demux videos only: skip decoding the frames the image stats sample")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    report = check_dataset(args.root, decode_video=args.decode)
+    if args.replay:
+        report.replay = _replay(args.root)
+    print(report.to_json() if args.json else report.format_text(), file=sys.stdout)
+    return EXIT_PASSED if report.passed else EXIT_FAILED
+
+
+def _replay(root: Path) -> Any:
+    try:
+        from hilrec.sim.replay import replay_check
+    except ImportError as exc:
+        raise ReplayError(f"--replay needs hilrec.sim.replay.replay_check, which is not "
+                          f"available in this installation ({exc})") from exc
+    return replay_check(root, episodes=None)
+
+
+def check(root: str | Path, *, decode_video: bool = True) -> CheckReport:
+    """Library form of the command (no replay)."""
+    return check_dataset(root, decode_video=decode_video)
