@@ -141,7 +141,7 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
     last_ref = FileRef(last["data/chunk_index"], last["data/file_index"]) if last else None
     last_size = data_path(root, last_ref).stat().st_size if last_ref else 0
     placements = _assign(last_ref, last_size, [m["data_bytes"] for m in metas],
-                         int(info["data_files_size_in_mb"]) * MB, chunks)
+                         int(float(info["data_files_size_in_mb"]) * MB), chunks)
     schema = data_schema(features)
     for ref in dict.fromkeys(p.ref for p in placements):
         members = [i for i, p in enumerate(placements) if p.ref == ref]
@@ -163,7 +163,7 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
         v_size = video_path(root, key, v_last).stat().st_size if v_last else 0
         staged = [journal.episode_dir(root, index) / journal.video_file_name(key) for index in batch]
         v_places = _assign(v_last, v_size, [p.stat().st_size for p in staged],
-                           int(info["video_files_size_in_mb"]) * MB, chunks)
+                           int(float(info["video_files_size_in_mb"]) * MB), chunks)
         for ref in dict.fromkeys(p.ref for p in v_places):
             members = [i for i, p in enumerate(v_places) if p.ref == ref]
             target = video_path(root, key, ref)
@@ -190,7 +190,7 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
     e_last = FileRef(last["meta/episodes/chunk_index"], last["meta/episodes/file_index"]) if last else None
     e_size = episodes_path(root, e_last).stat().st_size if e_last else 0
     per_row = e_size // max(1, sum(1 for r in state.episodes if _meta_ref(r) == e_last)) if e_last else 0
-    e_places = _assign(e_last, e_size, [per_row] * len(rows), int(info["data_files_size_in_mb"]) * MB,
+    e_places = _assign(e_last, e_size, [per_row] * len(rows), int(float(info["data_files_size_in_mb"]) * MB),
                        chunks)
     for row, placement in zip(rows, e_places):
         row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = (placement.ref.chunk,

@@ -209,8 +209,8 @@ def rebuild(root: Path) -> RepairReport:
         shutil.rmtree(work)
     fresh = empty_info(fps=int(info["fps"]), features=features, robot_type=info.get("robot_type"),
                        chunks_size=int(info["chunks_size"]),
-                       data_files_size_in_mb=int(info["data_files_size_in_mb"]),
-                       video_files_size_in_mb=int(info["video_files_size_in_mb"]))
+                       data_files_size_in_mb=info["data_files_size_in_mb"],
+                       video_files_size_in_mb=info["video_files_size_in_mb"])
     (work / journal.JOURNAL_DIR).mkdir(parents=True)
     write_info(work, fresh)
     schema = data_schema(features)

@@ -110,8 +110,8 @@ class DatasetWriter:
     def create(cls, root: str | Path, *, fps: int, features: Mapping[str, Any],
                robot_type: str | None, video_codec: str = "libsvtav1",
                chunks_size: int = DEFAULT_CHUNK_SIZE,
-               data_files_size_in_mb: int = DEFAULT_DATA_FILE_SIZE_IN_MB,
-               video_files_size_in_mb: int = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+               data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+               video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
                max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, hook: Hook = None,
                ) -> DatasetWriter:
         """Start a new dataset at ``root`` (which must not exist or be empty)."""
@@ -120,8 +120,9 @@ class DatasetWriter:
             raise DatasetError(f"{root}: fps must be a positive int, got {fps!r}")
         for name, value in (("chunks_size", chunks_size), ("data_files_size_in_mb", data_files_size_in_mb),
                             ("video_files_size_in_mb", video_files_size_in_mb)):
-            if not isinstance(value, int) or value <= 0:
-                raise DatasetError(f"{root}: {name} must be a positive int, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
+                    name == "chunks_size" and not isinstance(value, int)):
+                raise DatasetError(f"{root}: {name} must be positive, got {value!r}")
         full = validate_features(features)
         settings = VideoSettings(codec=video_codec)
         if root.exists() and any(root.iterdir()):

@@ -1,0 +1,284 @@
+"""The native writer: layout, columns, metadata, validation and lifecycle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hilrec.daemon.dataset.layout import column_to_numpy, read_tasks
+from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.stats import STAT_KEYS
+from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.errors import DatasetError, DatasetStateError, FeatureSpecError, FrameError
+from hilrec.daemon.so101 import POSITION_NAMES, so101_features
+
+FPS = 25
+H, W = 48, 64
+CAM = "observation.images.front"
+
+
+def make_frame(rng: np.random.Generator, task: str = "pick the cube") -> dict:
+    # Smooth gradients plus a moving offset: compressible, so decoded frames stay close.
+    base = np.linspace(0, 200, W, dtype=np.float32)[None, :, None]
+    image = np.clip(base + rng.integers(0, 40) + np.zeros((H, W, 3), np.float32), 0, 255)
+    return {
+        "action": rng.normal(size=6).astype(np.float32),
+        "observation.state": rng.normal(size=6).astype(np.float32),
+        CAM: image.astype(np.uint8),
+        "task": task,
+    }
+
+
+def write_dataset(root: Path, lengths: list[int], *, seed: int = 0, **kwargs) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+    episodes = []
+    with DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
+                              robot_type="so_follower", **kwargs) as writer:
+        for number, length in enumerate(lengths):
+            task = "pick the cube" if number % 2 == 0 else "place the cube"
+            frames = [make_frame(rng, task) for _ in range(length)]
+            for frame in frames:
+                writer.add_frame(frame)
+            assert writer.save_episode(sidecar={"seed": number}, arrays={"tick": np.arange(length)}) == number
+            episodes.append(frames)
+    return episodes
+
+
+def read_data(root: Path) -> dict[str, np.ndarray]:
+    files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
+    tables = [pq.read_table(f) for f in files]
+    return {name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
+            for name in tables[0].column_names}
+
+
+def episode_rows(root: Path) -> list[dict]:
+    rows = []
+    for path in sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet")):
+        rows.extend(pq.read_table(path).to_pylist())
+    return rows
+
+
+def test_columns_are_bit_equal_and_timestamps_on_the_grid(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    episodes = write_dataset(root, [30, 17, 22])
+    data = read_data(root)
+    flat = [f for ep in episodes for f in ep]
+    assert np.array_equal(data["action"], np.stack([f["action"] for f in flat]))
+    assert np.array_equal(data["observation.state"], np.stack([f["observation.state"] for f in flat]))
+    assert data["action"].dtype == np.float32
+    frame_index = np.concatenate([np.arange(len(ep)) for ep in episodes])
+    assert np.array_equal(data["frame_index"], frame_index)
+    assert np.array_equal(data["timestamp"], (frame_index / FPS).astype(np.float32))
+    assert np.array_equal(data["index"], np.arange(len(flat)))
+    assert np.array_equal(data["episode_index"], np.repeat([0, 1, 2], [30, 17, 22]))
+    assert np.array_equal(data["task_index"], np.repeat([0, 1, 0], [30, 17, 22]))
+    assert read_tasks(root) == ["pick the cube", "place the cube"]
+
+
+def test_metadata_matches_lerobot_v30(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_dataset(root, [30, 17])
+    info = json.loads((root / "meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0"
+    assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (2, 47, 2)
+    assert info["splits"] == {"train": "0:2"}
+    assert list(info["features"]) == ["action", "observation.state", CAM, "timestamp",
+                                      "frame_index", "episode_index", "index", "task_index"]
+    assert info["features"]["action"]["names"] == POSITION_NAMES
+    video = info["features"][CAM]["info"]
+    assert video == {"video.height": H, "video.width": W, "video.codec": "av1",
+                     "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": FPS,
+                     "video.channels": 3, "has_audio": False}
+    schema = pq.read_schema(root / "data/chunk-000/file-000.parquet")
+    action_type = schema.field("action").type
+    assert pa.types.is_fixed_size_list(action_type) and action_type.list_size == 6
+    assert action_type.value_type == pa.float32()
+    assert b"huggingface" in schema.metadata
+    rows = episode_rows(root)
+    assert [r["episode_index"] for r in rows] == [0, 1]
+    assert rows[1]["dataset_from_index"] == 30 and rows[1]["dataset_to_index"] == 47
+    assert rows[1]["tasks"] == ["place the cube"]
+    assert rows[0][f"videos/{CAM}/from_timestamp"] == 0.0
+    assert rows[1][f"videos/{CAM}/from_timestamp"] == pytest.approx(30 / FPS)
+    assert rows[1][f"videos/{CAM}/to_timestamp"] == pytest.approx(47 / FPS)
+    for feature in info["features"]:
+        for stat in STAT_KEYS:
+            assert f"stats/{feature}/{stat}" in rows[0]
+    assert np.asarray(rows[0][f"stats/{CAM}/mean"]).shape == (3, 1, 1)
+    stats = json.loads((root / "meta/stats.json").read_text())
+    assert stats["index"]["count"] == [47] and stats["index"]["max"] == [46]
+    assert np.asarray(stats[CAM]["q50"]).shape == (3, 1, 1)
+
+
+def test_every_episode_has_its_frames_in_the_video_on_the_grid(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    episodes = write_dataset(root, [30, 17, 22])
+    rows = episode_rows(root)
+    with av.open(str(root / f"videos/{CAM}/chunk-000/file-000.mp4")) as container:
+        decoded = [(frame.time, frame.to_ndarray(format="rgb24")) for frame in container.decode(video=0)]
+    assert len(decoded) == 69
+    for row, frames in zip(rows, episodes):
+        start = row[f"videos/{CAM}/from_timestamp"]
+        for i, original in enumerate(frames):
+            time, image = decoded[row["dataset_from_index"] + i]
+            assert abs(time - (start + i / FPS)) < 1e-4
+            assert np.abs(image.astype(int) - original[CAM].astype(int)).mean() < 6
+
+
+def test_sidecars_and_provenance_are_written(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_dataset(root, [5, 6])
+    meta, arrays = load_episode_sidecar(root, 1)
+    assert meta["seed"] == 1 and np.array_equal(arrays["tick"], np.arange(6))
+    provenance = load_dataset_sidecar(root)["writer"]
+    assert provenance["video"]["codec"] == "libsvtav1" and provenance["video"]["crf"] == 30
+
+
+def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_dataset(root, [40, 40, 40, 40], data_files_size_in_mb=0.004, video_files_size_in_mb=0.0005,
+                  chunks_size=2)
+    data_files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
+    assert data_files[:3] == ["data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet",
+                              "data/chunk-001/file-000.parquet"]
+    rows = episode_rows(root)
+    refs = [(r["data/chunk_index"], r["data/file_index"]) for r in rows]
+    assert refs == sorted(refs) and len(set(refs)) > 1
+    video_refs = [(r[f"videos/{CAM}/chunk_index"], r[f"videos/{CAM}/file_index"]) for r in rows]
+    assert len(set(video_refs)) > 1
+    for previous, row in zip([None] + rows[:-1], rows):
+        ref = (row[f"videos/{CAM}/chunk_index"], row[f"videos/{CAM}/file_index"])
+        starts_file = previous is None or ref != (previous[f"videos/{CAM}/chunk_index"],
+                                                  previous[f"videos/{CAM}/file_index"])
+        expected = 0.0 if starts_file else previous[f"videos/{CAM}/to_timestamp"]
+        assert row[f"videos/{CAM}/from_timestamp"] == pytest.approx(expected)
+        with av.open(str(root / f"videos/{CAM}/chunk-{ref[0]:03d}/file-{ref[1]:03d}.mp4")) as c:
+            assert c.streams.video[0].frames > 0
+    assert read_data(root)["index"].tolist() == list(range(160))
+
+
+def test_reopen_appends_after_the_saved_episodes(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_dataset(root, [10, 12])
+    rng = np.random.default_rng(5)
+    with DatasetWriter.open(root) as writer:
+        assert writer.num_episodes == 2
+        for _ in range(7):
+            writer.add_frame(make_frame(rng, "a third task"))
+        assert writer.save_episode() == 2
+    data = read_data(root)
+    assert data["index"].tolist() == list(range(29))
+    assert data["task_index"][-1] == 2
+    rows = episode_rows(root)
+    assert rows[2][f"videos/{CAM}/from_timestamp"] == pytest.approx(22 / FPS)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"action": np.zeros(6)}, "action"),                              # float64, not float32
+    ({"action": np.zeros(5, np.float32)}, "action"),                  # wrong shape
+    ({"observation.state": np.full(6, np.inf, np.float32)}, "observation.state"),
+    ({CAM: np.zeros((H, W), np.uint8)}, CAM),
+    ({CAM: np.zeros((H, W, 3), np.float32)}, CAM),
+    ({"timestamp": np.float32(0.0)}, "timestamp"),                    # reserved
+    ({"index": 3}, "index"),
+    ({"velocity": np.zeros(6, np.float32)}, "velocity"),              # not declared
+    ({"task": ""}, "task"),
+])
+def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key: str) -> None:
+    rng = np.random.default_rng(0)
+    with DatasetWriter.create(tmp_path / "ds", fps=FPS, features=so101_features({"front": (H, W)}),
+                              robot_type="so_follower") as writer:
+        writer.add_frame(make_frame(rng))
+        with pytest.raises(FrameError) as caught:
+            writer.add_frame({**make_frame(rng), **change})
+        assert caught.value.key == key
+        missing = make_frame(rng)
+        del missing["observation.state"]
+        with pytest.raises(FrameError, match="observation.state"):
+            writer.add_frame(missing)
+        assert writer.save_episode() == 0
+    assert json.loads((tmp_path / "ds/meta/info.json").read_text())["total_frames"] == 1
+
+
+def test_bad_feature_specs_are_refused(tmp_path: Path) -> None:
+    for features, key in [({"frame_index": {"dtype": "int64", "shape": [1], "names": None}}, "frame_index"),
+                          ({"a/b": {"dtype": "float32", "shape": [2], "names": None}}, "a/b"),
+                          ({"x": {"dtype": "float13", "shape": [2], "names": None}}, "x"),
+                          ({"cam": {"dtype": "video", "shape": [47, 64, 3], "names": None}}, "cam")]:
+        with pytest.raises(FeatureSpecError) as caught:
+            DatasetWriter.create(tmp_path / "bad", fps=FPS, features=features, robot_type=None)
+        assert caught.value.key == key
+
+
+def test_lifecycle_rules(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    root = tmp_path / "ds"
+    writer = DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
+                                  robot_type="so_follower")
+    with pytest.raises(DatasetStateError):
+        writer.save_episode()
+    writer.add_frame(make_frame(rng))
+    with pytest.raises(DatasetStateError, match="open"):
+        writer.finalize()
+    writer.discard_episode()
+    assert not writer.episode_open
+    for _ in range(3):
+        writer.add_frame(make_frame(rng))
+    assert writer.save_episode() == 0
+    writer.finalize()
+    writer.finalize()
+    with pytest.raises(DatasetStateError):
+        writer.add_frame(make_frame(rng))
+    assert read_data(root)["frame_index"].tolist() == [0, 1, 2]
+    with pytest.raises(DatasetStateError, match="not empty"):
+        DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None)
+    with pytest.raises(DatasetError, match="fps"):
+        DatasetWriter.create(tmp_path / "x", fps=0, features=so101_features(), robot_type=None)
+
+
+def test_an_exception_in_the_block_discards_only_the_open_episode(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    root = tmp_path / "ds"
+    with pytest.raises(RuntimeError):
+        with DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
+                                  robot_type="so_follower") as writer:
+            for _ in range(4):
+                writer.add_frame(make_frame(rng))
+            writer.save_episode()
+            for _ in range(6):
+                writer.add_frame(make_frame(rng))
+            raise RuntimeError("operator pressed stop")
+    info = json.loads((root / "meta/info.json").read_text())
+    assert (info["total_episodes"], info["total_frames"]) == (1, 4)
+    assert not list((root / "hilrec/journal").glob(".episode-*"))
+
+
+def test_leaving_the_block_with_an_open_episode_refuses_but_keeps_saved_ones(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    root = tmp_path / "ds"
+    with pytest.raises(DatasetStateError):
+        with DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None) as writer:
+            writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
+            writer.save_episode()
+            writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
+    assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 1
+
+
+def test_lerobot_loads_the_rows_and_metadata(tmp_path: Path) -> None:
+    from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
+    from lerobot.datasets.utils import load_nested_dataset, get_hf_features_from_features
+
+    root = tmp_path / "ds"
+    episodes = write_dataset(root, [12, 9])
+    meta = LeRobotDatasetMetadata("hilrec/test", root=root)
+    assert meta.total_episodes == 2 and meta.get_task_index("place the cube") == 1
+    assert meta.episodes[1]["dataset_from_index"] == 12
+    hf = load_nested_dataset(root / "data", features=get_hf_features_from_features(meta.features))
+    assert len(hf) == 21
+    assert np.array_equal(np.asarray(hf[13]["action"], dtype=np.float32), episodes[1][1]["action"])
