@@ -1,0 +1,404 @@
+"""Judge one replayed episode: per-joint errors, lag, gripper, saturation, and the verdict.
+
+Input is three ``(n, 6)`` trajectories in the twin's units (body joints in degrees, gripper in
+0..100): the recorded ``observation.state``, the state the twin reached when driven by the
+recorded ``action`` from the first recorded state, and the action itself.
+
+Verdicts, worst first: ``not_replayable`` (the check could not run; never a pass), ``diverged``
+(after the best lag alignment a joint still leaves its error limit for long enough, or its RMS
+error is over the limit), ``lagging`` (aligned, it tracks; but the recording trails the twin by
+more than the tolerance), ``consistent``.
+
+A gripper closed on an object reads more open than commanded while the twin, which has no object
+in its hand, closes fully. Those frames (on either side) are grasps, reported as gripper
+behaviour and left out of the gripper's error judgement.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.replay_metrics import (
+    Excursion,
+    Stall,
+    count_blips,
+    find_stalls,
+    fit_shift,
+    grasp_mask,
+    limit_hits,
+    response_lag,
+    runs,
+    shift_by,
+    sustained_excursion,
+)
+from hilrec.daemon.replay_settings import ErrorLimits, ReplaySettings
+from hilrec.daemon.so101 import JOINT_NAMES
+
+GRIPPER = JOINT_NAMES.index("gripper")
+BODY = tuple(i for i in range(len(JOINT_NAMES)) if i != GRIPPER)
+
+
+class Verdict(str, Enum):
+    CONSISTENT = "consistent"
+    LAGGING = "lagging"
+    DIVERGED = "diverged"
+    NOT_REPLAYABLE = "not_replayable"
+
+
+# The exit status of `hilrec replay` is the code of the worst verdict among the episodes checked.
+# 1 is left to Python's own failures and 2 to usage/config errors (argparse, HilrecError).
+EXIT_CODES: dict[Verdict, int] = {
+    Verdict.CONSISTENT: 0,
+    Verdict.LAGGING: 3,
+    Verdict.DIVERGED: 4,
+    Verdict.NOT_REPLAYABLE: 5,
+}
+SEVERITY: tuple[Verdict, ...] = (Verdict.CONSISTENT, Verdict.LAGGING, Verdict.DIVERGED,
+                                  Verdict.NOT_REPLAYABLE)
+
+
+def worst(verdicts: list[Verdict]) -> Verdict:
+    return max(verdicts, key=SEVERITY.index, default=Verdict.CONSISTENT)
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    recorded: np.ndarray  # (n, 6) observation.state, twin units
+    replayed: np.ndarray  # (n, 6) the twin's state, same frames
+    action: np.ndarray  # (n, 6) recorded action, twin units
+    limits: np.ndarray  # (6, 2) [low, high] of each joint's command range, twin units
+    leader: np.ndarray | None = None  # (n, 6) leader reading, when the recorder kept it
+
+
+@dataclass
+class JointResult:
+    name: str
+    motion: float  # peak-to-peak of the replayed position
+    rms_error: float  # as recorded, no alignment
+    max_error: float
+    aligned_rms_error: float  # after shifting the replay by the episode's lag
+    aligned_max_error: float
+    lag_frames: float | None  # this joint's own best shift (None if it barely moved or diverged)
+    divergence: Excursion | None = None
+    blips: int = 0
+    stalls: list[Stall] = field(default_factory=list)
+    at_limit_frames: int = 0
+    beyond_range_frames: int = 0
+    leader_mismatch_frames: int | None = None
+
+
+@dataclass
+class LagResult:
+    frames: float | None  # None: no joint moved enough to show a lag
+    best_shift: int | None
+    shifts: np.ndarray
+    mse: np.ndarray | None
+    joints_used: list[str]
+    response_recorded: float | None  # action -> recorded state, frames (cross-correlation)
+    response_replayed: float | None  # action -> replayed state, frames
+    at_search_edge: bool = False
+
+
+@dataclass
+class GripperResult:
+    commanded: tuple[float, float]
+    achieved: tuple[float, float]
+    replayed: tuple[float, float]
+    mean_tracking_gap: float  # mean |action - recorded| outside grasps
+    grasp_frames: int
+    grasps: list[tuple[int, int]]
+    held_opening: float | None  # median recorded opening while grasping
+    replayed_grasp_frames: int
+
+
+@dataclass
+class EpisodeResult:
+    episode_index: int
+    verdict: Verdict
+    reason: str
+    frames: int
+    fps: int
+    lag: LagResult | None = None
+    joints: list[JointResult] = field(default_factory=list)
+    gripper: GripperResult | None = None
+    divergence_joint: str | None = None
+    divergence_onset: int | None = None
+    trajectories: Trajectories | None = None
+    aligned_replay: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def not_replayable(cls, episode_index: int, reason: str, *, frames: int = 0,
+                       fps: int = 0) -> EpisodeResult:
+        return cls(episode_index=episode_index, verdict=Verdict.NOT_REPLAYABLE, reason=reason,
+                   frames=frames, fps=fps)
+
+    def ms(self, frames: float | None) -> float | None:
+        return None if frames is None or not self.fps else frames * 1000.0 / self.fps
+
+
+def analyse(episode_index: int, traj: Trajectories, *, fps: int,
+            settings: ReplaySettings) -> EpisodeResult:
+    """Errors, lag, gripper and saturation of one replayed episode, and its verdict."""
+    rec, rep, act = traj.recorded, traj.replayed, traj.action
+    n = rec.shape[0]
+    lag_cfg, cons = settings.lag, settings.consistency
+    if n < settings.engine.min_frames or n <= lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 2:
+        return EpisodeResult.not_replayable(
+            episode_index, f"only {n} frames; the check needs at least "
+            f"{max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)}",
+            frames=n, fps=fps)
+    min_frames = max(1, math.ceil(cons.min_duration_s * fps))
+
+    gcfg = settings.gripper
+    grasp_rec = grasp_mask(act[:, GRIPPER], rec[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
+    grasp_rep = grasp_mask(act[:, GRIPPER], rep[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
+    valid = np.ones_like(rec, dtype=bool)
+    valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+
+    motion = np.ptp(rep, axis=0)
+    moving = [j for j in BODY if motion[j] >= lag_cfg.min_motion_deg]
+
+    def limits_of(j: int) -> ErrorLimits:
+        return cons.gripper if j == GRIPPER else cons.body
+
+    def excursions(aligned: np.ndarray) -> dict[int, Excursion]:
+        found = {}
+        for j in range(rec.shape[1]):
+            lim = limits_of(j)
+            exc = sustained_excursion(rec[:, j] - aligned[:, j], limit=lim.max,
+                                      min_frames=min_frames, floor=lim.floor,
+                                      valid=valid[:, j])
+            if exc is not None:
+                found[j] = exc
+        return found
+
+    # Fit the lag on the moving body joints; a joint that then diverges is dropped and the lag
+    # refitted once, so one frozen servo does not drag the others' alignment.
+    used = list(moving)
+    fit = None
+    lag = 0.0
+    if used:
+        fit = fit_shift(rec[:, used], rep[:, used], min_shift=lag_cfg.min_shift_frames,
+                        max_shift=lag_cfg.max_shift_frames)
+        lag = fit.lag
+    aligned = shift_by(rep, lag)
+    exc = excursions(aligned)
+    if fit is not None and any(j in exc for j in used):
+        remaining = [j for j in used if j not in exc]
+        if remaining:
+            used = remaining
+            fit = fit_shift(rec[:, used], rep[:, used], min_shift=lag_cfg.min_shift_frames,
+                            max_shift=lag_cfg.max_shift_frames)
+            lag = fit.lag
+            aligned = shift_by(rep, lag)
+            exc = excursions(aligned)
+
+    lag_result = LagResult(
+        frames=lag if fit is not None else None,
+        best_shift=fit.best_shift if fit is not None else None,
+        shifts=fit.shifts if fit is not None else np.arange(lag_cfg.min_shift_frames,
+                                                             lag_cfg.max_shift_frames + 1),
+        mse=fit.mse if fit is not None else None,
+        joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
+        response_recorded=response_lag(act[:, used], rec[:, used], lag_cfg.max_correlation_frames)
+        if used else None,
+        response_replayed=response_lag(act[:, used], rep[:, used], lag_cfg.max_correlation_frames)
+        if used else None,
+        at_search_edge=fit is not None and fit.best_shift in (lag_cfg.min_shift_frames,
+                                                              lag_cfg.max_shift_frames),
+    )
+
+    raw_err = rec - rep
+    al_err = rec - aligned
+    sat = settings.saturation
+    margin = np.full(rec.shape[1], sat.limit_margin_deg)
+    margin[GRIPPER] = sat.gripper_margin
+    at_limit, beyond = limit_hits(act, traj.limits[:, 0], traj.limits[:, 1], margin)
+    stall_cfg = settings.stall
+    stall_frames = max(1, math.ceil(stall_cfg.min_duration_s * fps))
+
+    joints: list[JointResult] = []
+    for j, name in enumerate(JOINT_NAMES):
+        ok = valid[:, j]
+        raw_j = raw_err[ok, j] if ok.any() else np.zeros(1)
+        al_j = al_err[ok, j] if ok.any() else np.zeros(1)
+        own_lag = None
+        if j in moving and j not in exc:
+            own_lag = fit_shift(rec[:, [j]], rep[:, [j]], min_shift=lag_cfg.min_shift_frames,
+                                max_shift=lag_cfg.max_shift_frames).lag
+        lim = limits_of(j)
+        joints.append(JointResult(
+            name=name,
+            motion=float(motion[j]),
+            rms_error=_rms(raw_j), max_error=float(np.max(np.abs(raw_j))),
+            aligned_rms_error=_rms(al_j), aligned_max_error=float(np.max(np.abs(al_j))),
+            lag_frames=own_lag,
+            divergence=exc.get(j),
+            blips=count_blips(al_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
+            stalls=[] if j == GRIPPER else find_stalls(
+                rec[:, j], rep[:, j], still=stall_cfg.still_deg, min_frames=stall_frames,
+                min_motion=stall_cfg.min_command_motion_deg),
+            at_limit_frames=int(at_limit[:, j].sum()),
+            beyond_range_frames=int(beyond[:, j].sum()),
+            leader_mismatch_frames=None if traj.leader is None else int(
+                np.sum(np.abs(act[:, j] - traj.leader[:, j]) > sat.leader_tolerance)),
+        ))
+
+    result = EpisodeResult(episode_index=episode_index, verdict=Verdict.CONSISTENT, reason="",
+                           frames=n, fps=fps, lag=lag_result, joints=joints,
+                           gripper=_gripper(act, rec, rep, grasp_rec, grasp_rep),
+                           trajectories=traj, aligned_replay=aligned)
+    _judge(result, settings)
+    return result
+
+
+def _rms(x: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(x * x)))
+
+
+def _gripper(act: np.ndarray, rec: np.ndarray, rep: np.ndarray, grasp_rec: np.ndarray,
+             grasp_rep: np.ndarray) -> GripperResult:
+    a, r, p = act[:, GRIPPER], rec[:, GRIPPER], rep[:, GRIPPER]
+    free = ~grasp_rec
+    return GripperResult(
+        commanded=(float(a.min()), float(a.max())),
+        achieved=(float(r.min()), float(r.max())),
+        replayed=(float(p.min()), float(p.max())),
+        mean_tracking_gap=float(np.mean(np.abs(a[free] - r[free]))) if free.any() else 0.0,
+        grasp_frames=int(grasp_rec.sum()),
+        grasps=runs(grasp_rec),
+        held_opening=float(np.median(r[grasp_rec])) if grasp_rec.any() else None,
+        replayed_grasp_frames=int(grasp_rep.sum()),
+    )
+
+
+def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
+    """Set the verdict and a one-line reason a person can act on."""
+    fps = result.fps
+    lag = result.lag
+    assert lag is not None
+    diverged = [(j.divergence.onset, j) for j in result.joints if j.divergence is not None]
+    if diverged:
+        onset, joint = min(diverged, key=lambda item: item[0])
+        exc = joint.divergence
+        assert exc is not None
+        limit = settings.consistency.gripper.max if joint.name == "gripper" else settings.consistency.body.max
+        unit = "" if joint.name == "gripper" else " deg"
+        reason = (f"{joint.name} diverged from frame {onset} ({onset / fps:.2f} s): the error "
+                  f"reaches {exc.peak:.1f}{unit}, limit {limit:g}{unit}")
+        stall = next((s for s in joint.stalls if s.start <= exc.first_over < s.stop + 1), None)
+        if stall is not None:
+            reason += (f"; its reading holds {stall.held_value:.1f}{unit} from frame {stall.start} "
+                       f"while the twin moves {stall.command_motion:.1f}{unit} (servo stalled or "
+                       "not responding)")
+        others = sorted({j.name for _, j in diverged} - {joint.name})
+        if others:
+            reason += f"; also diverged: {', '.join(others)}"
+        result.verdict, result.reason = Verdict.DIVERGED, reason
+        result.divergence_joint, result.divergence_onset = joint.name, onset
+    else:
+        over = []
+        for j in result.joints:
+            lim = settings.consistency.gripper if j.name == "gripper" else settings.consistency.body
+            if j.aligned_rms_error > lim.rms:
+                over.append(f"{j.name} RMS error {j.aligned_rms_error:.2f} > {lim.rms:g}")
+        if over:
+            result.verdict = Verdict.DIVERGED
+            result.reason = "no single departure, but " + "; ".join(over)
+        elif lag.frames is not None and abs(lag.frames) > settings.lag.tolerance_frames:
+            direction = "lags" if lag.frames > 0 else "leads"
+            result.verdict = Verdict.LAGGING
+            result.reason = (f"the recorded state {direction} the replay by {abs(lag.frames):.2f} "
+                             f"frames ({abs(lag.frames) * 1000.0 / fps:.0f} ms)")
+        else:
+            result.verdict = Verdict.CONSISTENT
+            result.reason = "tracks the twin within the limits"
+            if lag.frames is None:
+                result.reason += (" (lag not estimable: no joint moved "
+                                  f"{settings.lag.min_motion_deg:g} deg)")
+    if lag.at_search_edge:
+        result.notes.append(f"the best shift {lag.best_shift} is at the edge of the search range "
+                            f"[{settings.lag.min_shift_frames}, {settings.lag.max_shift_frames}]")
+    if lag.frames is not None and lag.response_recorded is not None and lag.response_replayed is not None:
+        extra = lag.response_recorded - lag.response_replayed
+        if abs(extra - lag.frames) > 1.0:
+            result.notes.append(
+                f"cross-correlation puts the extra action->state delay at {extra:.2f} frames, "
+                f"the alignment at {lag.frames:.2f}")
+    for j in result.joints:
+        if j.beyond_range_frames:
+            result.notes.append(f"{j.name}: {j.beyond_range_frames} commands beyond the joint "
+                                "range (clamped)")
+        if j.leader_mismatch_frames:
+            result.notes.append(f"{j.name}: recorded action differs from the leader on "
+                                f"{j.leader_mismatch_frames} frames")
+
+
+def to_json(result: EpisodeResult) -> dict[str, Any]:
+    """The machine-readable form of one episode's result (no arrays but the lag curve)."""
+    fps = result.fps
+
+    def num(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+    out: dict[str, Any] = {
+        "episode_index": result.episode_index,
+        "verdict": result.verdict.value,
+        "reason": result.reason,
+        "frames": result.frames,
+        "fps": fps,
+        "notes": list(result.notes),
+    }
+    if result.verdict is Verdict.NOT_REPLAYABLE:
+        return out
+    lag = result.lag
+    assert lag is not None
+    out["lag"] = {
+        "frames": num(lag.frames), "ms": num(result.ms(lag.frames)),
+        "best_shift": lag.best_shift, "joints_used": lag.joints_used,
+        "at_search_edge": lag.at_search_edge,
+        "response_recorded_frames": num(lag.response_recorded),
+        "response_replayed_frames": num(lag.response_replayed),
+        "curve": None if lag.mse is None else {
+            "shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
+    }
+    out["divergence"] = None if result.divergence_onset is None else {
+        "joint": result.divergence_joint, "onset_frame": result.divergence_onset,
+        "onset_s": num(result.divergence_onset / fps)}
+    out["joints"] = {
+        j.name: {
+            "motion": num(j.motion), "rms_error": num(j.rms_error), "max_error": num(j.max_error),
+            "aligned_rms_error": num(j.aligned_rms_error),
+            "aligned_max_error": num(j.aligned_max_error),
+            "lag_frames": num(j.lag_frames), "lag_ms": num(result.ms(j.lag_frames)),
+            "divergence": None if j.divergence is None else {
+                "onset_frame": j.divergence.onset, "first_over_frame": j.divergence.first_over,
+                "peak_error": num(j.divergence.peak)},
+            "blips": j.blips,
+            "stalls": [{"start_frame": s.start, "stop_frame": s.stop, "held": num(s.held_value),
+                        "twin_motion": num(s.command_motion)} for s in j.stalls],
+            "commands_at_limit": j.at_limit_frames,
+            "commands_beyond_range": j.beyond_range_frames,
+            "leader_mismatch_frames": j.leader_mismatch_frames,
+        }
+        for j in result.joints
+    }
+    g = result.gripper
+    if g is not None:
+        out["gripper"] = {
+            "commanded_range": [num(v) for v in g.commanded],
+            "achieved_range": [num(v) for v in g.achieved],
+            "replayed_range": [num(v) for v in g.replayed],
+            "mean_tracking_gap": num(g.mean_tracking_gap),
+            "grasp_frames": g.grasp_frames,
+            "grasps": [list(iv) for iv in g.grasps],
+            "held_opening": num(g.held_opening),
+            "replayed_grasp_frames": g.replayed_grasp_frames,
+        }
+    return out

@@ -1,0 +1,233 @@
+"""Replay-check a dataset recorded on hardware (real or emulated): load, replay, judge, report.
+
+For each episode: read ``action`` and ``observation.state``, turn them into the twin's units
+(:mod:`hilrec.daemon.replay_units`), drive the twin from the first recorded state with the
+actions (:mod:`hilrec.daemon.replay_engine`), and judge the two trajectories
+(:mod:`hilrec.daemon.replay_analysis`). Anything that stops an episode from being checked
+(unknown units, a frame rate the twin cannot step, missing columns, a twin that blew up) makes it
+``not_replayable`` with the reason, never a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.dataset import reader
+from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.errors import HilrecError, ReplayError
+from hilrec.daemon.replay_analysis import (
+    EXIT_CODES,
+    SEVERITY,
+    EpisodeResult,
+    Trajectories,
+    Verdict,
+    analyse,
+    to_json,
+    worst,
+)
+from hilrec.daemon.replay_engine import ReplayEngine
+from hilrec.daemon.replay_settings import ReplaySettings
+from hilrec.daemon.replay_units import ColumnUnits, resolve_units
+from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
+
+log = logging.getLogger(__name__)
+
+# Episode-sidecar arrays that hold the leader's reading, when a recorder kept it beside the action.
+LEADER_ARRAY_KEYS = ("leader", "leader_action", "leader_position", "leader.pos")
+
+EngineFactory = Callable[[int, Any, ReplaySettings], ReplayEngine]
+
+
+@dataclass
+class DatasetCheck:
+    root: Path
+    fps: int
+    robot_type: str | None
+    units: ColumnUnits | None
+    settings: ReplaySettings
+    settings_source: str
+    results: list[EpisodeResult] = field(default_factory=list)
+    twin: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def worst_verdict(self) -> Verdict:
+        return worst([r.verdict for r in self.results])
+
+    @property
+    def exit_status(self) -> int:
+        return EXIT_CODES[self.worst_verdict]
+
+    def counts(self) -> dict[str, int]:
+        return {v.value: sum(1 for r in self.results if r.verdict is v) for v in SEVERITY}
+
+    def to_document(self) -> dict[str, Any]:
+        frames = sum(r.frames for r in self.results if r.verdict is not Verdict.NOT_REPLAYABLE)
+        return {
+            "dataset": {"root": str(self.root), "fps": self.fps, "robot_type": self.robot_type},
+            "units": self.units.describe() if self.units is not None else {
+                "body": None, "gripper": None, "source": "unknown", "calibration": None},
+            "twin": self.twin,
+            "settings_source": self.settings_source,
+            "settings": dataclasses.asdict(self.settings),
+            "worst_verdict": self.worst_verdict.value,
+            "exit_status": self.exit_status,
+            "exit_codes": {v.value: c for v, c in EXIT_CODES.items()},
+            "counts": self.counts(),
+            "frames_replayed": frames,
+            "seconds": round(self.seconds, 3),
+            "episodes": [to_json(r) for r in self.results],
+        }
+
+
+def parse_episode_spec(specs: Iterable[str]) -> list[int]:
+    """``["0", "3,5-7"]`` -> ``[0, 3, 5, 6, 7]`` (order kept, duplicates dropped)."""
+    out: list[int] = []
+    for spec in specs:
+        for part in str(spec).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                if "-" in part[1:]:
+                    a, b = part.split("-", 1)
+                    lo, hi = int(a), int(b)
+                    if hi < lo:
+                        raise ValueError
+                    items = range(lo, hi + 1)
+                else:
+                    items = range(int(part), int(part) + 1)
+            except ValueError:
+                raise ReplayError(f"--episodes: {part!r} is not an index or a range like 3-7") from None
+            for i in items:
+                if i < 0:
+                    raise ReplayError(f"--episodes: {i} is negative")
+                if i not in out:
+                    out.append(i)
+    return out
+
+
+def _column_order(info: dict[str, Any], key: str) -> list[int]:
+    """Indices that put the feature's columns in SO-101 joint order; ReplayError if it can't."""
+    spec = info.get("features", {}).get(key)
+    if spec is None:
+        raise ReplayError(f"the dataset has no '{key}' feature")
+    names = spec.get("names")
+    if isinstance(names, dict):  # LeRobot 2.x style {"motors": [...]}
+        names = next(iter(names.values()), None)
+    if not isinstance(names, list) or sorted(map(str, names)) != sorted(POSITION_NAMES):
+        raise ReplayError(f"'{key}' names {names!r}, not the six SO-101 joints "
+                          f"{POSITION_NAMES}")
+    return [names.index(n) for n in POSITION_NAMES]
+
+
+def check_dataset(root: str | Path, *, settings: ReplaySettings, settings_source: str,
+                  episodes: Sequence[int] | None = None, units_flag: str | None = None,
+                  calibration_flag: Path | None = None,
+                  engine_factory: EngineFactory | None = None) -> DatasetCheck:
+    """Replay-check the chosen episodes (all by default) of the dataset at ``root``."""
+    root = Path(root)
+    started = time.perf_counter()
+    info = reader.load_info(root)
+    fps = int(info["fps"])
+    available = {int(e["episode_index"]): int(e["length"]) for e in reader.load_episodes(root)}
+    chosen = list(available) if episodes is None else list(episodes)
+    missing = [i for i in chosen if i not in available]
+    if missing:
+        raise ReplayError(f"{root}: episode(s) {missing} not in the dataset "
+                          f"(it has {len(available)}: {_ranges(sorted(available))})")
+    sidecar = load_dataset_sidecar(root)
+    check = DatasetCheck(root=root, fps=fps, robot_type=info.get("robot_type"), units=None,
+                         settings=settings, settings_source=settings_source)
+
+    def refuse_all(reason: str) -> DatasetCheck:
+        check.results = [EpisodeResult.not_replayable(i, reason, frames=available[i], fps=fps)
+                         for i in chosen]
+        check.seconds = time.perf_counter() - started
+        return check
+
+    try:
+        action_order = _column_order(info, ACTION_KEY)
+        state_order = _column_order(info, STATE_KEY)
+        check.units = resolve_units(root, sidecar, units_flag=units_flag,
+                                    calibration_flag=calibration_flag)
+        engine = (engine_factory or _default_engine)(fps, sidecar, settings)
+    except ReplayError as exc:
+        return refuse_all(str(exc))
+    except HilrecError as exc:  # a FrameRateError, a CalibrationError...: still the dataset's fault
+        return refuse_all(f"{type(exc).__name__}: {exc}")
+    check.twin = engine.describe()
+    with engine:
+        limits = engine.limits()
+        for index in chosen:
+            check.results.append(_check_episode(root, index, available[index], fps=fps,
+                                                units=check.units, engine=engine, limits=limits,
+                                                orders=(action_order, state_order),
+                                                settings=settings))
+    check.seconds = time.perf_counter() - started
+    return check
+
+
+def _default_engine(fps: int, sidecar: Any, settings: ReplaySettings) -> ReplayEngine:
+    return ReplayEngine.create(fps, sidecar, settle_iterations=settings.engine.settle_iterations)
+
+
+def _check_episode(root: Path, index: int, length: int, *, fps: int, units: ColumnUnits,
+                   engine: ReplayEngine, limits: np.ndarray, orders: tuple[list[int], list[int]],
+                   settings: ReplaySettings) -> EpisodeResult:
+    columns = reader.read_episode(root, index, columns=[ACTION_KEY, STATE_KEY])
+    action = np.asarray(columns[ACTION_KEY], dtype=np.float64)[:, orders[0]]
+    state = np.asarray(columns[STATE_KEY], dtype=np.float64)[:, orders[1]]
+    n = state.shape[0]
+    for key, arr in ((ACTION_KEY, action), (STATE_KEY, state)):
+        bad = np.argwhere(~np.isfinite(arr))
+        if bad.size:
+            f, j = bad[0]
+            return EpisodeResult.not_replayable(
+                index, f"'{key}' has a non-finite value at frame {f}, {POSITION_NAMES[j]}",
+                frames=n, fps=fps)
+    if n < settings.engine.min_frames:
+        return EpisodeResult.not_replayable(
+            index, f"only {n} frames (the check needs {settings.engine.min_frames})",
+            frames=n, fps=fps)
+    action_t, state_t = units.to_twin(action), units.to_twin(state)
+    try:
+        replayed = engine.replay(state_t[0], action_t)
+    except ReplayError as exc:
+        return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
+    leader = _leader(root, index, units, n)
+    traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits,
+                        leader=leader)
+    return analyse(index, traj, fps=fps, settings=settings)
+
+
+def _leader(root: Path, index: int, units: ColumnUnits, n: int) -> np.ndarray | None:
+    try:
+        _, arrays = load_episode_sidecar(root, index)
+    except HilrecError as exc:
+        log.warning("episode %d: cannot read its sidecar arrays: %s", index, exc)
+        return None
+    for key in LEADER_ARRAY_KEYS:
+        arr = arrays.get(key)
+        if arr is not None and arr.shape == (n, len(POSITION_NAMES)):
+            return units.to_twin(arr)
+    return None
+
+
+def _ranges(indices: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(indices):
+        if start is None:
+            start = v
+        if i + 1 == len(indices) or indices[i + 1] != v + 1:
+            parts.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(parts) if parts else "none"

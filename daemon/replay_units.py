@@ -1,0 +1,148 @@
+"""What the numbers in a dataset's ``action`` / ``observation.state`` columns mean, for the replay.
+
+The twin speaks LeRobot's ``use_degrees=True`` units: body joints in degrees from the calibrated
+mid-range, the gripper in 0..100. A dataset says which units it holds in its hilrec sidecar
+(``hilrec/dataset.json``, written by hilrec's recorders). A dataset written by another recorder
+(LeRobot's own) has no such file, so the person running the check says it with flags:
+
+- ``--units degrees``: the columns are already the twin's units; nothing else is needed, because
+  LeRobot's DEGREES is relative to the mid-range of whatever calibration the arm had.
+- ``--units m100_100``: body joints in -100..100 across each joint's calibrated range
+  (LeRobot's ``use_degrees=False``); turning that into an angle needs the range width, so the
+  arm's LeRobot calibration file is required (``--calibration FILE``).
+
+With neither the sidecar nor ``--units`` the columns' meaning is unknown, and every episode is
+reported not replayable with that reason, never guessed from the values.
+
+A flag given for a dataset that does have the sidecar overrides it, and the report says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+
+from hilrec.daemon.errors import ReplayError
+from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
+from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
+
+BodyUnits = Literal["degrees", "range_m100_100"]
+FLAG_UNITS: Final[dict[str, BodyUnits]] = {"degrees": "degrees", "m100_100": "range_m100_100"}
+
+
+@dataclass(frozen=True)
+class ColumnUnits:
+    """How to turn the dataset's columns into the twin's units (degrees / gripper 0..100)."""
+
+    body: BodyUnits
+    source: str  # where this came from, said in the report
+    calibration: ArmCalibration | None = None
+    calibration_source: str | None = None
+    overridden: str | None = None  # what the flags replaced, if anything
+
+    def __post_init__(self) -> None:
+        if self.body == "range_m100_100" and self.calibration is None:
+            raise ReplayError("body joints in -100..100 need the arm's calibration (range_min, "
+                              "range_max per joint) to become angles: pass --calibration FILE "
+                              "(LeRobot's calibration JSON)")
+
+    def to_twin(self, values: np.ndarray) -> np.ndarray:
+        """``(n, 6)`` dataset values -> float64 twin units."""
+        out = np.asarray(values, dtype=np.float64).copy()
+        if self.body == "degrees":
+            return out
+        assert self.calibration is not None
+        for j, name in enumerate(JOINT_NAMES):
+            if MOTORS[name][1] == "range_0_100":
+                continue
+            cal = self.calibration[name]
+            # Undo LeRobot's RANGE_M100_100 (drive_mode negates it), back to ticks from the range
+            # middle, then DEGREES (which ignores drive_mode): deg = ticks_from_mid * 360 / 4095.
+            v = -out[:, j] if cal.drive_mode else out[:, j]
+            ticks_from_mid = v / 200.0 * (cal.range_max - cal.range_min)
+            out[:, j] = ticks_from_mid * 360.0 / MAX_TICK
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "body": "degrees" if self.body == "degrees" else "-100..100",
+            "gripper": "0..100",
+            "source": self.source,
+            "calibration": self.calibration_source,
+            "overridden": self.overridden,
+        }
+
+
+def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyUnits | None:
+    """The body joints' mode from a hilrec dataset sidecar's units mapping, if it states one.
+
+    The mapping is :func:`hilrec.sim.units.units_mapping`'s: ``units.joints.<joint>.norm_mode``.
+    Body joints that disagree with each other are refused rather than half-converted.
+    """
+    units = sidecar.get("units")
+    if not isinstance(units, Mapping):
+        return None
+    joints = units.get("joints")
+    if not isinstance(joints, Mapping):
+        return None
+    modes = set()
+    for name in JOINT_NAMES:
+        if MOTORS[name][1] == "range_0_100":
+            continue
+        entry = joints.get(name)
+        mode = entry.get("norm_mode") if isinstance(entry, Mapping) else entry
+        if not isinstance(mode, str):
+            return None
+        modes.add(mode.lower())
+    if len(modes) != 1:
+        raise ReplayError(f"hilrec/dataset.json: body joints have mixed units {sorted(modes)}; "
+                          "the replay converts one mode for all body joints")
+    mode = modes.pop()
+    if mode in ("degrees", "range_m100_100"):
+        return mode  # type: ignore[return-value]
+    raise ReplayError(f"hilrec/dataset.json: unknown body-joint norm_mode {mode!r}")
+
+
+def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibration | None:
+    for key in ("calibration", "follower_calibration"):
+        data = sidecar.get(key)
+        if isinstance(data, Mapping):
+            inner = data.get("follower", data)
+            if isinstance(inner, Mapping) and set(JOINT_NAMES) <= set(inner):
+                return ArmCalibration.from_mapping(
+                    {n: inner[n] for n in JOINT_NAMES}, source=f"{root}/hilrec/dataset.json:{key}")
+    return None
+
+
+def resolve_units(root: Path, sidecar: Mapping[str, Any] | None, *, units_flag: str | None,
+                  calibration_flag: Path | None) -> ColumnUnits:
+    """The dataset's units, from the flags or its sidecar; ReplayError says what is missing."""
+    calibration = load_calibration(calibration_flag) if calibration_flag is not None else None
+    cal_source = str(calibration_flag) if calibration_flag is not None else None
+    meta_mode = _sidecar_mode(sidecar) if sidecar else None
+    if units_flag is not None:
+        if units_flag not in FLAG_UNITS:
+            raise ReplayError(f"--units {units_flag!r}: expected one of {', '.join(FLAG_UNITS)}")
+        mode = FLAG_UNITS[units_flag]
+        if calibration is None and mode == "range_m100_100" and sidecar:
+            calibration = _sidecar_calibration(sidecar, root)
+            cal_source = "dataset metadata" if calibration is not None else None
+        overridden = None
+        if meta_mode is not None and meta_mode != mode:
+            overridden = f"dataset metadata says {meta_mode}"
+        return ColumnUnits(body=mode, source="--units flag", calibration=calibration,
+                           calibration_source=cal_source, overridden=overridden)
+    if meta_mode is None:
+        why = ("it has no hilrec metadata (hilrec/dataset.json)" if not sidecar else
+               "its hilrec/dataset.json does not state the units")
+        raise ReplayError(f"{root}: the units of action/observation.state are unknown: {why}; "
+                          "pass --units degrees, or --units m100_100 with --calibration FILE")
+    if calibration is None and meta_mode == "range_m100_100":
+        calibration = _sidecar_calibration(sidecar or {}, root)
+        cal_source = "dataset metadata" if calibration is not None else None
+    return ColumnUnits(body=meta_mode, source="dataset metadata (hilrec/dataset.json)",
+                       calibration=calibration, calibration_source=cal_source)
