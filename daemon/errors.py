@@ -160,5 +160,33 @@ class ProtocolError(HilrecError, ValueError):
     """A ZeroMQ message is malformed, unknown, oversized or of the wrong version."""
 
 
+class UnknownCommandError(ProtocolError):
+    """A control request's ``cmd`` is not one this protocol version knows."""
+
+
+class OversizedMessageError(ProtocolError):
+    """A message is larger than the configured limit."""
+
+
+class VersionMismatchError(ProtocolError):
+    """A message carries a protocol version this daemon does not speak."""
+
+
+class RequestRefusedError(HilrecError):
+    """A well-formed control request the daemon cannot do now; ``code`` goes in the error reply."""
+
+    def __init__(self, message: str, code: str) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class DaemonUnreachableError(HilrecError):
+    """No reply from the daemon within the client's timeout and retries."""
+
+
+class WriterStalledError(DatasetStateError):
+    """The dataset writer thread took no frame for its stall timeout: its queue stayed full."""
+
+
 class ReplayError(HilrecError):
     """An episode cannot be replayed (missing start state, units or calibration)."""

@@ -20,6 +20,7 @@ names the problem; the server turns it into an error reply and carries on.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import uuid
@@ -29,7 +30,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.errors import ProtocolError
+from hilrec.daemon.errors import (OversizedMessageError, ProtocolError, UnknownCommandError,
+                                  VersionMismatchError)
 from hilrec.daemon.so101 import NUM_JOINTS
 
 PROTOCOL_VERSION: Final[int] = 1
@@ -52,6 +54,34 @@ CODE_BAD_STATE: Final[str] = "bad_state"
 CODE_FAULT: Final[str] = "fault"
 CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
+
+
+
+class FrameFlag(enum.IntFlag):
+    """Per-frame marks, stored as a uint32 ``flags`` array beside the dataset and published by name.
+
+    The bit values are part of the protocol version: never renumber, only add.
+    """
+
+    FOLLOWER_RETRIED = 1 << 0  # the follower read needed bus retries, then succeeded
+    FOLLOWER_FAILED = 1 << 1  # the follower read failed after retries: observation is the last good one
+    LEADER_RETRIED = 1 << 2
+    LEADER_FAILED = 1 << 3  # the leader read failed after retries: the follower held position
+    WRITE_FAILED = 1 << 4  # the follower write failed: the action was not executed
+    LEADER_STALE = 1 << 5  # no live leader command (watchdog): the follower held position
+    CLAMPED = 1 << 6  # max_relative_target clipped the command; the recorded action is the clipped one
+    CAMERA_REPEATED = 1 << 7  # a camera had no new frame since the last tick (same image again)
+    LATE = 1 << 8  # the tick started after its deadline by more than the jitter budget
+    SKIPPED = 1 << 9  # one or more whole tick slots were missed before this tick
+    OVERRUN = 1 << 10  # the tick's work ran past the next deadline
+
+
+def flag_names(flags: int) -> list[str]:
+    return [f.name.lower() for f in FrameFlag if f.name and flags & f]
+
+
+LATE_BUDGET_S: Final[float] = 0.002  # tick start later than this is flagged LATE
+
 
 # command -> {argument: (accepted python types, required)}. The table *is* the request schema.
 _INT = (int,)
@@ -201,18 +231,6 @@ def error_reply(request_id: str | None, error: str, code: str) -> bytes:
 
 def telemetry_header(topic: bytes, seq: int, **fields: Any) -> bytes:
     return dumps({"v": PROTOCOL_VERSION, "type": topic.decode("ascii"), "seq": seq, **fields})
-
-
-class UnknownCommandError(ProtocolError):
-    """The request's ``cmd`` is not one this protocol version knows."""
-
-
-class OversizedMessageError(ProtocolError):
-    """A message is larger than the configured limit."""
-
-
-class VersionMismatchError(ProtocolError):
-    """A message carries a protocol version this daemon does not speak."""
 
 
 def error_code(exc: ProtocolError) -> str:

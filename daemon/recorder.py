@@ -24,13 +24,9 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.dataset.sink import FrameSink
-from hilrec.daemon.errors import DatasetStateError, HilrecError
+from hilrec.daemon.errors import DatasetStateError, HilrecError, WriterStalledError
 
 log = logging.getLogger(__name__)
-
-
-class WriterStalledError(DatasetStateError):
-    """The writer thread has not taken a frame for ``stall_s``: the queue stays full."""
 
 
 @dataclass

@@ -208,6 +208,9 @@ class DaemonSettings:
             if (cam.source == "sim") != (self.mode == "sim"):
                 raise ConfigError(key, f"source {cam.source!r} cannot be used in {self.mode} mode "
                                        "(sim cameras render the twin and exist only in sim mode)")
+        if self.mode == "sim" and len({(c.height, c.width) for c in self.cameras.values()}) > 1:
+            raise ConfigError(f"cameras.{next(iter(self.cameras))}.height",
+                              "sim cameras render one twin and must share one frame size")
         if self.mode == "hil":
             if not self.follower.port:
                 raise ConfigError("follower.port", "hil mode needs the follower's serial port")

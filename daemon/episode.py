@@ -1,0 +1,153 @@
+"""One episode's record beside the dataset: per-tick timing, frame flags, divergence, faults.
+
+The dataset holds only what an arm measures (``observation.state``, images) and what was sent
+(``action``). Everything else about an episode goes to its sidecar
+(``hilrec/episodes/episode-NNNNNN.{json,npz}``) through ``save_episode(sidecar=..., arrays=...)``:
+
+- arrays (npz): the tick timestamps (:data:`hilrec.daemon.clock.TIMING_ARRAYS`, monotonic
+  seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.protocol.FrameFlag` bits), and in
+  hil/emulated mode ``twin_state`` (the mirroring twin's joints at each tick, float32 (n, 6));
+- JSON: task, seed, success, how the episode ended, wall-clock start, a timing summary, flag
+  counts, faults seen, and the divergence summary between commanded, measured and twin state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.clock import TIMING_ARRAYS, TickTimes, timing_summary
+from hilrec.daemon.protocol import PROTOCOL_VERSION, FrameFlag
+from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
+
+
+class EpisodeBuffer:
+    """Rows of one episode, appended by the loop thread once per recorded tick."""
+
+    def __init__(self, *, index: int, task: str, seed: int | None, period_s: float,
+                 context: Mapping[str, Any], start_fields: Mapping[str, Any],
+                 start_arrays: Mapping[str, np.ndarray]) -> None:
+        self.index = index
+        self.task = task
+        self.seed = seed
+        self.period_s = period_s
+        self.context = dict(context)
+        self.start_fields = dict(start_fields)
+        self.start_arrays = dict(start_arrays)
+        self.started_wall = time.time()
+        self.started_mono = time.monotonic()
+        self.frames = 0
+        self._timing: dict[str, list[float]] = {name: [] for name in TIMING_ARRAYS}
+        self._flags: list[int] = []
+        self._measured: list[np.ndarray] = []
+        self._commanded: list[np.ndarray] = []
+        self._twin: list[np.ndarray] = []
+        self._faults: list[dict[str, Any]] = []
+        self._flag_union = 0
+
+    def append(self, tick: TickTimes, flags: int, measured: np.ndarray, commanded: np.ndarray,
+               twin: np.ndarray | None) -> None:
+        t = self._timing
+        t["tick_slot"].append(tick.slot)
+        t["tick_deadline"].append(tick.deadline)
+        t["tick_start"].append(tick.start)
+        t["tick_observed"].append(tick.observed)
+        t["tick_leader_read"].append(tick.leader_read)
+        t["tick_written"].append(tick.written)
+        t["tick_end"].append(tick.end)
+        t["tick_skipped"].append(tick.skipped)
+        self._flags.append(flags)
+        self._flag_union |= flags
+        self._measured.append(measured)
+        self._commanded.append(commanded)
+        if twin is not None:
+            self._twin.append(twin)
+        self.frames += 1
+
+    def note_fault(self, fault: Mapping[str, Any]) -> None:
+        self._faults.append({**fault, "frame_index": self.frames})
+
+    def summary(self) -> dict[str, Any]:
+        return {"index": self.index, "task": self.task, "seed": self.seed, "frames": self.frames,
+                "elapsed_s": time.monotonic() - self.started_mono,
+                "flags": [f.name.lower() for f in FrameFlag if f.name and self._flag_union & f]}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for name, values in self._timing.items():
+            dtype = np.int64 if name in ("tick_slot", "tick_skipped") else np.float64
+            out[name] = np.asarray(values, dtype=dtype)
+        out["frame_flags"] = np.asarray(self._flags, dtype=np.uint32)
+        if self._twin and len(self._twin) == self.frames:
+            out["twin_state"] = np.stack(self._twin).astype(np.float32)
+        out.update(self.start_arrays)
+        return out
+
+    def finish(self, *, success: bool | None, ended_by: str,
+               outcome: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The sidecar JSON fields and arrays for ``save_episode``."""
+        arrays = self.arrays()
+        flags = arrays["frame_flags"]
+        sidecar: dict[str, Any] = {
+            "recorder": "hilrec.daemon",
+            "protocol_version": PROTOCOL_VERSION,
+            **{k: v for k, v in self.context.items() if k != "root"},
+            "task": self.task,
+            "seed": self.seed,
+            "success": success,
+            "ended_by": ended_by,
+            "started_wall": self.started_wall,
+            "frames": self.frames,
+            "timing": _finite(timing_summary(arrays, self.period_s)),
+            "timing_clock": "time.monotonic seconds; frame k's dataset timestamp is k/fps, its real "
+                            "start is tick_start[k] (late ticks are recorded, not dilated)",
+            "frame_flags": {
+                "bits": {f.name.lower(): int(f.value) for f in FrameFlag if f.name},
+                "counts": {f.name.lower(): int(np.count_nonzero(flags & int(f.value)))
+                           for f in FrameFlag if f.name and np.any(flags & int(f.value))},
+            },
+            "faults": list(self._faults),
+            "divergence": self.divergence(),
+            **self.start_fields,
+        }
+        for key, value in outcome.items():
+            if key == "success" and success is not None:
+                sidecar["success_reported"] = success  # the operator's word stays beside the measured one
+                sidecar["success"] = value
+                continue
+            sidecar[key] = value
+        return sidecar, arrays
+
+    def divergence(self) -> dict[str, Any]:
+        """Per-joint max and RMS differences, LeRobot units (degrees; gripper 0..100).
+
+        ``tracking``: the command sent at tick k against the joints measured at tick k+1.
+        ``twin_vs_measured``: the mirroring twin against the measured joints at the same tick.
+        ``twin_vs_commanded``: the twin at tick k+1 against the command sent at tick k.
+        """
+        result: dict[str, Any] = {"units": "degrees (body joints), 0..100 (gripper)",
+                                  "joints": list(JOINT_NAMES)}
+        if self.frames < 2:
+            return result
+        measured = np.stack(self._measured).astype(np.float64)
+        commanded = np.stack(self._commanded).astype(np.float64)
+        result["tracking"] = _stats(commanded[:-1] - measured[1:])
+        if self._twin and len(self._twin) == self.frames:
+            twin = np.stack(self._twin).astype(np.float64)
+            result["twin_vs_measured"] = _stats(twin - measured)
+            result["twin_vs_commanded"] = _stats(twin[1:] - commanded[:-1])
+        return result
+
+
+def _stats(diff: np.ndarray) -> dict[str, list[float]]:
+    assert diff.shape[1] == NUM_JOINTS
+    return {"max_abs": [float(x) for x in np.abs(diff).max(axis=0)],
+            "rms": [float(x) for x in np.sqrt((diff ** 2).mean(axis=0))]}
+
+
+def _finite(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}

@@ -1,0 +1,359 @@
+"""The 25 Hz loop: observe, read the leader, command, hand the frame over, mirror, publish.
+
+One tick, in this order (the order is the recording's meaning, see COMMON contract 1):
+
+1. read the follower and the cameras: the observation;
+2. read the leader: the action;
+3. write the follower (float32; the action recorded is what was sent, after any clamp), then let
+   the step happen (the twin steps physics in sim mode);
+4. hand the frame to the writer thread (never blocking while the writer keeps up);
+5. let the mirroring twin follow the measured joints (hil/emulated) and publish telemetry.
+
+Ticks are paced on an absolute deadline grid (:mod:`hilrec.daemon.clock`); each tick's phase times
+are recorded beside the episode, and a late one is marked, never stretched to look on time.
+
+Device trouble is handled here, per tick, without ever blocking: a retryable bus error (after the
+driver's own bounded retries) marks the frame and reuses the last good value; ``max_failed_ticks``
+of them in a row, a vanished port or a stalled camera raise a fault that ends the open episode
+(see :mod:`hilrec.daemon.session`). A faulted device is probed once a second and the fault clears
+when it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.clock import TickPacer, TickTimes
+from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraError, CameraStalledError,
+                                  DeviceError, HilrecError, PortGoneError, WriterStalledError)
+from hilrec.daemon.protocol import LATE_BUDGET_S, FrameFlag, flag_names
+from hilrec.daemon.session import Fault, Session
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
+from hilrec.daemon.sources import Camera, Follower, JointReading, Leader
+from hilrec.daemon.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = (BusTimeoutError, BusPacketError)
+PROBE_PERIOD_S = 1.0
+
+
+class Mirror:
+    """A twin that follows the follower's measured joints (hil/emulated mode)."""
+
+    def __init__(self, twin: Any) -> None:
+        self.twin = twin
+        self._started = False
+
+    def follow(self, measured: np.ndarray) -> np.ndarray:
+        """Return the twin's joints *before* following this tick's measurement, then follow it.
+
+        The returned state is what the twin made of the measurements up to the previous tick, so
+        its difference to ``measured`` is the divergence, not zero by construction.
+        """
+        if not self._started:
+            self.twin.reset(0, arm_units=measured)
+            self._started = True
+        before = np.asarray(self.twin.observe(), dtype=np.float32)
+        self.twin.command(measured)
+        self.twin.step_frame()
+        return before
+
+    def close(self) -> None:
+        self.twin.close()
+
+
+@dataclass
+class Rig:
+    """The devices one loop drives."""
+
+    follower: Follower
+    leader: Leader
+    cameras: dict[str, Camera] = field(default_factory=dict)
+    mirror: Mirror | None = None
+
+
+class ControlLoop:
+    def __init__(self, *, rig: Rig, session: Session, telemetry: Telemetry, pacer: TickPacer,
+                 max_failed_ticks: int, watchdog_faults: bool) -> None:
+        self.rig = rig
+        self.session = session
+        self.telemetry = telemetry
+        self.pacer = pacer
+        self.period_s = pacer.period_s
+        self.max_failed_ticks = max_failed_ticks
+        self.watchdog_faults = watchdog_faults
+        self._measured: np.ndarray | None = None
+        self._last_sent: np.ndarray | None = None
+        self._last_images: dict[str, np.ndarray] = {}
+        self._failures = {"follower": 0, "leader": 0}
+        self._next_probe: dict[str, float] = {}
+        self._leader_was_live = False
+        self.ticks = 0
+        self.late_ticks = 0
+        self.overruns = 0
+        self.skipped_slots = 0
+        self.last_tick: dict[str, Any] = {}
+        self.crashed: str | None = None
+
+    # --- thread body -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                self.step()
+        except HilrecError as exc:
+            # Anything left here is not a device fault handled per tick: stop the loop, but say so
+            # and keep the saved episodes and the control server alive.
+            self.crashed = f"{type(exc).__name__}: {exc}"
+            log.exception("control loop stopped")
+            self.session.raise_fault(Fault(kind="loop", device="loop", message=self.crashed,
+                                           ends_episode=True))
+
+    def step(self) -> None:
+        tick = self.pacer.next_tick()
+        self.session.apply_pending()
+        flags = FrameFlag(0)
+        if tick.skipped:
+            flags |= FrameFlag.SKIPPED
+        if tick.late_s > LATE_BUDGET_S:
+            flags |= FrameFlag.LATE
+
+        measured, flags = self._observe(flags)
+        images, flags = self._read_cameras(flags)
+        tick.observed = time.monotonic()
+
+        leader, flags = self._read_leader(measured, flags)
+        tick.leader_read = time.monotonic()
+
+        goal = leader.values if leader is not None else self._hold_target(measured)
+        sent, flags = self._command(goal, flags)
+        tick.written = time.monotonic()
+        if sent is not None:
+            self.rig.follower.advance()
+
+        recorded = False
+        frame_index = self.session.frame_index
+        if self.session.recording and measured is not None and sent is not None and images is not None:
+            recorded = self._hand_off(measured, sent, images)
+
+        twin = self.rig.mirror.follow(measured) if self.rig.mirror is not None and measured is not None else None
+        tick.end = time.monotonic()
+        if tick.overran(self.period_s):
+            flags |= FrameFlag.OVERRUN
+        if recorded:
+            self.session.append_row(tick, int(flags), measured, sent, twin)
+        self._account(tick, flags)
+        self._publish(tick, flags, frame_index if recorded else None, measured, sent, leader, twin, images)
+
+    # --- 1. observation ----------------------------------------------------------------------
+
+    def _observe(self, flags: FrameFlag) -> tuple[np.ndarray | None, FrameFlag]:
+        if not self._device_usable("follower"):
+            return None, flags
+        reading = self._read_arm("follower", self.rig.follower.read)
+        if reading is None:
+            if "follower" in self.session.faults:
+                return None, flags
+            return self._measured, flags | FrameFlag.FOLLOWER_FAILED  # last good observation, marked
+        if reading.retries:
+            flags |= FrameFlag.FOLLOWER_RETRIED
+        self._measured = reading.values
+        return reading.values, flags
+
+    def _read_cameras(self, flags: FrameFlag) -> tuple[dict[str, np.ndarray] | None, FrameFlag]:
+        images: dict[str, np.ndarray] = {}
+        for name, camera in self.rig.cameras.items():
+            device = f"camera.{name}"
+            if not self._device_usable(device):
+                return None, flags
+            try:
+                image = camera.read_latest()
+            except CameraStalledError as exc:
+                self._fault("camera_stalled", device, str(exc))
+                return None, flags
+            except CameraError as exc:
+                self._fault("device_lost", device, str(exc))
+                return None, flags
+            self.session.clear_fault(device)
+            if self._last_images.get(name) is image:
+                flags |= FrameFlag.CAMERA_REPEATED
+            self._last_images[name] = image
+            images[name] = image
+        return images, flags
+
+    # --- 2. action -----------------------------------------------------------------------------
+
+    def _read_leader(self, measured: np.ndarray | None, flags: FrameFlag) -> tuple[JointReading | None, FrameFlag]:
+        if not self._device_usable("leader"):
+            return None, flags | FrameFlag.LEADER_FAILED
+        observation = measured if measured is not None else np.zeros(6, np.float32)
+        reading = self._read_arm("leader", lambda: self.rig.leader.read(self.session.frame_index, observation))
+        if reading is None:
+            return None, flags | FrameFlag.LEADER_FAILED
+        if reading is _NO_COMMAND:
+            self._watch_leader(live=False)
+            return None, flags | FrameFlag.LEADER_STALE
+        assert isinstance(reading, JointReading)
+        self._watch_leader(live=True)
+        if reading.retries:
+            flags |= FrameFlag.LEADER_RETRIED
+        return reading, flags
+
+    def _watch_leader(self, *, live: bool) -> None:
+        if not self.watchdog_faults:
+            return
+        if live:
+            if not self._leader_was_live:
+                self.session.clear_fault("leader")
+            self._leader_was_live = True
+            return
+        status = self.rig.leader.status()
+        if status.get("state") == "stale" and "leader" not in self.session.faults:
+            self._leader_was_live = False
+            self.session.raise_fault(Fault(
+                kind="leader_timeout", device="leader", ends_episode=False,
+                message=f"no remote leader command for {status.get('age_ms', 0):.0f} ms "
+                        f"(watchdog {status.get('watchdog_ms', 0):.0f} ms); the follower holds position"))
+
+    def _hold_target(self, measured: np.ndarray | None) -> np.ndarray | None:
+        # Hold = keep the last goal sent (no new motion); before any goal, hold where it is.
+        return self._last_sent if self._last_sent is not None else measured
+
+    # --- 3. command ----------------------------------------------------------------------------
+
+    def _command(self, goal: np.ndarray | None, flags: FrameFlag) -> tuple[np.ndarray | None, FrameFlag]:
+        if goal is None or "follower" in self.session.faults:
+            return None, flags
+        try:
+            result = self.rig.follower.write(np.asarray(goal, dtype=np.float32))
+        except PortGoneError as exc:
+            self._fault("device_lost", "follower", str(exc))
+            return None, flags | FrameFlag.WRITE_FAILED
+        except DeviceError as exc:
+            log.warning("follower write failed: %s", exc)
+            return None, flags | FrameFlag.WRITE_FAILED
+        if result.clamped:
+            flags |= FrameFlag.CLAMPED
+        self._last_sent = result.sent
+        return result.sent, flags
+
+    # --- 4. hand-off ---------------------------------------------------------------------------
+
+    def _hand_off(self, measured: np.ndarray, sent: np.ndarray, images: Mapping[str, np.ndarray]) -> bool:
+        frame: dict[str, Any] = {STATE_KEY: measured, ACTION_KEY: sent, "task": self.session.task}
+        for name, image in images.items():
+            frame[IMAGE_PREFIX + name] = image
+        try:
+            self.session.hand_off(frame)
+        except WriterStalledError as exc:
+            self._fault("writer_stalled", "writer", str(exc))
+            return False
+        return True
+
+    # --- faults --------------------------------------------------------------------------------
+
+    def _read_arm(self, device: str, read: Any) -> Any:
+        """One arm read with the loop's fault policy; None when it failed."""
+        try:
+            reading = read()
+        except _RETRYABLE as exc:
+            self._failures[device] += 1
+            if self._failures[device] >= self.max_failed_ticks:
+                self._fault("device_lost", device, f"{self._failures[device]} ticks in a row failed "
+                                                   f"after bus retries; last: {exc}")
+            return None
+        except PortGoneError as exc:
+            self._fault("device_lost", device, str(exc))
+            return None
+        except DeviceError as exc:
+            self._fault("device_fault", device, str(exc))
+            return None
+        self._failures[device] = 0
+        self.session.clear_fault(device)
+        return _NO_COMMAND if reading is None else reading
+
+    def _fault(self, kind: str, device: str, message: str) -> None:
+        self._next_probe[device] = time.monotonic() + PROBE_PERIOD_S
+        self.session.raise_fault(Fault(kind=kind, device=device, message=message, ends_episode=True))
+
+    def _device_usable(self, device: str) -> bool:
+        """False while a device is faulted, except for one probe per second."""
+        fault = self.session.faults.get(device)
+        if fault is None or not fault.ends_episode:
+            return True
+        now = time.monotonic()
+        if now >= self._next_probe.get(device, 0.0):
+            self._next_probe[device] = now + PROBE_PERIOD_S
+            return True
+        return False
+
+    # --- accounting and telemetry ------------------------------------------------------------
+
+    def _account(self, tick: TickTimes, flags: FrameFlag) -> None:
+        self.ticks += 1
+        self.skipped_slots += tick.skipped
+        if flags & FrameFlag.LATE:
+            self.late_ticks += 1
+        if flags & FrameFlag.OVERRUN:
+            self.overruns += 1
+
+    def _publish(self, tick: TickTimes, flags: FrameFlag, frame_index: int | None, measured: np.ndarray | None,
+                 sent: np.ndarray | None, leader: JointReading | None, twin: np.ndarray | None,
+                 images: Mapping[str, np.ndarray] | None) -> None:
+        previous = self.last_tick.get("action")
+        divergence: dict[str, Any] = {}
+        if measured is not None and previous is not None:
+            divergence["commanded_vs_measured"] = _absdiff(previous, measured)
+        if twin is not None and measured is not None:
+            divergence["measured_vs_twin"] = _absdiff(measured, twin)
+            if previous is not None:
+                divergence["commanded_vs_twin"] = _absdiff(previous, twin)
+        message = {
+            "slot": tick.slot,
+            "recording": frame_index is not None,
+            "episode_index": self.session.episode_index,
+            "frame_index": frame_index,
+            "state": _list(measured),
+            "action": _list(sent),
+            "leader": _list(leader.values) if leader is not None else None,
+            "twin": _list(twin),
+            "divergence": divergence,
+            "timing": {
+                "deadline": tick.deadline, "start": tick.start, "late_ms": tick.late_s * 1e3,
+                "duration_ms": (tick.end - tick.start) * 1e3,
+                "observe_ms": (tick.observed - tick.start) * 1e3,
+                "leader_to_write_ms": (tick.written - tick.leader_read) * 1e3 if sent is not None else None,
+                "skipped": tick.skipped, "overrun": bool(flags & FrameFlag.OVERRUN),
+            },
+            "flags": flag_names(int(flags)),
+            "faults": sorted(self.session.faults),
+        }
+        self.last_tick = {"action": sent if sent is not None else previous, "timing": message["timing"]}
+        self.telemetry.tick(message)
+        if images and self.telemetry.wants_preview(tick.start):
+            self.telemetry.preview(tick.start, frame_index, images)
+
+    def stats(self) -> dict[str, Any]:
+        return {"ticks": self.ticks, "late_ticks": self.late_ticks, "overruns": self.overruns,
+                "skipped_slots": self.skipped_slots, "period_ms": self.period_s * 1e3,
+                "realtime": self.pacer.realtime, "last": self.last_tick.get("timing"),
+                "crashed": self.crashed}
+
+
+_NO_COMMAND: Any = object()
+
+
+def _absdiff(a: np.ndarray, b: np.ndarray) -> list[float]:
+    return [float(x) for x in np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))]
+
+
+def _list(values: np.ndarray | None) -> list[float] | None:
+    return None if values is None else [float(x) for x in values]

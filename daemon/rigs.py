@@ -1,0 +1,111 @@
+"""Building the devices of each mode from the settings: the sim rig here, hardware in hardware.py.
+
+A rig is built *on the loop thread* (:class:`hilrec.daemon.runtime.LoopThread`): the twin's GL
+context and serial ports then belong to the thread that uses them. Its ``hooks`` do the mode's
+work at episode edges:
+
+- sim: ``prepare`` plans the scripted operator on the control thread, from a start made by a
+  planning twin (same model, same seed, so the same start the loop's twin will make), because
+  planning takes about half a second and must not stall a tick; ``begin`` resets the loop's twin
+  from the seed and records the full start state beside the episode; ``end`` measures the outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hilrec.daemon.loop import Rig
+from hilrec.daemon.server import Security, endpoint
+from hilrec.daemon.session import EpisodeHooks, entropy_seed
+from hilrec.daemon.settings import DaemonSettings
+from hilrec.daemon.sources import Leader, RemoteLeader, ScriptedLeader, TwinCamera, TwinFollower
+
+RigFactory = Callable[[contextlib.ExitStack], tuple[Rig, EpisodeHooks]]
+
+
+def remote_leader(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RemoteLeader:
+    leader = RemoteLeader(context, endpoint(settings.zmq.host, settings.zmq.leader_port),
+                          watchdog_s=settings.leader.watchdog_ms / 1000.0,
+                          max_bytes=settings.zmq.max_leader_bytes, configure_socket=security.configure)
+    leader.open()
+    return leader
+
+
+class SimHooks:
+    def __init__(self, twin: Any, scripted: ScriptedLeader | None, fps: int) -> None:
+        self._twin = twin
+        self._scripted = scripted
+        self._fps = fps
+        self._planning_twin: Any = None
+        self._planning_lock = threading.Lock()
+
+    def prepare(self, seed: int | None) -> tuple[int, Any]:
+        seed = entropy_seed() if seed is None else seed
+        if self._scripted is None:
+            return seed, None
+        from hilrec.sim.operator import ScriptedOperator
+        from hilrec.sim.twin import Twin
+
+        with self._planning_lock:
+            if self._planning_twin is None:
+                self._planning_twin = Twin(fps=self._fps, cameras=(), scene=self._twin.scene)
+            start = self._planning_twin.reset(seed)
+        operator = ScriptedOperator(seed, fps=self._fps, scene=self._twin.scene)
+        operator.reset(start)
+        return seed, operator
+
+    def begin(self, prepared: tuple[int, Any]) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        seed, operator = prepared
+        start = self._twin.reset(seed)
+        if self._scripted is not None and operator is not None:
+            self._scripted.begin_with(operator)
+        fields = {
+            "sim": {
+                "seed": seed,
+                "cube": start.cube.to_dict(),
+                "arm_units_start": [float(x) for x in start.arm_units],
+                "physics": self._twin.physics_info(),
+                "leader": "scripted" if self._scripted is not None else "remote",
+            },
+        }
+        return seed, fields, {"initial_state": np.asarray(start.state, dtype=np.float64)}
+
+    def end(self) -> dict[str, Any]:
+        from hilrec.sim.scene import check_in_bin
+
+        if self._scripted is not None:
+            self._scripted.end_episode()
+        cube = self._twin.cube_state()
+        check = check_in_bin(cube.position, cube.speed, self._twin.scene)
+        return {"success": bool(check.success),
+                "success_criterion": "cube resting inside the bin at the last frame (twin state)",
+                "final_cube": cube.to_dict()}
+
+
+def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
+    def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        from hilrec.sim.twin import Twin
+
+        names = tuple(settings.cameras)
+        sizes = {(cam.height, cam.width) for cam in settings.cameras.values()}
+        size = sizes.pop() if sizes else (480, 640)
+        twin = stack.enter_context(Twin(fps=settings.fps, cameras=names, image_size=size))
+        follower = TwinFollower(twin)
+        cameras = {name: TwinCamera(twin, name, size[0], size[1]) for name in names}
+        scripted: ScriptedLeader | None = None
+        leader: Leader
+        if settings.leader.source == "scripted":
+            scripted = ScriptedLeader()
+            leader = scripted
+        else:
+            leader = remote_leader(settings, context, security)
+            stack.callback(leader.close)
+        return Rig(follower=follower, leader=leader, cameras=cameras), SimHooks(twin, scripted, settings.fps)
+
+    return build

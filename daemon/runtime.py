@@ -1,0 +1,279 @@
+"""The daemon process: sockets, dataset writer, loop thread and control server, started and
+stopped in one explicit order.
+
+Start: bind the control and telemetry sockets (a busy port fails before anything is written),
+open or create the dataset on the writer thread, build the rig on the loop thread, then serve
+control requests on the main thread.
+
+Stop (``shutdown`` request, SIGINT or SIGTERM): stop the loop at a tick edge; the loop thread
+saves the open episode and closes its devices; the dataset is finalized (waiting for pending
+saves); the writer, telemetry and sockets close. SIGKILL skips all this and loses only the open
+episode: saved ones are durable the moment ``save_episode`` returns (the writer's guarantee).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from hilrec.daemon.clock import TickPacer
+from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
+from hilrec.daemon.loop import ControlLoop, Rig
+from hilrec.daemon.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
+from hilrec.daemon.recorder import Recorder
+from hilrec.daemon.rigs import RigFactory
+from hilrec.daemon.server import ControlServer, Security, endpoint
+from hilrec.daemon.session import Session
+from hilrec.daemon.settings import DaemonSettings
+from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+LOOP_STOP_TIMEOUT_S = 10.0
+FINALIZE_TIMEOUT_S = 600.0
+
+
+class LoopThread:
+    """Builds the rig and runs the loop on one thread; closes the open episode and the devices
+    on that same thread when stopped."""
+
+    def __init__(self, factory: RigFactory, make_loop: Callable[[Rig], ControlLoop], session: Session) -> None:
+        self._factory = factory
+        self._make_loop = make_loop
+        self._session = session
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.loop: ControlLoop | None = None
+        self.rig: Rig | None = None
+        self.stop_reason = "shutdown"
+        self._thread = threading.Thread(target=self._run, name="hilrec-loop", daemon=True)
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise HilrecError(f"the rig was not ready within {timeout_s:.0f} s")
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, reason: str, timeout_s: float) -> bool:
+        self.stop_reason = reason
+        self._stop.set()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and (self.loop is None or self.loop.crashed is None)
+
+    def _run(self) -> None:
+        with contextlib.ExitStack() as stack:
+            try:
+                rig, hooks = self._factory(stack)
+                self._session.hooks = hooks
+                self.rig = rig
+                self.loop = self._make_loop(rig)
+            except BaseException as exc:  # handed to start(), raised on the main thread
+                self._error = exc
+                self._ready.set()
+                return
+            self._ready.set()
+            try:
+                self.loop.run(self._stop)
+            finally:
+                self._session.apply_pending()
+                self._session.close_open_episode(self.stop_reason)
+
+
+class Daemon:
+    def __init__(self, settings: DaemonSettings, rig_factory_for: Callable[..., RigFactory] | None = None) -> None:
+        self.settings = settings
+        self._rig_factory_for = rig_factory_for or default_rig_factory
+        self._stop = threading.Event()
+        self._stop_reason = "shutdown"
+        self.started_wall = time.time()
+
+    # --- the process -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        s = self.settings
+        with contextlib.ExitStack() as stack:
+            context: zmq.Context[Any] = zmq.Context()
+            # destroy, not term: a socket left open by a stuck thread must not hang the exit.
+            stack.callback(context.destroy, 0)
+            security = Security(context, s.zmq.curve)
+            stack.callback(security.close)
+            server = ControlServer(context, s.zmq, security, self._handle)
+            stack.callback(server.close)
+            self.telemetry = Telemetry(context, endpoint(s.zmq.host, s.zmq.telemetry_port),
+                                       hwm=s.zmq.telemetry_hwm, preview_hz=s.telemetry.preview_hz,
+                                       preview_width=s.telemetry.preview_width,
+                                       jpeg_quality=s.telemetry.jpeg_quality,
+                                       configure_socket=security.configure)
+            self.telemetry.start()
+            stack.callback(self.telemetry.close)
+            self.recorder = Recorder(self._open_sink, queue_frames=s.dataset.writer_queue_frames,
+                                     stall_s=s.dataset.writer_stall_ms / 1000.0)
+            self.recorder.start()
+            stack.callback(self.recorder.close, 30.0)
+            self.session = Session(recorder=self.recorder, period_s=s.period_s,
+                                   on_device_lost=s.faults.on_device_lost, context=self._episode_context(),
+                                   publish_event=self.telemetry.event)
+            factory = self._rig_factory_for(s, context, security)
+            self.loop_thread = LoopThread(factory, self._make_loop, self.session)
+            self.loop_thread.start()
+            self._install_signals()
+            log.info("hilrec daemon (%s mode) serving control on %s, telemetry on %s, dataset %s",
+                     s.mode, endpoint(s.zmq.host, s.zmq.control_port),
+                     endpoint(s.zmq.host, s.zmq.telemetry_port), s.dataset.root)
+            self.telemetry.event("daemon_started", mode=s.mode, root=str(s.dataset.root))
+            server.serve(self._stop)
+            return self._shut_down()
+        return 1  # unreachable: the with block returns; kept for type checkers
+
+    def _shut_down(self) -> int:
+        log.info("shutting down (%s)", self._stop_reason)
+        if not self.loop_thread.stop(self._stop_reason, LOOP_STOP_TIMEOUT_S):
+            log.error("the loop did not stop within %.0f s; closing the episode from the main thread",
+                      LOOP_STOP_TIMEOUT_S)
+            self.session.close_open_episode(self._stop_reason)
+        finalized = self.session.finalize(FINALIZE_TIMEOUT_S)
+        self.telemetry.event("daemon_stopped", reason=self._stop_reason, finalized=finalized)
+        return 0 if finalized else 1
+
+    def _install_signals(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            self._stop_reason = f"signal:{signal.Signals(signum).name}"
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+
+    def _make_loop(self, rig: Rig) -> ControlLoop:
+        s = self.settings
+        realtime = s.sim.realtime if s.mode == "sim" else True
+        return ControlLoop(rig=rig, session=self.session, telemetry=self.telemetry,
+                           pacer=TickPacer(s.period_s, realtime=realtime),
+                           max_failed_ticks=s.faults.max_failed_ticks,
+                           watchdog_faults=s.leader.source == "remote")
+
+    # --- the dataset ---------------------------------------------------------------------------
+
+    def features(self) -> dict[str, Any]:
+        return so101_features({name: (cam.height, cam.width) for name, cam in self.settings.cameras.items()})
+
+    def _open_sink(self) -> Any:
+        from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+        from hilrec.daemon.dataset.writer import DatasetWriter
+
+        s = self.settings
+        root = Path(s.dataset.root)
+        features = self.features()
+        if (root / "meta" / "info.json").exists():
+            sink = DatasetWriter.open(root, video_codec=s.dataset.video_codec)
+            theirs = _shape_map(sink.features)
+            if theirs != _shape_map(features) or sink.fps != s.fps:
+                sink.finalize()
+                raise ConfigError("dataset.root", f"{root} holds a dataset with fps {sink.fps} and "
+                                                  f"features {theirs}; this config records "
+                                                  f"fps {s.fps} and {_shape_map(features)}")
+        else:
+            sink = DatasetWriter.create(root, fps=s.fps, features=features, robot_type=ROBOT_TYPE,
+                                        video_codec=s.dataset.video_codec)
+        update_dataset_sidecar(root, {"daemon": self._dataset_provenance()})
+        return sink
+
+    def _dataset_provenance(self) -> dict[str, Any]:
+        s = self.settings
+        config = dataclasses.asdict(s)
+        config.get("zmq", {}).pop("curve", None)  # key paths are nobody's business in a dataset
+        return {"mode": s.mode, "fps": s.fps, "protocol_version": PROTOCOL_VERSION,
+                "config": _jsonable(config), "started_unix_s": self.started_wall}
+
+    def _episode_context(self) -> dict[str, Any]:
+        s = self.settings
+        return {"root": str(s.dataset.root), "mode": s.mode, "fps": s.fps,
+                "leader_source": s.leader.source, "cameras": sorted(s.cameras)}
+
+    # --- control requests (main thread) --------------------------------------------------------
+
+    def _handle(self, request: Request) -> dict[str, Any]:
+        if request.cmd == "status":
+            return self.status()
+        if request.cmd == "shutdown":
+            self._stop_reason = "shutdown"
+            self._stop.set()
+            return {"shutting_down": True, "episode_open": self.session.recording}
+        if not self.loop_thread.alive:
+            raise RequestRefusedError(f"the control loop is not running ({self._loop_problem()}); "
+                             "only status and shutdown are served", CODE_FAULT)
+        future = self.session.submit(request)
+        timeout = self.settings.zmq.apply_timeout_ms / 1000.0
+        try:
+            return future.result(timeout=timeout)
+        except TimeoutError:
+            if future.cancel():
+                raise RequestRefusedError(f"the loop did not take {request.cmd!r} within {timeout * 1000:.0f} ms; "
+                                 "nothing was done", CODE_TIMEOUT) from None
+            return future.result(timeout=timeout)  # it started just now: it will finish
+        except RequestRefusedError:
+            raise
+        except DatasetStateError as exc:
+            raise RequestRefusedError(str(exc), CODE_FAULT) from None
+
+    def _loop_problem(self) -> str:
+        loop = self.loop_thread.loop
+        return loop.crashed if loop is not None and loop.crashed else "stopped"
+
+    def status(self) -> dict[str, Any]:
+        s = self.settings
+        out = self.session.snapshot()
+        loop = self.loop_thread.loop
+        rig = self.loop_thread.rig
+        out.update({
+            "protocol_version": PROTOCOL_VERSION,
+            "mode": s.mode,
+            "fps": s.fps,
+            "uptime_s": time.time() - self.started_wall,
+            "loop": loop.stats() if loop is not None else None,
+            "leader": rig.leader.status() if rig is not None else None,
+            "follower": rig.follower.description if rig is not None else None,
+            "cameras": sorted(s.cameras),
+            "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
+        })
+        return out
+
+
+def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
+    if settings.mode == "sim":
+        from hilrec.daemon.rigs import sim_rig_factory
+
+        return sim_rig_factory(settings, context, security)
+    from hilrec.daemon.hardware import hardware_rig_factory
+
+    return hardware_rig_factory(settings, context, security)
+
+
+def _shape_map(features: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {k: (v["dtype"], tuple(v["shape"])) for k, v in features.items()
+            if k == "action" or k.startswith("observation")}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value

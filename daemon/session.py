@@ -1,0 +1,364 @@
+"""The recording session: the episode state machine, its faults, and what goes beside each episode.
+
+States: ``idle`` -> (start_episode) -> ``recording`` -> (stop_episode | discard_episode | a device
+fault) -> ``idle`` ... -> (finalize) -> ``finalized``.
+
+Threads: the control thread *submits* requests and waits (bounded) on a future; the loop thread
+*applies* them at the edge of a tick (:meth:`Session.apply_pending`), so an episode starts and
+ends on a whole frame and the twin is reset on the thread that steps it. ``status`` needs no loop:
+it reads a snapshot. Saves run on the writer thread; a stop is answered when the episode is closed
+and handed over, and the save's outcome arrives as an ``episode_saved`` event and in status.
+
+Faults that end an episode (a port gone, a camera stalled, the writer stalled, the loop died) save
+it, or discard it when ``faults.on_device_lost = "discard"``; the fault stays in status until the
+device works again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from hilrec.daemon.episode import EpisodeBuffer
+from hilrec.daemon.errors import HilrecError, RequestRefusedError
+from hilrec.daemon.protocol import CODE_BAD_STATE, CODE_FAULT, Request
+from hilrec.daemon.recorder import Recorder
+
+log = logging.getLogger(__name__)
+
+IDLE, RECORDING, FINALIZED = "idle", "recording", "finalized"
+
+
+def _refused(message: str, code: str = CODE_BAD_STATE) -> RequestRefusedError:
+    """A well-formed request that does not fit the session's state."""
+    return RequestRefusedError(message, code)
+
+
+@dataclass
+class Fault:
+    kind: str  # device_lost | camera_stalled | leader_timeout | bus_errors | writer | loop
+    device: str  # follower | leader | camera.<name> | writer | loop
+    message: str
+    ends_episode: bool
+    since_wall: float = field(default_factory=time.time)
+    since_mono: float = field(default_factory=time.monotonic)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "device": self.device, "message": self.message,
+                "since": self.since_wall, "ends_episode": self.ends_episode}
+
+
+class EpisodeHooks(Protocol):
+    """Mode-specific work at episode edges (sim: plan the operator, reset the twin from the seed)."""
+
+    def prepare(self, seed: int | None) -> Any:
+        """Slow preparation on the control thread (e.g. planning); its result goes to begin()."""
+        ...
+
+    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        """Start the episode on the loop thread; return (seed used, sidecar fields, arrays)."""
+        ...
+
+    def end(self) -> dict[str, Any]:
+        """Close the episode on the rig side; return sidecar fields (e.g. a measured outcome)."""
+        ...
+
+
+class NoHooks:
+    def prepare(self, seed: int | None) -> Any:
+        return seed
+
+    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        return prepared, {}, {}
+
+    def end(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class _Pending:
+    request: Request
+    future: Future[dict[str, Any]]
+    prepared: Any = None
+
+
+class Session:
+    def __init__(self, *, recorder: Recorder, period_s: float,
+                 on_device_lost: str, context: Mapping[str, Any],
+                 publish_event: Callable[..., None]) -> None:
+        self._recorder = recorder
+        self.hooks: EpisodeHooks = NoHooks()  # the rig's, set once the loop thread has built it
+        self._period_s = period_s
+        self._on_device_lost = on_device_lost
+        self._context = dict(context)
+        self._publish_event = publish_event
+        self._pending: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._state = IDLE
+        self._episode: EpisodeBuffer | None = None
+        self._faults: dict[str, Fault] = {}
+        self._saves_queued = 0
+        self._last_episode: dict[str, Any] | None = None
+
+    # --- control thread ----------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Future[dict[str, Any]]:
+        """Queue a transition for the loop. A start is prepared here first (it may be slow)."""
+        prepared = None
+        if request.cmd == "start_episode":
+            if self._episode is not None:  # refuse early rather than plan for nothing
+                raise _refused(f"episode {self._episode.index} is already recording; "
+                                     "stop or discard it first")
+            prepared = self.hooks.prepare(request.args.get("seed"))
+        future: Future[dict[str, Any]] = Future()
+        self._pending.put(_Pending(request, future, prepared))
+        return future
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            episode = self._episode.summary() if self._episode is not None else None
+            faults = [f.to_dict() for f in self._faults.values()]
+            state = self._state
+            last = dict(self._last_episode) if self._last_episode else None
+        stats = self._recorder.stats()
+        return {
+            "state": state,
+            "episode": episode,
+            "last_episode": last,
+            "faults": faults,
+            "dataset": {
+                "root": self._context.get("root"),
+                "episodes": self._recorder.initial_episodes + stats.episodes_saved,
+                "saved_this_session": stats.episodes_saved,
+                "discarded_this_session": stats.episodes_discarded,
+                "saving": stats.saving,
+                "last_saved_index": stats.last_saved_index,
+                "finalized": stats.finalized,
+                "writer_queue": self._recorder.queued,
+                "writer_capacity": self._recorder.capacity,
+                "errors": stats.errors,
+            },
+        }
+
+    # --- loop thread -------------------------------------------------------------------------
+
+    @property
+    def recording(self) -> bool:
+        return self._episode is not None
+
+    @property
+    def frame_index(self) -> int | None:
+        return self._episode.frames if self._episode is not None else None
+
+    @property
+    def episode_index(self) -> int | None:
+        return self._episode.index if self._episode is not None else None
+
+    @property
+    def task(self) -> str:
+        return self._episode.task if self._episode is not None else ""
+
+    @property
+    def faults(self) -> dict[str, Fault]:
+        return self._faults
+
+    def apply_pending(self) -> None:
+        """Run the requests submitted since the last tick, in order."""
+        while True:
+            try:
+                pending = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            if not pending.future.set_running_or_notify_cancel():
+                continue  # the control thread gave up waiting; do not act on it late
+            try:
+                pending.future.set_result(self._apply(pending.request, pending.prepared))
+            except (HilrecError, OSError) as exc:
+                pending.future.set_exception(exc)
+
+    def hand_off(self, frame: Mapping[str, Any]) -> None:
+        """Give the writer this tick's frame (call only while recording)."""
+        self._recorder.add_frame(frame)
+
+    def append_row(self, tick: Any, flags: int, measured: np.ndarray, commanded: np.ndarray,
+                   twin: np.ndarray | None) -> None:
+        assert self._episode is not None
+        with self._lock:
+            self._episode.append(tick, flags, measured, commanded, twin)
+
+    def raise_fault(self, fault: Fault) -> None:
+        key = fault.device
+        if key in self._faults and self._faults[key].kind == fault.kind:
+            return
+        with self._lock:
+            self._faults[key] = fault
+        log.error("fault on %s (%s): %s", fault.device, fault.kind, fault.message)
+        self._publish_event("fault", fault=fault.to_dict())
+        if self._episode is not None:
+            self._episode.note_fault(fault.to_dict())
+            if fault.ends_episode:
+                self._end_for_fault(fault)
+
+    def clear_fault(self, device: str) -> None:
+        with self._lock:
+            fault = self._faults.pop(device, None)
+        if fault is not None:
+            log.warning("fault on %s (%s) cleared", fault.device, fault.kind)
+            self._publish_event("fault_cleared", fault=fault.to_dict())
+
+    # --- shutdown (main thread, loop stopped) ------------------------------------------------
+
+    def close_open_episode(self, reason: str) -> None:
+        """Save the open episode (SIGINT/SIGTERM/shutdown): a clean stop, not a fault."""
+        if self._episode is not None:
+            if self._episode.frames > 0:
+                self._close_episode(save=True, success=None, ended_by=reason)
+            else:
+                self._close_episode(save=False, success=None, ended_by=reason)
+
+    def finalize(self, timeout_s: float) -> bool:
+        """Finalize the dataset unless already done; True when it is finalized."""
+        if self._state == FINALIZED and self._recorder.stats().finalized:
+            return True
+        self._state = FINALIZED
+        future = self._recorder.finalize()
+        try:
+            future.result(timeout=timeout_s)
+        except (HilrecError, OSError, TimeoutError) as exc:
+            log.error("finalize of %s failed: %s", self._context.get("root"), exc)
+            return False
+        self._publish_event("finalized", root=str(self._context.get("root")))
+        return True
+
+    # --- transitions ---------------------------------------------------------------------------
+
+    def _apply(self, request: Request, prepared: Any) -> dict[str, Any]:
+        cmd, args = request.cmd, request.args
+        if cmd == "start_episode":
+            return self._start(args["task"], prepared)
+        if cmd == "stop_episode":
+            return self._stop(args.get("success"))
+        if cmd == "discard_episode":
+            return self._discard()
+        if cmd == "finalize":
+            return self._finalize_request()
+        raise _refused(f"command {cmd!r} is not a session transition")
+
+    def _start(self, task: str, prepared: Any) -> dict[str, Any]:
+        if self._state == FINALIZED:
+            raise _refused(f"dataset {self._context.get('root')} is finalized; "
+                                 "restart the daemon to record more episodes")
+        if self._episode is not None:
+            raise _refused(f"episode {self._episode.index} is already recording; "
+                                 "stop or discard it first")
+        blocking = [f for f in self._faults.values() if f.ends_episode]
+        if blocking:
+            raise _refused(f"cannot start an episode while {blocking[0].device} is faulted: "
+                                 f"{blocking[0].message}", CODE_FAULT)
+        if not self._recorder.alive:
+            raise _refused("the dataset writer is not running", CODE_FAULT)
+        index = self._recorder.initial_episodes + self._saves_queued
+        seed_used, start_fields, start_arrays = self.hooks.begin(prepared)
+        episode = EpisodeBuffer(index=index, task=task, seed=seed_used, period_s=self._period_s,
+                                context=self._context, start_fields=start_fields,
+                                start_arrays=start_arrays)
+        with self._lock:
+            self._episode = episode
+            self._state = RECORDING
+        self._publish_event("episode_started", episode_index=index, task=task, seed=seed_used)
+        return {"episode_index": index, "task": task, "seed": seed_used}
+
+    def _stop(self, success: bool | None) -> dict[str, Any]:
+        episode = self._require_episode("stop")
+        if episode.frames == 0:
+            raise _refused(f"episode {episode.index} has no frames yet; wait a tick or discard it")
+        return self._close_episode(save=True, success=success, ended_by="stop_episode")
+
+    def _discard(self) -> dict[str, Any]:
+        self._require_episode("discard")
+        return self._close_episode(save=False, success=None, ended_by="discard_episode")
+
+    def _finalize_request(self) -> dict[str, Any]:
+        if self._episode is not None:
+            raise _refused(f"episode {self._episode.index} is still recording; stop or discard it first")
+        if self._state == FINALIZED:
+            return {"finalizing": False, "already": True}
+        self._state = FINALIZED
+        future = self._recorder.finalize()
+        future.add_done_callback(self._on_finalized)
+        return {"finalizing": True}
+
+    def _on_finalized(self, future: Future[None]) -> None:
+        if future.exception() is None:
+            self._publish_event("finalized", root=str(self._context.get("root")))
+        else:
+            self._publish_event("finalize_failed", error=str(future.exception()))
+
+    def _require_episode(self, verb: str) -> EpisodeBuffer:
+        if self._episode is None:
+            raise _refused(f"no episode is recording; nothing to {verb}")
+        return self._episode
+
+    def _end_for_fault(self, fault: Fault) -> None:
+        assert self._episode is not None
+        save = self._on_device_lost == "save" and self._episode.frames > 0
+        self._close_episode(save=save, success=None, ended_by=f"fault:{fault.kind}:{fault.device}")
+
+    def _close_episode(self, *, save: bool, success: bool | None, ended_by: str) -> dict[str, Any]:
+        episode = self._episode
+        assert episode is not None
+        outcome = self.hooks.end()
+        with self._lock:
+            self._episode = None
+            if self._state == RECORDING:
+                self._state = IDLE
+        result: dict[str, Any] = {"episode_index": episode.index, "frames": episode.frames,
+                                  "ended_by": ended_by}
+        if save:
+            sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
+            self._saves_queued += 1
+            future = self._recorder.save(sidecar=sidecar, arrays=arrays)
+            future.add_done_callback(lambda f, ep=episode: self._on_saved(f, ep.index, ep.frames))
+            result["saving"] = True
+            self._publish_event("episode_stopped", **result)
+        else:
+            self._recorder.discard()
+            result["discarded"] = True
+            self._publish_event("episode_discarded", **result)
+        with self._lock:
+            self._last_episode = dict(result)
+        return result
+
+    def _on_saved(self, future: Future[int], expected: int, frames: int) -> None:
+        if future.exception() is None:
+            index = future.result()
+            with self._lock:
+                if self._last_episode is not None and self._last_episode.get("episode_index") == expected:
+                    self._last_episode["saved"] = True
+                    self._last_episode["episode_index"] = index
+            self._publish_event("episode_saved", episode_index=index, frames=frames)
+        else:
+            with self._lock:
+                self._saves_queued -= 1
+                if self._last_episode is not None and self._last_episode.get("episode_index") == expected:
+                    self._last_episode["saved"] = False
+                    self._last_episode["error"] = str(future.exception())
+            self._publish_event("episode_save_failed", episode_index=expected, error=str(future.exception()))
+
+
+def entropy_seed() -> int:
+    """A seed for an episode started without one (recorded, so the episode stays reproducible)."""
+    return int.from_bytes(os.urandom(4), "little")
