@@ -13,7 +13,7 @@ reason a LeRobot client reading the emulator sees exactly the twin's units.
   LeRobot units, through the calibration), encoder readings come from the joint angles.
 - Hand paths: :func:`wave_path` (smooth sines), :class:`SweepPath` (a person calibrating:
   holds the middle until the homing offsets are written, then sweeps every range) and
-  :class:`OperatorPath` (the sim's scripted operator doing the task on its own twin).
+  :class:`OperatorPath` (the sim's scripted operator's planned leader path, seed after seed).
 """
 
 from __future__ import annotations
@@ -199,64 +199,45 @@ class SweepPath:
 
 
 class OperatorPath:
-    """The sim's scripted operator doing the task on a twin of its own; the leader shows its hand.
+    """The sim's scripted operator moving the leader: its planned path for one seed after another.
 
-    Actions come at the twin's fps; between two frames the path interpolates linearly, as a hand
-    moves continuously. After ``episode_frames`` the next seed starts a new episode.
+    The operator plans a whole episode open loop (``ScriptedOperator.leader_path()``, float32
+    LeRobot units at the sim fps); between two frames the path interpolates linearly, as a hand
+    moves continuously. When a plan ends, the next seed's plan starts.
     """
 
-    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, episode_frames: int = 500,
-                 twin: Any | None = None, operator_factory: Callable[[int], Any] | None = None
-                 ) -> None:
+    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, fps: int = 25,
+                 operator_factory: Callable[[int], Any] | None = None) -> None:
         from hilrec.sim import units
 
-        if twin is None:
-            from hilrec.sim.twin import Twin
-
-            twin = Twin(cameras=())
         if operator_factory is None:
             from hilrec.sim.operator import ScriptedOperator
 
             operator_factory = ScriptedOperator
         self._frame = frame
         self._units = units.default_units_map()
-        self._twin = twin
         self._factory = operator_factory
         self._seed = seed
-        self._episode_frames = episode_frames
-        self._frame_dt = 1.0 / twin.fps
-        self._frames_done = 0  # frames since the path started, across episodes
-        self._start_episode()
+        self._frame_dt = 1.0 / fps
+        self._plan_start = 0.0
+        self._load_plan()
 
-    def _start_episode(self) -> None:
-        start = self._twin.reset(self._seed)
-        self._operator = self._factory(self._seed)
-        self._operator.reset(start)
-        self._episode_frame = 0
+    def _load_plan(self) -> None:
+        operator = self._factory(self._seed)
+        operator.reset()
+        path = np.asarray(operator.leader_path(), dtype=np.float64)
+        self._ticks = self._frame.actual_from_rad(self._units.rad_from_units(path))
         self._seed += 1
-        observed = self._twin.observe()
-        self._previous = self._current = self._ticks(observed)
-
-    def _ticks(self, units_values: np.ndarray) -> np.ndarray:
-        return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
-
-    def _step(self) -> None:
-        if self._episode_frame >= self._episode_frames:
-            self._start_episode()
-        action = self._operator.act(self._episode_frame, self._twin.observe())
-        executed = self._twin.command(action)
-        self._twin.step_frame()
-        self._episode_frame += 1
-        self._frames_done += 1
-        self._previous, self._current = self._current, self._ticks(executed)
 
     def __call__(self, t: float) -> np.ndarray:
-        # One frame ahead, so that t lies between the previous and the current action.
-        frames = t / self._frame_dt
-        while self._frames_done < int(frames) + 1:
-            self._step()
-        alpha = min(1.0, max(0.0, frames - (self._frames_done - 1)))
-        return self._previous + (self._current - self._previous) * alpha
+        frames = (t - self._plan_start) / self._frame_dt
+        while frames >= len(self._ticks) - 1:
+            self._plan_start += (len(self._ticks) - 1) * self._frame_dt
+            self._load_plan()
+            frames = (t - self._plan_start) / self._frame_dt
+        i = int(frames)
+        alpha = frames - i
+        return self._ticks[i] + (self._ticks[i + 1] - self._ticks[i]) * alpha
 
 
 class TwinMotion:
@@ -277,7 +258,7 @@ class TwinMotion:
             twin.reset(seed)
         self.twin = twin
         self._frame = frame
-        self._units = units.default_units_map()
+        self._units = getattr(twin, "units", None) or units.default_units_map()
         self._frame_dt = 1.0 / twin.fps
         self._max_catch_up = max_catch_up_frames
         self._t0: float | None = None

@@ -1,0 +1,317 @@
+"""Camera sources: OpenCV devices, files and streams read in the background, and the twin.
+
+A source's background thread keeps only the newest frame, with its capture time on the
+monotonic clock and a running index. ``read_latest()`` never blocks; it raises
+CameraStalledError when the newest frame is older than ``stall_timeout_s`` (the camera froze,
+was unplugged, or a file ran out), and also when an OpenCV device keeps delivering byte-identical
+images for that long (some drivers repeat their last buffer when the sensor hangs): a frozen
+camera is never recorded as a run of repeated frames.
+
+Frames are RGB uint8 (H, W, 3), like LeRobot's OpenCVCamera with its default color mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from hilrec.daemon.errors import CameraError, CameraStalledError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CameraConfig:
+    name: str
+    # A device index ("0"), a device path (/dev/video0), a video file, or a stream URL.
+    source: str
+    width: int | None = None
+    height: int | None = None
+    fps: float | None = None
+    fourcc: str | None = None  # e.g. "MJPG": USB cameras reach full fps at 640x480 only in MJPG
+    stall_timeout_s: float = 0.5
+    open_timeout_s: float = 5.0
+    # Video files: pace frames at the file's fps (a file read flat out is not a camera), and
+    # start over at the end (test sources that never run dry).
+    realtime: bool = True
+    loop: bool = False
+    detect_frozen: bool = True
+
+    def validate(self) -> None:
+        if self.fourcc is not None and len(self.fourcc) != 4:
+            raise ConfigError("fourcc", f"a FOURCC has 4 characters, got {self.fourcc!r}")
+        if (self.width is None) != (self.height is None):
+            raise ConfigError("width", "give both width and height, or neither")
+        if self.stall_timeout_s <= 0:
+            raise ConfigError("stall_timeout_s", f"must be positive, got {self.stall_timeout_s}")
+
+
+@dataclass(frozen=True)
+class Frame:
+    image: np.ndarray  # RGB uint8 (H, W, 3); never written to after publication
+    captured_at: float  # time.monotonic() when the frame was received
+    index: int
+
+
+class _LatestFrame:
+    """The newest frame and the freshness rules, shared by every source."""
+
+    def __init__(self, name: str, stall_timeout_s: float) -> None:
+        self.name = name
+        self.stall_timeout_s = stall_timeout_s
+        self._cond = threading.Condition()
+        self._frame: Frame | None = None
+        self._count = 0
+        self.error: str | None = None  # why the reader thread stopped, if it did
+        self.frozen_since: float | None = None
+
+    def publish(self, image: np.ndarray, captured_at: float) -> None:
+        with self._cond:
+            self._count += 1
+            self._frame = Frame(image, captured_at, self._count)
+            self._cond.notify_all()
+
+    def fail(self, reason: str) -> None:
+        with self._cond:
+            self.error = reason
+            self._cond.notify_all()
+
+    def latest(self) -> Frame:
+        now = time.monotonic()
+        with self._cond:
+            frame, error, frozen = self._frame, self.error, self.frozen_since
+        if frame is None:
+            raise CameraStalledError(f"camera '{self.name}': no frame yet"
+                                     + (f" ({error})" if error else ""))
+        age = now - frame.captured_at
+        if age > self.stall_timeout_s:
+            raise CameraStalledError(
+                f"camera '{self.name}': no new frame for {age * 1000:.0f} ms (limit "
+                f"{self.stall_timeout_s * 1000:.0f} ms)" + (f": {error}" if error else ""))
+        if frozen is not None and now - frozen > self.stall_timeout_s:
+            raise CameraStalledError(
+                f"camera '{self.name}': frozen, the same image for {now - frozen:.2f} s")
+        return frame
+
+    def wait_newer(self, index: int, timeout: float) -> Frame:
+        with self._cond:
+            self._cond.wait_for(lambda: (self._frame is not None and self._frame.index > index)
+                                or self.error is not None, timeout)
+        return self.latest()  # raises if nothing newer came, with the reason
+
+
+def _parse_source(source: str) -> int | str:
+    return int(source) if source.isdigit() else source
+
+
+class OpenCVCamera:
+    """A cv2.VideoCapture read by a background thread; open() ... close(), or ``with``."""
+
+    def __init__(self, config: CameraConfig) -> None:
+        config.validate()
+        self.config = config
+        self.name = config.name
+        self.width = config.width or 0
+        self.height = config.height or 0
+        self.fps = config.fps or 0.0
+        self._latest = _LatestFrame(config.name, config.stall_timeout_s)
+        self._capture: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"camera '{self.name}' ({self.config.source})"
+
+    def open(self) -> None:
+        cfg = self.config
+        source = _parse_source(cfg.source)
+        if isinstance(source, str) and "://" not in source and not Path(source).exists():
+            raise CameraError(f"{self!r}: no such device or file")
+        capture = cv2.VideoCapture(source)
+        if not capture.isOpened():
+            capture.release()
+            raise CameraError(f"{self!r}: OpenCV cannot open it")
+        if cfg.fourcc:
+            capture.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*cfg.fourcc))
+        if cfg.width is not None:
+            capture.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
+            capture.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
+        if cfg.fps is not None:
+            capture.set(cv2.CAP_PROP_FPS, cfg.fps)
+        ok, first = capture.read()
+        if not ok or first is None:
+            capture.release()
+            raise CameraError(f"{self!r}: opened but delivers no frame")
+        height, width = first.shape[:2]
+        if cfg.width is not None and (width, height) != (cfg.width, cfg.height):
+            capture.release()
+            raise CameraError(f"{self!r}: delivers {width}x{height}, the config asks for "
+                              f"{cfg.width}x{cfg.height}")
+        self.width, self.height = width, height
+        self.fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0) or (cfg.fps or 0.0)
+        self._capture = capture
+        self._latest.publish(cv2.cvtColor(first, cv2.COLOR_BGR2RGB), time.monotonic())
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._read_loop, name=f"camera-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _is_file(self) -> bool:
+        source = _parse_source(self.config.source)
+        return isinstance(source, str) and Path(source).is_file()
+
+    def _read_loop(self) -> None:
+        capture, cfg = self._capture, self.config
+        is_file = self._is_file()
+        period = 1.0 / self.fps if (is_file and cfg.realtime and self.fps > 0) else 0.0
+        next_due = time.monotonic() + period
+        last_digest: bytes | None = None
+        failures = 0
+        while not self._stop.is_set():
+            if period:
+                self._stop.wait(max(0.0, next_due - time.monotonic()))
+                next_due += period
+            ok, bgr = capture.read()
+            if not ok or bgr is None:
+                if is_file and cfg.loop:
+                    capture.set(cv2.CAP_PROP_POS_FRAMES, 0)
+                    continue
+                if is_file:
+                    self._latest.fail("end of the video file")
+                    return
+                failures += 1
+                if failures == 1:
+                    log.warning("%r: read failed; waiting for it to come back", self)
+                self._stop.wait(0.01)
+                continue
+            failures = 0
+            now = time.monotonic()
+            if cfg.detect_frozen and not is_file:
+                digest = hashlib.blake2b(bgr[::4, ::4].tobytes(), digest_size=16).digest()
+                if digest == last_digest:
+                    if self._latest.frozen_since is None:
+                        self._latest.frozen_since = now
+                else:
+                    self._latest.frozen_since = None
+                last_digest = digest
+            self._latest.publish(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), now)
+
+    def read_latest(self) -> np.ndarray:
+        """The newest frame (RGB uint8), at once; CameraStalledError if it is too old."""
+        return self._latest.latest().image
+
+    def latest(self) -> Frame:
+        return self._latest.latest()
+
+    def wait_newer(self, index: int, timeout: float) -> Frame:
+        """Block until a frame newer than ``index`` arrives (or the camera fails/stalls)."""
+        return self._latest.wait_newer(index, timeout)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        if self._capture is not None:
+            self._capture.release()
+            self._capture = None
+
+    def __enter__(self) -> OpenCVCamera:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SimCamera:
+    """A camera of the MuJoCo twin, rendered in the background at ``fps`` like a real one.
+
+    ``snapshot()`` returns the simulator state to draw (e.g. under the emulator's lock); the
+    frame is rendered on ``renderer``, a twin of its own, so rendering never holds up the
+    physics or the bus. ``EmulatedArm``'s twin: ``SimCamera.of_emulator(arm, "front")``.
+    """
+
+    def __init__(self, *, name: str, snapshot: Callable[[], np.ndarray], renderer: Any,
+                 fps: float = 25.0, stall_timeout_s: float = 0.5) -> None:
+        self.name = name
+        self.height, self.width = renderer.image_size
+        self.fps = fps
+        self._snapshot = snapshot
+        self._renderer = renderer
+        self._latest = _LatestFrame(name, stall_timeout_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def of_emulator(cls, arm: Any, name: str, *, image_size: tuple[int, int] = (480, 640),
+                    fps: float = 25.0, stall_timeout_s: float = 0.5) -> SimCamera:
+        from hilrec.sim.twin import Twin
+
+        twin = getattr(arm.motion, "twin", None)
+        if twin is None:
+            raise CameraError(f"camera '{name}': the emulated {arm.config.role} has no twin "
+                              f"(motion {arm.config.motion!r})")
+
+        def snapshot() -> np.ndarray:
+            with arm.lock:
+                return twin.get_state()
+
+        renderer = Twin(fps=twin.fps, cameras=(name,), image_size=image_size, scene=twin.scene)
+        return cls(name=name, snapshot=snapshot, renderer=renderer, fps=fps,
+                   stall_timeout_s=stall_timeout_s)
+
+    def open(self) -> None:
+        self._render_once()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"simcam-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _render_once(self) -> None:
+        state = self._snapshot()
+        captured_at = time.monotonic()  # the moment the scene was as drawn
+        self._renderer.set_state(state)
+        self._latest.publish(self._renderer.render(self.name), captured_at)
+
+    def _loop(self) -> None:
+        period = 1.0 / self.fps
+        next_due = time.monotonic() + period
+        while not self._stop.wait(max(0.0, next_due - time.monotonic())):
+            next_due = max(next_due + period, time.monotonic())
+            try:
+                self._render_once()
+            except Exception as exc:  # noqa: BLE001 - reported through read_latest()
+                self._latest.fail(f"render failed: {exc}")
+                return
+
+    def read_latest(self) -> np.ndarray:
+        return self._latest.latest().image
+
+    def latest(self) -> Frame:
+        return self._latest.latest()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        close = getattr(self._renderer, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> SimCamera:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
