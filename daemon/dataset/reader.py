@@ -30,7 +30,6 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset.stats import DatasetStats, stats_from_json, unflatten_episode_stats
@@ -165,18 +164,43 @@ def read_parquet_schema(path: PathLike) -> pa.Schema:
         raise CorruptDatasetError(str(path), f"unreadable parquet: {exc}") from exc
 
 
-def read_parquet(path: PathLike, columns: Sequence[str] | None = None,
-                 filter: pc.Expression | None = None) -> pa.Table:
-    """A whole parquet file (or some columns, or the rows matching ``filter``)."""
+def read_parquet(path: PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+    """A whole parquet file, or some of its columns."""
     if not Path(path).exists():
         raise CorruptDatasetError(str(path), "missing")
     try:
-        if filter is None:
-            return pq.read_table(path, columns=list(columns) if columns is not None else None)
-        dataset = pa_ds.dataset(str(path), format="parquet")
-        return dataset.to_table(columns=list(columns) if columns is not None else None, filter=filter)
+        return pq.read_table(path, columns=list(columns) if columns is not None else None)
     except (OSError, pa.ArrowException) as exc:
         raise CorruptDatasetError(str(path), f"unreadable parquet: {exc}") from exc
+
+
+def read_episode_rows(path: PathLike, episode_index: int, columns: Sequence[str]) -> pa.Table:
+    """The rows of one episode from a data file, reading only the row groups that can hold it.
+
+    Row-group statistics of ``episode_index`` skip the other episodes' groups (the native writer
+    and LeRobot both write at least one row group per episode). ``pyarrow.dataset`` would do the
+    same but imports pandas.
+    """
+    if not Path(path).exists():
+        raise CorruptDatasetError(str(path), "missing")
+    wanted = list(dict.fromkeys([*columns, "episode_index"]))
+    try:
+        parquet = pq.ParquetFile(path)
+        position = parquet.schema_arrow.get_field_index("episode_index")
+        if position < 0:
+            raise CorruptDatasetError(str(path), "has no episode_index column")
+        groups = []
+        for i in range(parquet.metadata.num_row_groups):
+            stats = parquet.metadata.row_group(i).column(position).statistics
+            if stats is not None and stats.has_min_max and not (
+                    stats.min <= episode_index <= stats.max):
+                continue
+            groups.append(i)
+        table = parquet.read_row_groups(groups, columns=wanted) if groups else \
+            parquet.schema_arrow.empty_table().select(wanted)
+    except (OSError, pa.ArrowException) as exc:
+        raise CorruptDatasetError(str(path), f"unreadable parquet: {exc}") from exc
+    return table.filter(pc.equal(table.column("episode_index"), episode_index))
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array, shape: Sequence[int], *,
@@ -233,8 +257,7 @@ def read_episode(root: PathLike, episode_index: int,
     row = episode_row(root, episode_index)
     path = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
                                            file_index=row["data/file_index"])
-    read_cols = wanted if "episode_index" in wanted else [*wanted, "episode_index"]
-    table = read_parquet(path, columns=read_cols, filter=pc.field("episode_index") == episode_index)
+    table = read_episode_rows(path, episode_index, wanted)
     if table.num_rows != row["length"]:
         raise CorruptDatasetError(str(path), f"episode {episode_index} has {table.num_rows} rows, "
                                              f"its metadata says {row['length']}")
