@@ -1,0 +1,231 @@
+"""SIGKILL a writer process at chosen and at random moments; every saved episode must survive.
+
+The child records a few short episodes and prints ``SAVED i`` (flushed) each time save_episode()
+returns, and ``HOOK name`` at the writer's internal steps (videos finished, episode written,
+committed, merge intent written, each rename of the merge, merge done). For the deterministic
+trials the child stops at one named step and the parent kills it there; for the random trials the
+parent kills it after a seeded random delay. Then: either the dataset checks out as it is, or
+``repair`` makes it check out; and every episode whose save_episode() returned is there,
+bit-equal, with exactly as many video frames as rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from hilrec.daemon.dataset.layout import column_to_numpy
+from hilrec.daemon.dataset.repair import repair
+from hilrec.daemon.dataset.video import Segment, concat_segments
+
+FPS = 25
+H, W = 48, 64
+CAM = "observation.images.front"
+LENGTHS = (20, 13, 26, 9)
+
+BOOTSTRAP = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('crash_child', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+    "module.child_main(sys.argv[2:])\n"
+)
+
+
+def episode_frames(episode: int, length: int) -> list[dict]:
+    rng = np.random.default_rng(1000 + episode)
+    return [{
+        "action": rng.normal(size=6).astype(np.float32),
+        "observation.state": rng.normal(size=6).astype(np.float32),
+        CAM: rng.integers(0, 255, (H, W, 3), dtype=np.uint8),
+        "task": f"task {episode % 2}",
+    } for _ in range(length)]
+
+
+def child_main(argv: list[str]) -> None:
+    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.so101 import so101_features
+
+    root, codec, stall_at = argv[0], argv[1], argv[2]
+    target, _, nth = stall_at.partition("#")
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def emit(text: str) -> None:
+        # One write per line under a lock: the merge thread prints too.
+        with lock:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    def hook(name: str) -> None:
+        with lock:
+            seen[name] = seen.get(name, 0) + 1
+            stall = name == target and seen[name] == int(nth or 1)
+        emit(f"HOOK {name}")
+        if stall:
+            emit("STALLED")
+            time.sleep(120)
+
+    writer = DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
+                                  robot_type="so_follower", video_codec=codec, hook=hook)
+    for episode, length in enumerate(LENGTHS):
+        for i, frame in enumerate(episode_frames(episode, length)):
+            writer.add_frame(frame)
+            if i == length // 2:
+                hook(f"mid-episode-{episode}")
+        index = writer.save_episode(sidecar={"episode": episode})
+        emit(f"SAVED {index}")
+    writer.finalize()
+    emit("DONE")
+
+
+def run_child(root: Path, codec: str, stall_at: str, kill_after_s: float | None,
+              ) -> tuple[list[int], list[str]]:
+    """Run the child until it stalls at ``stall_at`` (or ``kill_after_s`` passes); SIGKILL it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    lines: list[str] = []
+    stalled = threading.Event()
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.startswith("STALLED"):
+                stalled.set()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    if kill_after_s is None:
+        assert stalled.wait(60), f"child never reached {stall_at}: {lines[-5:]}"
+    else:
+        stalled.wait(kill_after_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    thread.join(30)
+    saved = [int(line.split()[1]) for line in lines if line.startswith("SAVED")]
+    return saved, lines
+
+
+def check_dataset(root: Path, saved: int = 0) -> int:
+    """Assert the dataset is whole, holds at least ``saved`` episodes, and every episode in it is
+    exactly what the child wrote. Returns the number of episodes it holds.
+    """
+    import json
+
+    info = json.loads((root / "meta/info.json").read_text())
+    rows = []
+    for path in sorted((root / "meta/episodes").glob("chunk-*/file-*.parquet")):
+        rows.extend(pq.read_table(path).to_pylist())
+    assert [r["episode_index"] for r in rows] == list(range(info["total_episodes"]))
+    assert len(rows) >= saved, f"{len(rows)} episodes in LeRobot's files, {saved} were saved"
+    tables = [pq.read_table(p) for p in sorted((root / "data").glob("chunk-*/file-*.parquet"))]
+    if not rows:
+        return 0
+    data = {name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
+            for name in tables[0].column_names}
+    assert data["index"].tolist() == list(range(info["total_frames"]))
+    assert info["total_frames"] == sum(r["length"] for r in rows)
+    for row in rows:
+        episode = row["episode_index"]
+        expected = episode_frames(episode, LENGTHS[episode])
+        assert row["length"] == len(expected)
+        span = slice(row["dataset_from_index"], row["dataset_to_index"])
+        assert np.array_equal(data["action"][span], np.stack([f["action"] for f in expected]))
+        assert np.array_equal(data["observation.state"][span],
+                              np.stack([f["observation.state"] for f in expected]))
+        assert np.array_equal(data["episode_index"][span], np.full(len(expected), episode))
+        ref = (row[f"videos/{CAM}/chunk_index"], row[f"videos/{CAM}/file_index"])
+        video = root / f"videos/{CAM}/chunk-{ref[0]:03d}/file-{ref[1]:03d}.mp4"
+        probe_out = root.parent / f"probe-{episode}.mp4"
+        placed = concat_segments(probe_out, [Segment(video, row[f"videos/{CAM}/from_timestamp"],
+                                                     row[f"videos/{CAM}/to_timestamp"])], fps=FPS)
+        probe_out.unlink()
+        assert placed[0][2] == len(expected), f"episode {episode}: {placed[0][2]} video frames"
+    return len(rows)
+
+
+# Named steps: during video encoding, during save, after commit, and at every step of the merge
+# (intent, each rename with info.json last, done), at first and later episodes.
+STEPS = [
+    "mid-episode-0", "mid-episode-2", "videos-finished#2", "episode-written#1", "committed#2",
+    "intent-written#1", "intent-written#3",
+    "renamed data/chunk-000/file-000.parquet#2",
+    f"renamed videos/{CAM}/chunk-000/file-000.mp4#1",
+    f"renamed videos/{CAM}/chunk-000/file-000.mp4#3",
+    "renamed meta/episodes/chunk-000/file-000.parquet#2",
+    "renamed meta/tasks.parquet#2", "renamed meta/stats.json#1",
+    "renamed meta/info.json#1", "renamed meta/info.json#3", "intent-done#2",
+]
+RANDOM_TRIALS = 6
+
+
+def trials() -> list[tuple[str, str, float | None]]:
+    rng = random.Random(20240611)
+    plan: list[tuple[str, str, float | None]] = []
+    for i, step in enumerate(STEPS):
+        plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None))
+    for i in range(RANDOM_TRIALS):
+        plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0)))
+    return plan
+
+
+def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
+    outcomes = []
+    for number, (step, codec, delay) in enumerate(trials()):
+        trial = tmp_path / f"trial-{number:02d}"
+        trial.mkdir()
+        root = trial / "ds"
+        saved, lines = run_child(root, codec, step, delay)
+        if not (root / "meta/info.json").exists():
+            assert saved == [], f"trial {number}: saved {saved} but no info.json"
+            outcomes.append((step, "killed before create", saved))
+            continue
+        try:
+            held = check_dataset(root, len(saved))
+            how = "loads as is"
+        except (AssertionError, OSError, KeyError, ValueError, IndexError) as exc:
+            report = repair(root)
+            held = check_dataset(root, len(saved))
+            how = f"repaired (exit {report.exit_code}, {len(report.dropped)} dropped) after: {exc!r:.80}"
+            assert not report.rebuilt, f"trial {number} ({step}): needed a rebuild: {report.actions}"
+        assert held >= len(saved), f"trial {number} ({step}): saved {saved}, dataset holds {held}"
+        assert saved == list(range(len(saved)))
+        # The repaired dataset also takes new episodes.
+        outcomes.append((step, how, saved))
+    for step, how, saved in outcomes:
+        print(f"{step:58s} saved={saved} {how}")
+    assert len(outcomes) >= 20
+    assert any(o[1].startswith("repaired") for o in outcomes)
+    assert any(o[1] == "loads as is" for o in outcomes)
+
+
+@pytest.mark.parametrize("step", ["renamed meta/info.json#2"])
+def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: str) -> None:
+    from hilrec.daemon.dataset.writer import DatasetWriter
+
+    root = tmp_path / "ds"
+    saved, _ = run_child(root, "libx264", step, None)
+    assert saved
+    with DatasetWriter.open(root, video_codec="libx264") as writer:
+        start = writer.num_episodes
+        assert start >= len(saved)
+        for frame in episode_frames(start, LENGTHS[start]):
+            writer.add_frame(frame)
+        writer.save_episode()
+    assert check_dataset(root) == start + 1
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--child":
+    child_main(sys.argv[2:])
