@@ -5,8 +5,10 @@ The dataset holds only what an arm measures (``observation.state``, images) and 
 (``hilrec/episodes/episode-NNNNNN.{json,npz}``) through ``save_episode(sidecar=..., arrays=...)``:
 
 - arrays (npz): the tick timestamps (:data:`hilrec.daemon.clock.TIMING_ARRAYS`, monotonic
-  seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.protocol.FrameFlag` bits), and in
-  hil/emulated mode ``twin_state`` (the mirroring twin's joints at each tick, float32 (n, 6));
+  seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.protocol.FrameFlag` bits),
+  ``leader`` (the leader's reading before any clamp, float32 (n, 6), NaN where there was no live
+  command and the follower held), and in hil/emulated mode ``twin_state`` (the mirroring twin's
+  joints at each tick, float32 (n, 6));
 - JSON: task, seed, success, how the episode ended, wall-clock start, a timing summary, flag
   counts, faults seen, and the divergence summary between commanded, measured and twin state.
 """
@@ -46,11 +48,12 @@ class EpisodeBuffer:
         self._measured: list[np.ndarray] = []
         self._commanded: list[np.ndarray] = []
         self._twin: list[np.ndarray] = []
+        self._leader: list[np.ndarray] = []
         self._faults: list[dict[str, Any]] = []
         self._flag_union = 0
 
     def append(self, tick: TickTimes, flags: int, measured: np.ndarray, commanded: np.ndarray,
-               twin: np.ndarray | None) -> None:
+               twin: np.ndarray | None, leader: np.ndarray | None = None) -> None:
         t = self._timing
         t["tick_slot"].append(tick.slot)
         t["tick_deadline"].append(tick.deadline)
@@ -66,6 +69,7 @@ class EpisodeBuffer:
         self._commanded.append(commanded)
         if twin is not None:
             self._twin.append(twin)
+        self._leader.append(leader if leader is not None else _NO_LEADER)
         self.frames += 1
 
     def note_fault(self, fault: Mapping[str, Any]) -> None:
@@ -82,6 +86,8 @@ class EpisodeBuffer:
             dtype = np.int64 if name in ("tick_slot", "tick_skipped") else np.float64
             out[name] = np.asarray(values, dtype=dtype)
         out["frame_flags"] = np.asarray(self._flags, dtype=np.uint32)
+        if self._leader:
+            out["leader"] = np.stack(self._leader).astype(np.float32)
         if self._twin and len(self._twin) == self.frames:
             out["twin_state"] = np.stack(self._twin).astype(np.float32)
         out.update(self.start_arrays)
@@ -141,6 +147,9 @@ class EpisodeBuffer:
             result["twin_vs_measured"] = _stats(twin - measured)
             result["twin_vs_commanded"] = _stats(twin[1:] - commanded[:-1])
         return result
+
+
+_NO_LEADER = np.full(NUM_JOINTS, np.nan, dtype=np.float32)
 
 
 def _stats(diff: np.ndarray) -> dict[str, list[float]]:

@@ -78,6 +78,8 @@ class Rig:
     leader: Leader
     cameras: dict[str, Camera] = field(default_factory=dict)
     mirror: Mirror | None = None
+    # Merged into hilrec/dataset.json: units, calibration, twin physics (what replay needs).
+    dataset_fields: dict[str, Any] = field(default_factory=dict)
 
 
 class ControlLoop:
@@ -149,7 +151,8 @@ class ControlLoop:
         if tick.overran(self.period_s):
             flags |= FrameFlag.OVERRUN
         if recorded:
-            self.session.append_row(tick, int(flags), measured, sent, twin)
+            self.session.append_row(tick, int(flags), measured, sent, twin,
+                                    leader.values if leader is not None else None)
         self._account(tick, flags)
         self._publish(tick, flags, frame_index if recorded else None, measured, sent, leader, twin, images)
 

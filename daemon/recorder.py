@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Op:
-    kind: str  # "frame" | "save" | "discard" | "finalize" | "stop"
+    kind: str  # "frame" | "save" | "discard" | "finalize" | "sidecar" | "stop"
     frame: Mapping[str, Any] | None = None
     sidecar: Mapping[str, Any] | None = None
     arrays: Mapping[str, np.ndarray] | None = None
@@ -105,6 +105,10 @@ class Recorder:
 
     def finalize(self) -> Future[None]:
         return self._submit(_Op("finalize"))
+
+    def update_dataset_sidecar(self, fields: Mapping[str, Any]) -> Future[None]:
+        """Merge ``fields`` into hilrec/dataset.json, in order with everything else written."""
+        return self._submit(_Op("sidecar", sidecar=fields))
 
     # --- views -------------------------------------------------------------------------------
 
@@ -212,6 +216,11 @@ class Recorder:
             sink.discard_episode()
             with self._lock:
                 self._stats.episodes_discarded += 1
+            return None
+        if op.kind == "sidecar":
+            from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+
+            update_dataset_sidecar(sink.root, dict(op.sidecar or {}))
             return None
         if op.kind == "finalize":
             sink.finalize()

@@ -106,6 +106,10 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
         else:
             leader = remote_leader(settings, context, security)
             stack.callback(leader.close)
-        return Rig(follower=follower, leader=leader, cameras=cameras), SimHooks(twin, scripted, settings.fps)
+        from hilrec.sim.units import units_mapping
+
+        rig = Rig(follower=follower, leader=leader, cameras=cameras,
+                  dataset_fields={"units": units_mapping(), "twin": twin.physics_info()})
+        return rig, SimHooks(twin, scripted, settings.fps)
 
     return build

@@ -132,6 +132,8 @@ class Daemon:
             factory = self._rig_factory_for(s, context, security)
             self.loop_thread = LoopThread(factory, self._make_loop, self.session)
             self.loop_thread.start()
+            if self.loop_thread.rig is not None and self.loop_thread.rig.dataset_fields:
+                self.recorder.update_dataset_sidecar(self.loop_thread.rig.dataset_fields).result(timeout=30)
             self._install_signals()
             log.info("hilrec daemon (%s mode) serving control on %s, telemetry on %s, dataset %s",
                      s.mode, endpoint(s.zmq.host, s.zmq.control_port),

@@ -194,10 +194,10 @@ class Session:
         self._recorder.add_frame(frame)
 
     def append_row(self, tick: Any, flags: int, measured: np.ndarray, commanded: np.ndarray,
-                   twin: np.ndarray | None) -> None:
+                   twin: np.ndarray | None, leader: np.ndarray | None) -> None:
         assert self._episode is not None
         with self._lock:
-            self._episode.append(tick, flags, measured, commanded, twin)
+            self._episode.append(tick, flags, measured, commanded, twin, leader)
 
     def raise_fault(self, fault: Fault) -> None:
         key = fault.device

@@ -21,6 +21,8 @@ from hilrec.daemon.protocol import DEFAULT_MAX_LEADER_BYTES, DEFAULT_MAX_REQUEST
 
 Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
+BodyMode = Literal["degrees", "range_m100_100"]
+EmulatedLeaderMotion = Literal["operator", "wave", "servo"]
 CameraSource = Literal["opencv", "video", "sim", "synthetic"]
 DeviceLostPolicy = Literal["save", "discard"]
 
@@ -101,7 +103,9 @@ class DatasetSettings:
 @dataclass(frozen=True, kw_only=True)
 class FollowerSettings:
     port: str = ""  # hil only; emulated mode makes its own
-    calibration: Path | None = None  # hil only; emulated mode uses the twin's calibration
+    id: str = "so101_follower"  # LeRobot's arm id: calibration file <id>.json in its directory
+    calibration: Path | None = None  # hil: a file, else LeRobot's directory; emulated: the twin's
+    body_mode: BodyMode = "degrees"  # LeRobot use_degrees=True
     # LeRobot's max_relative_target: per-tick clamp of the goal around the present position.
     max_relative_target: float | None = None
 
@@ -114,6 +118,7 @@ class FollowerSettings:
 class LeaderSettings:
     source: LeaderSource
     port: str = ""  # serial source in hil mode
+    id: str = "so101_leader"
     calibration: Path | None = None
     # Remote source: no command for this long -> the follower holds position and a fault shows.
     watchdog_ms: int = 500
@@ -151,11 +156,20 @@ class CameraSettings:
 class FaultSettings:
     # What happens to the open episode when a port disappears or a camera stalls.
     on_device_lost: DeviceLostPolicy = "save"
-    # Consecutive ticks whose bus transaction failed (after the driver's retries) before the
-    # device counts as lost; single failures only mark the frame.
+    # Extra attempts the bus makes after a timeout or a corrupt reply (LeRobot's SO arms: 2).
+    bus_retries: int = 2
+    # Reply timeout on top of the wire time (ms); 0 keeps the SDK's (~34 ms at 1 Mbps), which
+    # a 40 ms tick cannot afford twice.
+    bus_reply_timeout_ms: float = 10.0
+    # Consecutive ticks whose bus transaction failed (after the retries) before the device
+    # counts as lost; single failures only mark the frame.
     max_failed_ticks: int = 3
 
     def validate(self) -> None:
+        if not 0 <= self.bus_retries <= 10:
+            raise ConfigError("bus_retries", f"must be in 0..10, got {self.bus_retries}")
+        if self.bus_reply_timeout_ms < 0:
+            raise ConfigError("bus_reply_timeout_ms", "must be >= 0")
         if self.max_failed_ticks < 1:
             raise ConfigError("max_failed_ticks", "must be at least 1")
 
@@ -182,6 +196,31 @@ class SimSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EmulatedSettings:
+    """Emulated mode: two emulated arms (``hilrec emulate`` child processes) on pseudo-terminals."""
+
+    leader_motion: EmulatedLeaderMotion = "operator"  # the scripted operator's hand, or a wave
+    wire_timing: bool = True  # answer at the servos' 1 Mbps wire speed
+    seed: int = 0
+    # Faults to inject, in `hilrec emulate --fault` syntax, e.g. "drop:p=0.02", "vanish:after_s=5".
+    follower_faults: tuple[str, ...] = ()
+    leader_faults: tuple[str, ...] = ()
+    start_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        from hilrec.drivers.emulator_faults import parse_fault
+
+        for key in ("follower_faults", "leader_faults"):
+            for i, text in enumerate(getattr(self, key)):
+                try:
+                    parse_fault(text)
+                except ConfigError as exc:
+                    raise ConfigError(f"{key}[{i}]", exc.problem) from None
+        if self.start_timeout_s <= 0:
+            raise ConfigError("start_timeout_s", "must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DaemonSettings:
     mode: Mode
     fps: int = 25
@@ -193,6 +232,7 @@ class DaemonSettings:
     faults: FaultSettings = field(default_factory=FaultSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     sim: SimSettings = field(default_factory=SimSettings)
+    emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
 
     @property
     def period_s(self) -> float:
@@ -214,23 +254,22 @@ class DaemonSettings:
         if self.mode == "hil":
             if not self.follower.port:
                 raise ConfigError("follower.port", "hil mode needs the follower's serial port")
-            if self.follower.calibration is None:
-                raise ConfigError("follower.calibration", "hil mode needs the follower's calibration file")
-            if self.leader.source == "serial":
-                if not self.leader.port:
-                    raise ConfigError("leader.port", "a serial leader needs its serial port")
-                if self.leader.calibration is None:
-                    raise ConfigError("leader.calibration", "a serial leader needs its calibration file")
+            if self.leader.source == "serial" and not self.leader.port:
+                raise ConfigError("leader.port", "a serial leader needs its serial port")
         else:
+            if self.mode == "emulated" and self.follower.calibration is not None:
+                raise ConfigError("follower.calibration", "emulated mode uses the emulated arm's "
+                                                          "calibration; remove the key")
             if self.follower.port:
                 raise ConfigError("follower.port", f"{self.mode} mode makes its own follower; remove the port")
             if self.leader.port:
                 raise ConfigError("leader.port", f"{self.mode} mode makes its own leader; remove the port")
         if self.mode == "sim" and self.leader.source == "serial":
             raise ConfigError("leader.source", "sim mode takes a 'scripted' or 'remote' leader")
-        if self.mode == "hil" and self.leader.source == "scripted":
-            raise ConfigError("leader.source", "hil mode takes a 'serial' or 'remote' leader "
-                                               "(use emulated mode for a scripted leader arm)")
+        if self.mode != "sim" and self.leader.source == "scripted":
+            raise ConfigError("leader.source", f"{self.mode} mode takes a 'serial' or 'remote' leader "
+                                               "(emulated mode's serial leader is moved by the "
+                                               "scripted operator: emulated.leader_motion)")
         if self.mode != "sim" and not self.sim.realtime:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
 

@@ -1,0 +1,223 @@
+"""The hil and emulated rigs: SO-101 arms on serial ports, cameras, and the mirroring twin.
+
+Adapters turn the drivers (:mod:`hilrec.drivers.arm`, :mod:`hilrec.drivers.camera`) into the
+loop's protocols (:mod:`hilrec.daemon.sources`). Emulated mode starts two ``hilrec emulate``
+child processes (follower = the MuJoCo twin's physics, leader = the scripted operator's hand),
+reads each one's pty path from its first stdout line (bounded wait), and then runs exactly the hil
+code against those ports. Children, not threads: the emulated servos then compete with the loop
+for the CPU as real ones would not, but never for this process's GIL, and a SIGKILLed daemon takes
+them down with it (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hilrec.daemon.errors import DeviceError
+from hilrec.daemon.loop import Mirror, Rig
+from hilrec.daemon.rigs import RigFactory, remote_leader
+from hilrec.daemon.server import Security
+from hilrec.daemon.session import EpisodeHooks, NoHooks
+from hilrec.daemon.settings import CameraSettings, DaemonSettings
+from hilrec.daemon.sources import Camera, JointReading, Leader, WriteResult
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ArmFollower:
+    """An SO101Follower as the loop's follower; the clamp uses the observation just read."""
+
+    def __init__(self, arm: Any) -> None:
+        self.arm = arm
+        self.description = repr(arm)
+        self._present: np.ndarray | None = None
+
+    def read(self) -> JointReading:
+        reading = self.arm.get_observation()
+        self._present = reading.values
+        return JointReading(reading.values, reading.retries)
+
+    def write(self, goal: np.ndarray) -> WriteResult:
+        sent = self.arm.send_action(goal, present=self._present)
+        return WriteResult(sent.sent, sent.clamped)
+
+    def advance(self) -> None:
+        pass  # the servos move on their own
+
+    def close(self) -> None:
+        self.arm.close()
+
+
+class ArmLeader:
+    """An SO101Leader (torque off, moved by a person or the emulated hand) as the loop's leader."""
+
+    def __init__(self, arm: Any) -> None:
+        self.arm = arm
+        self.description = repr(arm)
+        self._reads = 0
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        reading = self.arm.get_action()
+        self._reads += 1
+        return JointReading(reading.values, reading.retries)
+
+    def status(self) -> dict[str, Any]:
+        return {"source": "serial", "state": "live", "port": self.arm.config.port, "reads": self._reads}
+
+    def close(self) -> None:
+        self.arm.close()
+
+
+class EmulatorProcess:
+    """One ``hilrec emulate ROLE`` child; ``port`` is its pty, read from its first stdout line."""
+
+    def __init__(self, role: str, *, calibration_out: Path, wire_timing: bool, motion: str,
+                 seed: int, faults: tuple[str, ...], timeout_s: float) -> None:
+        command = [sys.executable, "-m", "hilrec.daemon.cli", "emulate", role,
+                   "--write-calibration", str(calibration_out), "--seed", str(seed)]
+        if motion != "auto":
+            command += ["--motion", motion]
+        if wire_timing:
+            command.append("--wire-timing")
+        for fault in faults:
+            command += ["--fault", fault]
+        self.role = role
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                        preexec_fn=_die_with_parent)
+        self.port = self._first_line(timeout_s)
+
+    def _first_line(self, timeout_s: float) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        buffer = b""
+        fd = self.process.stdout.fileno()
+        while b"\n" not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.process.poll() is not None:
+                self.stop()
+                raise DeviceError(f"emulated {self.role} did not report its port within {timeout_s:.0f} s "
+                                  f"(exit status {self.process.returncode})")
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if ready:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    continue
+                buffer += chunk
+        return buffer.split(b"\n", 1)[0].decode().strip()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout_s)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def open_camera(name: str, cam: CameraSettings) -> Camera:
+    from hilrec.drivers import camera as drivers_camera
+
+    return drivers_camera.open_for_daemon(name, cam)  # type: ignore[attr-defined, no-any-return]
+
+
+def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
+    def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        from hilrec.drivers.arm import FollowerConfig, LeaderConfig, SO101Follower, SO101Leader
+
+        faults = settings.faults
+        reply_timeout = faults.bus_reply_timeout_ms or None
+        follower_port, leader_port = settings.follower.port, settings.leader.port
+        follower_cal, leader_cal = settings.follower.calibration, settings.leader.calibration
+        if settings.mode == "emulated":
+            emu = settings.emulated
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
+            follower_cal = workdir / "follower.json"
+            follower_emu = EmulatorProcess("follower", calibration_out=follower_cal,
+                                           wire_timing=emu.wire_timing, motion="twin", seed=emu.seed,
+                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s)
+            stack.callback(follower_emu.stop)
+            follower_port = follower_emu.port
+            if settings.leader.source == "serial":
+                leader_cal = workdir / "leader.json"
+                motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
+                leader_emu = EmulatorProcess("leader", calibration_out=leader_cal,
+                                             wire_timing=emu.wire_timing, motion=motion, seed=emu.seed,
+                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s)
+                stack.callback(leader_emu.stop)
+                leader_port = leader_emu.port
+        follower_arm = SO101Follower(FollowerConfig(
+            port=follower_port, id=settings.follower.id, calibration=follower_cal,
+            body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
+            reply_timeout_ms=reply_timeout, max_relative_target=settings.follower.max_relative_target))
+        follower_arm.open()
+        stack.callback(follower_arm.close)
+        follower = ArmFollower(follower_arm)
+        leader: Leader
+        if settings.leader.source == "serial":
+            leader_arm = SO101Leader(LeaderConfig(
+                port=leader_port, id=settings.leader.id, calibration=leader_cal,
+                body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
+                reply_timeout_ms=reply_timeout))
+            leader_arm.open()
+            stack.callback(leader_arm.close)
+            leader = ArmLeader(leader_arm)
+        else:
+            remote = remote_leader(settings, context, security)
+            stack.callback(remote.close)
+            leader = remote
+        cameras: dict[str, Camera] = {}
+        for name, cam in settings.cameras.items():
+            camera = open_camera(name, cam)
+            stack.callback(camera.close)
+            cameras[name] = camera
+        from hilrec.sim.twin import Twin
+
+        mirror = Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=())))
+        rig = Rig(follower=follower, leader=leader, cameras=cameras, mirror=mirror,
+                  dataset_fields=_dataset_fields(settings, follower_arm, leader))
+        return rig, NoHooks()
+
+    return build
+
+
+def _dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader) -> dict[str, Any]:
+    """What a hardware dataset says about its units and calibration (for ``hilrec replay``)."""
+    from hilrec.daemon.so101 import MOTORS
+
+    body = settings.follower.body_mode
+    joints = {name: (mode if mode == "range_0_100" else body) for name, (_, mode) in MOTORS.items()}
+    calibration = {"follower": {name: dataclass_dict(cal) for name, cal in follower_arm.calibration.items()}}
+    leader_arm = getattr(leader, "arm", None)
+    if leader_arm is not None:
+        calibration["leader"] = {name: dataclass_dict(cal) for name, cal in leader_arm.calibration.items()}
+    return {"units": {"body_norm_mode": body, "joints": joints}, "calibration": calibration}
+
+
+def dataclass_dict(value: Any) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(value)
