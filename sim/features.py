@@ -1,0 +1,56 @@
+"""Which features a sim recording may declare: only what a real SO-101 can measure.
+
+A real SO-101 follower reports six Present_Position values and whatever its cameras see. The
+twin knows far more (cube pose, contacts, velocities, torques), and every bit of it belongs in
+the episode sidecar, not under ``observation.``: a policy trained on a column the real arm cannot
+produce cannot run on the real arm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hilrec.daemon.errors import FeatureSpecError
+from hilrec.daemon.so101 import (ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, POSITION_NAMES, STATE_KEY,
+                                 so101_features)
+
+OBSERVATION_PREFIX = "observation."
+_WHY = ("a real SO-101 measures only its six joint positions (observation.state) and its camera "
+        "images (observation.images.<camera>); put simulator-only quantities such as object "
+        "poses, contacts or velocities in the episode sidecar instead")
+
+
+def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise FeatureSpecError for a declared feature a real arm could not produce."""
+    for key, spec in features.items():
+        if key == ACTION_KEY:
+            _check_positions(key, spec)
+            continue
+        if not key.startswith(OBSERVATION_PREFIX):
+            continue
+        if key == STATE_KEY:
+            _check_positions(key, spec)
+        elif key.startswith(IMAGE_PREFIX) and len(key) > len(IMAGE_PREFIX):
+            shape = list(spec.get("shape", []))
+            if spec.get("dtype") not in ("video", "image") or len(shape) != 3 or shape[2] != 3:
+                raise FeatureSpecError(key, f"a camera feature is an RGB image/video [H, W, 3], "
+                                            f"got dtype {spec.get('dtype')!r} shape {shape}")
+        else:
+            raise FeatureSpecError(key, f"not measurable on a real SO-101: {_WHY}")
+
+
+def _check_positions(key: str, spec: Mapping[str, Any]) -> None:
+    names = list(spec.get("names") or [])
+    if spec.get("dtype") != "float32" or list(spec.get("shape", [])) != [NUM_JOINTS] \
+            or names != POSITION_NAMES:
+        raise FeatureSpecError(key, f"must be float32 [{NUM_JOINTS}] named {POSITION_NAMES} "
+                                    f"(LeRobot's SO-101 columns), got dtype {spec.get('dtype')!r} "
+                                    f"shape {spec.get('shape')} names {names}")
+
+
+def sim_features(cameras: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
+    """The features of a sim recording: LeRobot's SO-101 columns plus one video per camera."""
+    features = so101_features(cameras)
+    check_measurable(features)
+    return features

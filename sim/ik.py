@@ -1,0 +1,129 @@
+"""Inverse kinematics for the SO-101 arm on a private copy of the scene model.
+
+Damped least squares on MuJoCo's Jacobians (``mj_jac``): a point fixed in the gripper body is
+driven to a world position while two body axes (the approach axis and the jaw axis) are turned
+toward world directions. The arm has five joints and a top-down grasp asks for six numbers, but
+for a pose the arm can reach they are consistent, and DLS settles on it.
+
+Also here: the static joint torques the servos must supply at a pose (gravity), so a planner can
+ask a position servo for a little more than the angle it wants to reach, as a person does with
+a leader arm when the follower sags.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from hilrec.daemon.so101 import JOINT_NAMES
+from hilrec.sim.scene import GRIPPER_BODY, SceneConfig, compile_scene
+
+ARM_JOINTS = JOINT_NAMES[:5]
+
+
+@dataclass(frozen=True, kw_only=True)
+class IKResult:
+    q: np.ndarray            # (5,) arm joint angles, rad
+    position_error: float    # m
+    angle_error: float       # rad, worst of the two axes
+    iterations: int
+
+    def ok(self, position_tolerance: float = 2e-3, angle_tolerance: float = 0.05) -> bool:
+        return self.position_error <= position_tolerance and self.angle_error <= angle_tolerance
+
+
+class ArmKinematics:
+    """Forward/inverse kinematics and gravity torques of the arm, on its own MjData."""
+
+    def __init__(self, scene: SceneConfig) -> None:
+        # A private copy: nothing done here can touch a twin's model or data.
+        self.model = copy.copy(compile_scene(scene, "none"))
+        self.data = mujoco.MjData(self.model)
+        self.body = self.model.body(GRIPPER_BODY).id
+        joints = [self.model.joint(name) for name in JOINT_NAMES]
+        self.qpos_adr = np.array([j.qposadr[0] for j in joints])
+        self.dof_adr = np.array([j.dofadr[0] for j in joints])
+        self.ranges = np.array([j.range for j in joints])
+        self._jacp = np.zeros((3, self.model.nv))
+        self._jacr = np.zeros((3, self.model.nv))
+
+    def set_joints(self, q: np.ndarray) -> None:
+        """Set the first len(q) of the six joints (arm, then gripper) and update kinematics."""
+        self.data.qpos[self.qpos_adr[:len(q)]] = q
+        mujoco.mj_kinematics(self.model, self.data)
+        mujoco.mj_comPos(self.model, self.data)  # mj_jac needs the com-based dof frames
+
+    def body_frame(self) -> tuple[np.ndarray, np.ndarray]:
+        """World position and rotation matrix of the gripper body at the current joints."""
+        return self.data.xpos[self.body].copy(), self.data.xmat[self.body].reshape(3, 3).copy()
+
+    def point_in_body(self, world_point: np.ndarray) -> np.ndarray:
+        position, rotation = self.body_frame()
+        return rotation.T @ (world_point - position)
+
+    def solve(self, q_init: np.ndarray, point: np.ndarray, target: np.ndarray,
+              axes: Sequence[np.ndarray], directions: Sequence[np.ndarray],
+              *, angle_weight: float = 0.1, iterations: int = 200,
+              moving: int = 5) -> IKResult:
+        """Arm joints putting body-frame ``point`` at ``target`` with ``axes`` along ``directions``.
+
+        Only the first ``moving`` arm joints move. Stops when converged or when the joints stop
+        moving (a limit, or a target out of reach).
+        """
+        low, high = self.ranges[:5, 0].copy(), self.ranges[:5, 1].copy()
+        q = np.clip(np.asarray(q_init, dtype=float), low, high)
+        low[moving:] = high[moving:] = q[moving:]
+        dofs = self.dof_adr[:5]
+        regulariser = 1e-3 * np.eye(6)
+        err = np.empty(6)
+        pos_err = ang_err = np.inf
+        it = 0
+        for it in range(1, iterations + 1):
+            self.set_joints(q)
+            position, rotation = self.body_frame()
+            world_point = position + rotation @ point
+            err[:3] = target - world_point
+            currents = [rotation @ axis for axis in axes]
+            e_rot = np.zeros(3)
+            for current, direction in zip(currents, directions):
+                e_rot += _cross(current, direction)
+            err[3:] = angle_weight * e_rot
+            pos_err = float(np.sqrt(err[:3] @ err[:3]))
+            ang_err = max(float(np.arccos(min(1.0, max(-1.0, c @ d))))
+                          for c, d in zip(currents, directions))
+            if pos_err < 1e-5 and ang_err < 1e-4:
+                break
+            mujoco.mj_jac(self.model, self.data, self._jacp, self._jacr, world_point, self.body)
+            jac = np.vstack([self._jacp[:, dofs], angle_weight * self._jacr[:, dofs]])
+            jac[:, moving:] = 0.0
+            step = jac.T @ np.linalg.solve(jac @ jac.T + regulariser, err)
+            q_next = np.clip(q + step, low, high)
+            if np.max(np.abs(q_next - q)) < 1e-7:
+                break
+            q = q_next
+        return IKResult(q=q, position_error=pos_err, angle_error=ang_err, iterations=it)
+
+    def gravity_torque(self, q: np.ndarray, payload: float = 0.0,
+                       payload_point: np.ndarray | None = None) -> np.ndarray:
+        """Joint torques (6,) holding the arm still at ``q`` (six joints), plus an optional
+        ``payload`` mass (kg) held at body-frame ``payload_point`` of the gripper."""
+        self.data.qpos[self.qpos_adr] = q
+        self.data.qvel[:] = 0.0
+        mujoco.mj_forward(self.model, self.data)
+        torque = self.data.qfrc_bias[self.dof_adr].copy()
+        if payload > 0.0 and payload_point is not None:
+            position, rotation = self.body_frame()
+            world_point = position + rotation @ payload_point
+            mujoco.mj_jac(self.model, self.data, self._jacp, self._jacr, world_point, self.body)
+            weight = np.array([0.0, 0.0, payload * 9.81])
+            torque += self._jacp[:, self.dof_adr].T @ weight
+        return torque
+
+
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # np.cross costs ~20 us of argument handling per call; this runs thousands of times a plan.
+    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
