@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
@@ -138,7 +138,7 @@ class ArmCalibration(Mapping[str, MotorCalibration]):
     """The six motors' calibrations, in SO-101 joint order, with their normalisation modes."""
 
     motors: Mapping[str, MotorCalibration]
-    source: str = "<memory>"
+    source: str = field(default="<memory>", compare=False)
 
     def __post_init__(self) -> None:
         names = tuple(self.motors)

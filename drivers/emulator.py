@@ -106,6 +106,7 @@ class EmulatedArm:
         self.lock = threading.RLock()  # held while a packet is handled; tests hold it to inspect
         self.vanished = threading.Event()
         self.packets_handled = 0
+        self._handled = threading.Condition(self.lock)
         self._reader = PacketReader()
         self._outgoing: list[_Outgoing] = []
         self._seq = 0
@@ -177,6 +178,12 @@ class EmulatedArm:
             if servo.servo_id == servo_id:
                 return servo
         raise KeyError(f"no emulated servo with id {servo_id}")
+
+    def wait_handled(self, count: int, timeout: float = 5.0) -> bool:
+        """Block until ``count`` packets have been handled (a sync write gets no reply to wait
+        for; tests wait on this instead of sleeping)."""
+        with self._handled:
+            return self._handled.wait_for(lambda: self.packets_handled >= count, timeout)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -307,6 +314,7 @@ class EmulatedArm:
             for servo, data in self._execute(packet):
                 self._reply(servo, data, now)
             self._flush_due(time.monotonic())
+            self._handled.notify_all()
 
     def _present(self) -> list[EmulatedServo]:
         return [s for s in self.servos if not self.faults.is_missing(s.servo_id)]

@@ -156,7 +156,8 @@ class FaultPlan:
             for fault in self._faults:
                 if fault.kind in ("drop", "corrupt", "late") and fault.matches(servo_id):
                     if self._fire(fault):
-                        return fault.kind, fault.delay_ms / 1000.0  # type: ignore[return-value]
+                        delay = fault.delay_ms / 1000.0 if fault.kind == "late" else 0.0
+                        return fault.kind, delay  # type: ignore[return-value]
         return "send", 0.0
 
     def _active(self, fault: Fault) -> bool:

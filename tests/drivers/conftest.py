@@ -1,0 +1,53 @@
+"""Emulated SO-101 arms on real pseudo-terminals, for the driver tests.
+
+Most tests use the first-order servo model (fast to build, no MuJoCo stepping) and a short
+reply timeout so that injected timeouts cost milliseconds, not the SDK's 34 ms each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hilrec.drivers.bus import BusConfig, FeetechBus
+from hilrec.drivers.calibration import save_calibration
+from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
+
+FAST_TIMEOUT_MS = 8.0
+
+
+@pytest.fixture
+def emulate() -> Iterator[Callable[..., EmulatedArm]]:
+    """Start emulated arms: ``emulate(role="follower", motion="servo", **config)``."""
+    started: list[EmulatedArm] = []
+
+    def start(role: str = "follower", **kwargs: object) -> EmulatedArm:
+        kwargs.setdefault("motion", "servo")
+        arm = EmulatedArm(EmulatorConfig(role=role, **kwargs))  # type: ignore[arg-type]
+        arm.start()
+        started.append(arm)
+        return arm
+
+    yield start
+    for arm in started:
+        arm.stop()
+
+
+@pytest.fixture
+def follower_emu(emulate: Callable[..., EmulatedArm]) -> EmulatedArm:
+    return emulate("follower")
+
+
+@pytest.fixture
+def bus(follower_emu: EmulatedArm) -> Iterator[FeetechBus]:
+    with FeetechBus(BusConfig(port=follower_emu.port, reply_timeout_ms=FAST_TIMEOUT_MS)) as bus:
+        yield bus
+
+
+@pytest.fixture
+def calibration_file(tmp_path: Path, follower_emu: EmulatedArm) -> Path:
+    """The emulated arm's calibration as a LeRobot file (what `hilrec emulate
+    --write-calibration` writes)."""
+    return save_calibration(follower_emu.frame.calibration, tmp_path / "so101.json")
