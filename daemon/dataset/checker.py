@@ -121,6 +121,7 @@ def check_dataset(root: str | Path, *, decode_video: bool = True) -> CheckReport
     if contents is not None:
         checks_data.check_rows(contents, findings)
         checks_stats.check_episode_stats(contents, findings)
+        checks_stats.check_image_feature_stats(contents, findings)
         checks_stats.check_dataset_stats(contents, findings)
         checks_video.check_videos(contents, findings, decode=decode_video)
     report.failures = list(findings.failures)

@@ -33,8 +33,10 @@ import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
 from hilrec.daemon.dataset.reader import STATS_PATH, load_stats
+from hilrec.daemon.dataset.checks_video import image_stats_problem
 from hilrec.daemon.dataset.stats import (
-    HISTOGRAM_BINS, QUANTILE_KEYS, QUANTILES, STAT_KEYS, aggregate_stats,
+    HISTOGRAM_BINS, QUANTILE_KEYS, QUANTILES, STAT_KEYS, aggregate_stats, downsample_image,
+    sample_indices,
 )
 from hilrec.daemon.errors import CorruptDatasetError
 
@@ -67,6 +69,42 @@ def check_episode_stats(contents: Contents, findings: Findings) -> None:
             problem = vector_stats_problem(stored, rows.columns[key])
             if problem:
                 findings.add("stats.episode", file, problem, episode=episode, key=key)
+
+
+def check_image_feature_stats(contents: Contents, findings: Findings) -> None:
+    """Stats of ``image`` features (PNG in the parquet, as LeRobot writes without video)."""
+    for key in contents.image_keys:
+        for episode, rows in sorted(contents.rows.items()):
+            meta = contents.episodes.get(episode)
+            if meta is None or key not in rows.columns:
+                continue
+            file = contents.episodes_file(episode)
+            stored = meta.get("stats", {}).get(key)
+            if stored is None or any(n not in stored for n in STAT_KEYS):
+                findings.add("stats.episode", file, f"stats/{key}/* columns missing or incomplete",
+                             episode=episode, key=key)
+                continue
+            try:
+                samples = [downsample_image(_decode_png(rows.columns[key][i]))
+                           for i in sample_indices(rows.length)]
+            except ValueError as exc:
+                findings.add("schema.shape", rows.file, str(exc), episode=episode, key=key)
+                continue
+            problem = image_stats_problem(stored, rows.length, samples)
+            if problem:
+                findings.add("stats.episode", file, problem, episode=episode, key=key)
+
+
+def _decode_png(cell: object) -> np.ndarray:
+    import cv2  # only datasets with image features pay for OpenCV
+
+    data = cell.get("bytes") if isinstance(cell, dict) else None
+    if not data:
+        raise ValueError("image cell holds no bytes")
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
+    if image is None:
+        raise ValueError("image cell does not decode")
+    return np.ascontiguousarray(image[..., ::-1])  # OpenCV decodes to BGR
 
 
 def vector_stats_problem(stored: Mapping[str, np.ndarray], values: np.ndarray) -> str | None:

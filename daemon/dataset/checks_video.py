@@ -188,20 +188,22 @@ def _compare_image_stats(contents: Contents, key: str, span: _Span, findings: Fi
         findings.add("stats.episode", file, f"stats/{key}/* columns missing or incomplete",
                      episode=span.episode, key=key)
         return
-    problem = image_stats_problem(stored, span)
+    problem = image_stats_problem(stored, span.length, span.samples)
     if problem:
         findings.add("stats.episode", file, problem, episode=span.episode, key=key)
 
 
-def image_stats_problem(stored: dict[str, np.ndarray], span: _Span) -> str | None:
+def image_stats_problem(stored: dict[str, np.ndarray], length: int,
+                        samples: list[np.ndarray]) -> str | None:
+    """The first way one image feature's stats disagree with the sampled (downsampled) frames."""
     values = {n: np.asarray(stored[n], dtype=np.float64).reshape(-1) for n in STAT_KEYS}
     channels = values["mean"].size
     for name in STAT_KEYS:
         if name != "count" and values[name].size != channels:
             return f"{name} has {values[name].size} values, mean has {channels}"
     count = int(values["count"][0])
-    if not 1 <= count <= span.length:
-        return f"count is {count}, must be 1 .. {span.length} (frames sampled from the episode)"
+    if not 1 <= count <= length:
+        return f"count is {count}, must be 1 .. {length} (frames sampled from the episode)"
     for name in STAT_KEYS:
         if name != "count" and ((values[name] < -ORDER_SLACK) | (values[name] > 1 + ORDER_SLACK)
                                 | ~np.isfinite(values[name])).any():
@@ -214,9 +216,9 @@ def image_stats_problem(stored: dict[str, np.ndarray], span: _Span) -> str | Non
         return f"mean {values['mean'].tolist()} is outside [min, max]"
     if (values["std"] > 0.5 + ORDER_SLACK).any():
         return f"std {values['std'].tolist()} exceeds 0.5, impossible for values in [0, 1]"
-    if not span.samples:
+    if not samples:
         return None
-    decoded = image_stats(np.stack(span.samples))
+    decoded = image_stats(np.stack(samples))
     if decoded["mean"].size != channels:
         return f"stats have {channels} channels, the video has {decoded['mean'].size}"
     for name, tolerance in IMAGE_TOLERANCES.items():

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from _frames import FPS, TASKS, episode_frames, features, stacked, write_dataset
 
@@ -140,6 +142,36 @@ def test_check_accepts_lerobot_written_dataset(datasets: dict, video: bool) -> N
     report = check_dataset(datasets[("lerobot", video)])
     assert [f.format() for f in report.failures] == []
     assert report.passed and report.summary["frames"] == sum(LENGTHS)
+
+
+def test_check_accepts_lerobot_image_features_and_checks_their_stats(
+        lerobot_dataset_class: Any, tmp_path: Path) -> None:
+    """Without video LeRobot stores camera frames as PNG in the parquet (dtype "image")."""
+    root = tmp_path / "images"
+    specs = features({"front": (96, 128)})
+    specs[CAM]["dtype"] = "image"
+    ds = lerobot_dataset_class.create(
+        "hilrec/images", fps=FPS, root=root, robot_type=ROBOT_TYPE, use_videos=False,
+        features={k: {**v, "shape": tuple(v["shape"])} for k, v in specs.items()})
+    for episode, length in enumerate(LENGTHS[:2]):
+        for frame in episode_frames(episode, length, cameras=("front",)):
+            ds.add_frame(dict(frame))
+        ds.save_episode()
+    ds.finalize()
+    report = check_dataset(root)
+    assert [f.format() for f in report.failures] == [] and report.passed
+
+    episodes = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(episodes)
+    column = f"stats/{CAM}/mean"
+    means = table.column(column).to_pylist()
+    means[1][0][0][0] += 0.1
+    field = table.schema.field(column)
+    pq.write_table(table.set_column(table.schema.get_field_index(column), field,
+                                    pa.array(means, type=field.type)), episodes)
+    failed = [f for f in check_dataset(root).failures if f.rule == "stats.episode"]
+    assert [(f.episode, f.key) for f in failed] == [(1, CAM)]
+    assert "mean[channel 0]" in failed[0].message
 
 
 # --- (c) the same frames through both sinks ------------------------------------------------------
