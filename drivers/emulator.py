@@ -311,8 +311,8 @@ class EmulatedArm:
             self.motion.advance(now, self._targets())
             for servo in self.servos:
                 servo.apply_faults(self.faults.condition_bits(servo.servo_id))
-            for servo, data in self._execute(packet):
-                self._reply(servo, data, now)
+            for servo, reply_id, data in self._execute(packet):
+                self._reply(servo, reply_id, data, now)
             self._flush_due(time.monotonic())
             self._handled.notify_all()
 
@@ -325,8 +325,11 @@ class EmulatedArm:
             return present
         return [s for s in present if s.servo_id == servo_id]
 
-    def _execute(self, packet: Packet) -> list[tuple[EmulatedServo, bytes]]:
-        """Apply the instruction; return the (servo, data) of every status packet it causes."""
+    def _execute(self, packet: Packet) -> list[tuple[EmulatedServo, int, bytes]]:
+        """Apply the instruction; return (servo, id, data) for every status packet it causes.
+
+        The id is the one the servo had when addressed: a servo told to change its id
+        acknowledges under the old one (what LeRobot's setup_motor expects)."""
         code, params, broadcast = packet.code, packet.params, packet.is_broadcast
         actual = self.motion.actual()
         velocity = self.motion.velocity()
@@ -337,33 +340,35 @@ class EmulatedArm:
             return float(actual[i]), float(velocity[i])
 
         if code == Instruction.PING:
-            return [(s, b"") for s in self._addressed(packet.servo_id)]
+            return [(s, s.servo_id, b"") for s in self._addressed(packet.servo_id)]
         if code == Instruction.READ and len(params) == 2 and not broadcast:
-            return [(s, s.read(params[0], params[1], *state(s)))
+            return [(s, s.servo_id, s.read(params[0], params[1], *state(s)))
                     for s in self._addressed(packet.servo_id)]
         if code in (Instruction.WRITE, Instruction.REG_WRITE) and params:
             replies = []
             for servo in self._addressed(packet.servo_id):
+                addressed_as = servo.servo_id
                 if code == Instruction.WRITE:
                     servo.write(params[0], params[1:], state(servo)[0])
                 else:
                     servo.pending = (params[0], params[1:])
                 if not broadcast and servo.replies_to_writes:
-                    replies.append((servo, b""))
+                    replies.append((servo, addressed_as, b""))
             return replies
         if code == Instruction.ACTION:
             replies = []
             for servo in self._addressed(packet.servo_id):
+                addressed_as = servo.servo_id
                 if servo.pending is not None:
                     servo.write(*servo.pending, state(servo)[0])
                     servo.pending = None
                 if not broadcast and servo.replies_to_writes:
-                    replies.append((servo, b""))
+                    replies.append((servo, addressed_as, b""))
             return replies
         if code == Instruction.SYNC_READ and len(params) >= 2 and broadcast:
             address, length = params[0], params[1]
             by_id = {s.servo_id: s for s in self._present()}
-            return [(by_id[i], by_id[i].read(address, length, *state(by_id[i])))
+            return [(by_id[i], i, by_id[i].read(address, length, *state(by_id[i])))
                     for i in params[2:] if i in by_id]
         if code == Instruction.SYNC_WRITE and len(params) >= 2 and broadcast:
             address, length = params[0], params[1]
@@ -378,9 +383,9 @@ class EmulatedArm:
                   packet.raw.hex(" "))
         return []
 
-    def _reply(self, servo: EmulatedServo, data: bytes, now: float) -> None:
-        raw = status_packet(servo.servo_id, servo.fault_bits, data)
-        fate, delay = self.faults.reply_fate(servo.servo_id)
+    def _reply(self, servo: EmulatedServo, reply_id: int, data: bytes, now: float) -> None:
+        raw = status_packet(reply_id, servo.fault_bits, data)
+        fate, delay = self.faults.reply_fate(reply_id)
         if fate == "drop":
             return
         if fate == "corrupt":

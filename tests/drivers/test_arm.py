@@ -1,0 +1,183 @@
+"""SO-101 follower and leader over the real stack, against emulated arms."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hilrec.daemon.errors import (
+    ActionError,
+    BusTimeoutError,
+    CalibrationError,
+    ConfigError,
+    ServoFaultError,
+)
+from hilrec.daemon.so101 import JOINT_NAMES
+from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
+from hilrec.drivers.calibration import MAX_TICK, units_to_ticks
+from hilrec.drivers.emulator import EmulatedArm
+from hilrec.drivers.emulator_faults import Fault
+
+IDS = (1, 2, 3, 4, 5, 6)
+
+
+def registers(emu: EmulatedArm, name: str) -> list[int]:
+    with emu.paused():
+        return [servo.get(name) for servo in emu.servos]
+
+
+def wait_until_reached(arm: SO101Follower, goal: np.ndarray, ticks_tolerance: float = 1.0) -> None:
+    tolerance = ticks_tolerance * 360 / MAX_TICK + 1e-4
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:  # a condition with a timeout: the servos are moving
+        if np.all(np.abs(arm.read().values - goal) <= tolerance):
+            return
+    raise AssertionError(f"follower did not reach {goal}: {arm.read().values}")
+
+
+def test_follower_is_configured_like_lerobot(follower_emu: EmulatedArm,
+                                             calibration_file: Path) -> None:
+    with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)):
+        assert registers(follower_emu, "P_Coefficient") == [16] * 6
+        assert registers(follower_emu, "I_Coefficient") == [0] * 6
+        assert registers(follower_emu, "D_Coefficient") == [32] * 6
+        assert registers(follower_emu, "Operating_Mode") == [0] * 6
+        assert registers(follower_emu, "Return_Delay_Time") == [0] * 6
+        assert registers(follower_emu, "Maximum_Acceleration") == [254] * 6
+        assert registers(follower_emu, "Max_Torque_Limit")[5] == 500
+        assert registers(follower_emu, "Protection_Current")[5] == 250
+        assert registers(follower_emu, "Overload_Torque")[5] == 25
+        assert registers(follower_emu, "Max_Torque_Limit")[:5] == [1000] * 5  # body untouched
+        assert registers(follower_emu, "Torque_Enable") == [1] * 6
+        assert registers(follower_emu, "Lock") == [1] * 6
+    assert registers(follower_emu, "Torque_Enable") == [0] * 6  # off on close
+
+
+def test_torque_goes_off_when_the_with_block_fails(follower_emu: EmulatedArm,
+                                                   calibration_file: Path) -> None:
+    with pytest.raises(RuntimeError, match="operator code failed"):
+        with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)):
+            raise RuntimeError("operator code failed")
+    assert registers(follower_emu, "Torque_Enable") == [0] * 6
+
+
+def test_units_round_trip_through_the_servos(follower_emu: EmulatedArm,
+                                             calibration_file: Path) -> None:
+    config = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
+    with SO101Follower(config) as arm:
+        assert arm.read().values.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]  # the middle pose
+        goal = np.array([30.0, -45.0, 60.5, -10.0, 90.0, 20.0], dtype=np.float32)
+        sent = arm.send_action(goal)
+        assert sent.sent.dtype == np.float32 and not sent.clamped
+        wait_until_reached(arm, goal)
+        reading = arm.read()
+        assert reading.ticks == sent.ticks  # the servo reached exactly the ticks we sent
+        assert reading.values.dtype == np.float32
+
+
+def test_action_is_cast_to_float32_before_it_becomes_ticks(follower_emu: EmulatedArm,
+                                                           calibration_file: Path) -> None:
+    cal = follower_emu.frame.calibration["shoulder_pan"]
+    # Find a float64 goal whose float32 rounding crosses a tick boundary.
+    candidates = (k * 360 / MAX_TICK - 3e-9 for k in range(1, 2000))
+    value = next(v for v in candidates if units_to_ticks(v, cal, "degrees")
+                 != units_to_ticks(float(np.float32(v)), cal, "degrees"))
+    with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
+        sent = arm.send_action(np.array([value, 0, 0, 0, 0, 50], dtype=np.float64))
+    assert sent.sent[0] == np.float32(value)
+    assert sent.ticks[0] == units_to_ticks(float(np.float32(value)), cal, "degrees")
+    assert sent.ticks[0] != units_to_ticks(value, cal, "degrees")
+
+
+def test_max_relative_target_clamps_and_returns_what_was_sent(follower_emu: EmulatedArm,
+                                                              calibration_file: Path) -> None:
+    caps = dict(zip(JOINT_NAMES, [5.0, 5.0, 5.0, 5.0, 5.0, 10.0]))
+    config = FollowerConfig(port=follower_emu.port, calibration=calibration_file,
+                            max_relative_target=caps)
+    with SO101Follower(config) as arm:
+        present = arm.read().values
+        sent = arm.send_action([40.0, -2.0, -40.0, 0.0, 0.0, 90.0], present=present)
+        assert sent.clamped
+        np.testing.assert_array_equal(sent.sent, np.array([5.0, -2.0, -5.0, 0.0, 0.0, 60.0],
+                                                          dtype=np.float32))
+        with follower_emu.paused():
+            goals = [s.get("Goal_Position") for s in follower_emu.servos]
+        assert tuple(goals) == sent.ticks
+
+
+def test_bad_actions_and_configs_are_refused(follower_emu: EmulatedArm,
+                                             calibration_file: Path) -> None:
+    with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
+        handled = follower_emu.packets_handled
+        with pytest.raises(ActionError, match="6 finite numbers"):
+            arm.send_action([0.0, 0.0, float("nan"), 0.0, 0.0, 0.0])
+        with pytest.raises(ActionError):
+            arm.send_action([0.0] * 5)
+        assert follower_emu.packets_handled == handled  # nothing reached the servos
+    with pytest.raises(ConfigError, match="max_relative_target"):
+        SO101Follower(FollowerConfig(port="x", max_relative_target={"gripper": 1.0}))
+
+
+def test_leader_has_torque_off_and_is_never_sent_a_goal(emulate, calibration_file: Path) -> None:
+    leader_emu = emulate("leader", motion="wave")
+    with SO101Leader(ArmConfig(port=leader_emu.port, calibration=calibration_file)) as leader:
+        assert registers(leader_emu, "Torque_Enable") == [0] * 6
+        assert registers(leader_emu, "Lock") == [0] * 6
+        first = leader.get_action()
+        for _ in range(50):
+            later = leader.get_action()
+            if not np.array_equal(later.values, first.values):
+                break
+        assert not np.array_equal(later.values, first.values)  # the hand is moving it
+        assert not hasattr(leader, "send_action")
+    with leader_emu.paused():
+        assert [s.log.goal_writes for s in leader_emu.servos] == [0] * 6
+
+
+def test_servo_calibration_is_rewritten_from_the_file(emulate, tmp_path: Path,
+                                                      calibration_file: Path) -> None:
+    fresh = emulate("follower", factory_fresh=True)
+    assert registers(fresh, "Homing_Offset") == [0] * 6
+    with SO101Follower(FollowerConfig(port=fresh.port, calibration=calibration_file)) as arm:
+        assert arm.read().values.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]
+    expected = [cal.homing_offset for cal in fresh.frame.calibration.values()]
+    assert registers(fresh, "Homing_Offset") == expected
+    other = emulate("follower", factory_fresh=True)
+    refuse = FollowerConfig(port=other.port, calibration=calibration_file, write_calibration=False)
+    with pytest.raises(CalibrationError, match="hold a calibration different from"):
+        SO101Follower(refuse).open()
+    assert registers(other, "Torque_Enable") == [0] * 6  # a refused open still leaves it safe
+
+
+def test_missing_calibration_names_lerobots_path(follower_emu: EmulatedArm, monkeypatch,
+                                                 tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
+    with pytest.raises(CalibrationError, match="robots/so_follower/blue.json: no calibration"):
+        SO101Follower(FollowerConfig(port=follower_emu.port, id="blue")).open()
+
+
+def test_open_names_missing_servos(emulate, calibration_file: Path) -> None:
+    emu = emulate("follower")
+    emu.inject(Fault(kind="missing", servo_id=5))
+    config = FollowerConfig(port=emu.port, calibration=calibration_file, reply_timeout_ms=5)
+    with pytest.raises(BusTimeoutError, match=r"servo\(s\) 5 \(wrist_roll\) do not answer"):
+        SO101Follower(config).open()
+
+
+def test_overload_stops_the_follower_unless_tolerated(follower_emu: EmulatedArm,
+                                                      calibration_file: Path) -> None:
+    strict = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
+    with SO101Follower(strict) as arm:
+        follower_emu.inject(Fault(kind="overload", servo_id=6))
+        with pytest.raises(ServoFaultError, match="servo id 6.*overload"):
+            arm.read()
+    follower_emu.clear_faults()
+    tolerant = FollowerConfig(port=follower_emu.port, calibration=calibration_file,
+                              tolerated_status=0x20)
+    with SO101Follower(tolerant) as arm:
+        follower_emu.inject(Fault(kind="overload", servo_id=6))
+        reading = arm.read()
+        assert reading.status[6] == 0x20 and reading.values.shape == (6,)
