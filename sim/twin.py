@@ -161,6 +161,7 @@ class Twin:
         mujoco.mj_step(self._model, self._data, nstep=settle_steps)
         self._check_warnings("settling after reset")
         self._data.time = 0.0
+        self.clipped_commands = 0
         state = self.get_state()
         # Restoring what was just captured makes the recording run from exactly what a replay
         # restores, down to the quantities a state does not carry.

@@ -1,0 +1,144 @@
+"""One sim episode: the frame loop shared by recording, replay and re-rendering, and its record.
+
+Every path through the twin takes the same steps in the same order, so a replay reproduces a
+recording exactly::
+
+    obs = twin.observe()                  # 1. the state, before anything acts this frame
+    pixels = twin.render(camera)          #    (reads the state; never changes it)
+    pushes of this frame -> twin.push()   # 2. disturbances, known in advance by frame index
+    executed = twin.command(action)       # 3. float32, then ctrl
+    twin.step_frame()                     # 4. exactly `substeps` physics steps
+
+Disturbances are random pushes on the cube or an arm link, drawn from the episode's seed before
+the episode starts, so they happen at known frames and are recorded beside the dataset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.errors import ReplayError
+from hilrec.sim.scene import (ARM_BODIES, CUBE_BODY, CUBE_GEOM, JAW_PADS, SUCCESS_CRITERION,
+                              BinCheck, check_in_bin)
+from hilrec.sim.twin import CubeState, Twin
+
+PUSHED_ARM_LINKS = tuple(b for b in ARM_BODIES if b in ("upper_arm", "lower_arm", "wrist",
+                                                        "gripper"))
+CUBE_PUSH_NEWTONS = (0.4, 0.9)     # a resting 30 g cube needs ~0.35 N to slide at all
+ARM_PUSH_NEWTONS = (1.0, 4.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Push:
+    """A force (N) and torque (N m) on a body's centre of mass for the whole of one frame."""
+
+    frame: int
+    body: str
+    force: tuple[float, float, float]
+    torque: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"frame": self.frame, "body": self.body, "force": list(self.force),
+                "torque": list(self.torque)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> Push:
+        try:
+            return cls(frame=int(data["frame"]), body=str(data["body"]),
+                       force=tuple(float(v) for v in data["force"]),  # type: ignore[arg-type]
+                       torque=tuple(float(v) for v in data.get("torque", (0, 0, 0))))  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(f"{where}: malformed disturbance {dict(data)!r}: {exc}") from exc
+
+
+def push_schedule(seed: int, num_frames: int, fps: int, rate_hz: float) -> list[Push]:
+    """Pushes at a mean of ``rate_hz`` per second (Poisson), drawn from ``seed`` alone."""
+    if rate_hz <= 0 or num_frames <= 0:
+        return []
+    rng = np.random.default_rng([seed, 0x9054])
+    probability = min(1.0, rate_hz / fps)
+    pushes = []
+    for frame in np.nonzero(rng.random(num_frames) < probability)[0]:
+        on_cube = bool(rng.random() < 0.5)
+        body = CUBE_BODY if on_cube else str(rng.choice(PUSHED_ARM_LINKS))
+        low, high = CUBE_PUSH_NEWTONS if on_cube else ARM_PUSH_NEWTONS
+        heading = rng.uniform(0, 2 * math.pi)
+        # Cube pushes slide it along the table; arm pushes come from any direction.
+        elevation = 0.0 if on_cube else rng.uniform(-math.pi / 3, math.pi / 3)
+        magnitude = rng.uniform(low, high)
+        force = magnitude * np.array([math.cos(heading) * math.cos(elevation),
+                                      math.sin(heading) * math.cos(elevation),
+                                      math.sin(elevation)])
+        pushes.append(Push(frame=int(frame), body=body,
+                           force=(float(force[0]), float(force[1]), float(force[2]))))
+    return pushes
+
+
+def pushes_by_frame(pushes: Iterable[Push]) -> dict[int, list[Push]]:
+    grouped: dict[int, list[Push]] = defaultdict(list)
+    for push in pushes:
+        grouped[push.frame].append(push)
+    return dict(grouped)
+
+
+def act_and_step(twin: Twin, action: np.ndarray, pushes: Sequence[Push] = ()) -> np.ndarray:
+    """Steps 2-4 of a frame (the caller has observed): pushes, command, step. Returns the
+    executed float32 command."""
+    for push in pushes:
+        twin.push(push.body, push.force, push.torque)
+    executed = twin.command(action)
+    twin.step_frame()
+    return executed
+
+
+class ContactTally:
+    """Frames in which each pair of geoms touched, counted after every step."""
+
+    def __init__(self, twin: Twin) -> None:
+        self._twin = twin
+        self._frames: dict[tuple[str, str], int] = defaultdict(int)
+        self.grasp_frames = 0
+        self.frames = 0
+
+    def add(self) -> None:
+        pairs = set(self._twin.contact_pairs())
+        for pair in pairs:
+            self._frames[pair] += 1
+        touching_cube = {a if b == CUBE_GEOM else b for a, b in pairs if CUBE_GEOM in (a, b)}
+        self.grasp_frames += all(pad in touching_cube for pad in JAW_PADS)
+        self.frames += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {"frames": self.frames,
+                "frames_cube_between_both_jaw_pads": self.grasp_frames,
+                "frames_in_contact": {f"{a}|{b}": n for (a, b), n in sorted(self._frames.items())}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """How an episode ended: the cube's final state and the success criterion on it."""
+
+    cube: CubeState
+    check: BinCheck
+
+    @property
+    def success(self) -> bool:
+        return self.check.success
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"success": self.success, "success_criterion": SUCCESS_CRITERION,
+                "success_detail": {"inside": self.check.inside,
+                                   "below_rim": self.check.below_rim,
+                                   "resting": self.check.resting},
+                "final_cube": self.cube.to_dict()}
+
+
+def outcome_of(twin: Twin) -> Outcome:
+    cube = twin.cube_state()
+    return Outcome(cube=cube, check=check_in_bin(cube.position, cube.speed, twin.scene))

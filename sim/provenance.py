@@ -1,0 +1,104 @@
+"""What a sim dataset must say about the world that made it, and how to rebuild that world.
+
+Written once per dataset into ``hilrec/dataset.json`` under ``"sim"`` (plus the units mapping
+under ``"units"``, the key the daemon's sim rig uses too): the MuJoCo version; sha256 of the
+packaged MJCF, of every mesh, and of our scene's MJCF; the scene configuration itself, so a
+replay compiles the very same scene; the operator's source hash and settings; timestep,
+substeps and fps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mujoco
+
+from hilrec.daemon.errors import ReplayError
+from hilrec.sim import ik, operator
+from hilrec.sim.model import model_provenance, sha256_text
+from hilrec.sim.scene import SUCCESS_CRITERION, SceneConfig, scene_xml
+from hilrec.sim.units import units_mapping
+
+SIDECAR_KEY = "sim"
+FORMAT = "hilrec.sim/1"
+
+
+def operator_source() -> dict[str, Any]:
+    """sha256 of the code that turns a seed into a leader path (operator + its IK)."""
+    files = {Path(module.__file__).name: Path(module.__file__).read_bytes()
+             for module in (operator, ik)}
+    combined = hashlib.sha256()
+    for name in sorted(files):
+        combined.update(name.encode() + b"\0" + files[name])
+    return {"sha256": combined.hexdigest(),
+            "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+
+
+def dataset_provenance(*, scene: SceneConfig, physics: Mapping[str, Any],
+                       operator_config: Any | None, cameras: Mapping[str, tuple[int, int]],
+                       render_quality: str, push_rate: float) -> dict[str, Any]:
+    """The per-dataset sidecar fields of a sim recording (merge into hilrec/dataset.json)."""
+    xml = scene_xml(scene)
+    sim: dict[str, Any] = {
+        "format": FORMAT,
+        "mujoco_version": mujoco.__version__,
+        "model": model_provenance(),
+        "scene": {"sha256": sha256_text(xml), "config": dataclasses.asdict(scene),
+                  "success_criterion": SUCCESS_CRITERION},
+        "physics": dict(physics),
+        "cameras": {name: list(size) for name, size in cameras.items()},
+        "render_quality": render_quality,
+        "push_rate_hz": push_rate,
+    }
+    if operator_config is not None:
+        sim["operator"] = {"name": "hilrec.sim.operator.ScriptedOperator",
+                           "source": operator_source(),
+                           "config": dataclasses.asdict(operator_config)}
+    return {SIDECAR_KEY: sim, "units": units_mapping()}
+
+
+def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) -> SceneConfig:
+    """The SceneConfig a dataset was recorded with; the default scene when it names none
+    (e.g. the daemon's sim rig), with its recorded timestep if it has one."""
+    sim = (dataset_sidecar or {}).get(SIDECAR_KEY) or {}
+    config = (sim.get("scene") or {}).get("config")
+    if config is None:
+        timestep = ((dataset_sidecar or {}).get("twin") or {}).get("timestep")
+        return SceneConfig() if timestep is None else SceneConfig(timestep=float(timestep))
+    fields = {f.name: f for f in dataclasses.fields(SceneConfig)}
+    unknown = sorted(set(config) - set(fields))
+    if unknown:
+        raise ReplayError(f"{root}: hilrec/dataset.json sim.scene.config has keys this hilrec does "
+                          f"not know ({', '.join(unknown)}); it was recorded by another version")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    try:
+        return SceneConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(f"{root}: hilrec/dataset.json sim.scene.config is invalid: {exc}") from exc
+
+
+def check_same_world(dataset_sidecar: Mapping[str, Any] | None, scene: SceneConfig) -> list[str]:
+    """Differences between the recorded world and this installation (empty when identical)."""
+    sim = (dataset_sidecar or {}).get(SIDECAR_KEY)
+    if not sim:
+        return []
+    problems = []
+    if sim.get("mujoco_version") != mujoco.__version__:
+        problems.append(f"recorded with MuJoCo {sim.get('mujoco_version')}, "
+                        f"replaying with {mujoco.__version__}")
+    recorded_model = sim.get("model") or {}
+    here = model_provenance()
+    if (recorded_model.get("xml") or {}).get("sha256") != here["xml"]["sha256"]:
+        problems.append("the SO-101 MJCF differs from the recorded one (sha256)")
+    changed = sorted(name for name, digest in (recorded_model.get("assets") or {}).items()
+                     if here["assets"].get(name) != digest)
+    if changed:
+        problems.append(f"meshes differ from the recorded ones: {', '.join(changed)}")
+    scene_sha = (sim.get("scene") or {}).get("sha256")
+    if scene_sha is not None and scene_sha != sha256_text(scene_xml(scene)):
+        problems.append("the scene MJCF this hilrec builds differs from the recorded one (sha256)")
+    return problems

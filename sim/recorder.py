@@ -1,0 +1,224 @@
+"""Recording sim episodes with the scripted operator into a dataset (any FrameSink).
+
+Per episode: reset the twin from the seed, let the operator plan, draw the pushes, run the frame
+loop of :mod:`hilrec.sim.episode` writing one row per frame (``observation.state`` as observed,
+``action`` as executed), then save the episode with its sidecar: seed, cube placement, the full
+initial state (npz), success and its criterion, disturbances, final cube pose, contacts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
+from hilrec.sim.episode import (ContactTally, Push, act_and_step, outcome_of, push_schedule,
+                                 pushes_by_frame)
+from hilrec.sim.features import sim_features
+from hilrec.sim.pipelined_sink import PipelinedSink
+from hilrec.sim.operator import OperatorConfig, ScriptedOperator
+from hilrec.sim.provenance import dataset_provenance
+from hilrec.sim.scene import CAMERA_NAMES, SceneConfig, Visual
+from hilrec.sim.twin import Twin
+
+DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
+SOURCE = "hilrec.sim.recorder"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordConfig:
+    """One ``hilrec record --sim`` run."""
+
+    root: Path
+    episodes: int
+    seed: int = 0
+    cameras: tuple[str, ...] = ("front",)
+    image_size: tuple[int, int] = (480, 640)
+    push_rate: float = 0.0          # pushes per second, on the cube or an arm link
+    task: str = DEFAULT_TASK
+    fps: int = 25
+    realtime: bool = False
+    video_codec: str = "libsvtav1"
+    render_quality: Visual = "fast"
+    scene: SceneConfig = field(default_factory=SceneConfig)
+    operator: OperatorConfig = field(default_factory=OperatorConfig)
+
+    def validate(self) -> None:
+        if self.episodes < 1:
+            raise ConfigError("episodes", f"must be at least 1, got {self.episodes}")
+        if self.seed < 0:
+            raise ConfigError("seed", f"must be non-negative, got {self.seed}")
+        if self.push_rate < 0 or not np.isfinite(self.push_rate):
+            raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
+        unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
+        if unknown:
+            raise ConfigError("cameras", f"unknown camera {', '.join(unknown)} "
+                                         f"(scene cameras: {', '.join(CAMERA_NAMES)})")
+        if len(set(self.cameras)) != len(self.cameras):
+            raise ConfigError("cameras", f"a camera is listed twice: {', '.join(self.cameras)}")
+        if not self.task.strip():
+            raise ConfigError("task", "the task text is empty")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSummary:
+    episode_index: int
+    seed: int
+    frames: int
+    success: bool
+
+
+@dataclass(kw_only=True)
+class RecordSummary:
+    root: Path
+    episodes: list[EpisodeSummary] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    fps: int = 25
+
+    @property
+    def successes(self) -> int:
+        return sum(e.success for e in self.episodes)
+
+    @property
+    def frames(self) -> int:
+        return sum(e.frames for e in self.episodes)
+
+    def line(self) -> str:
+        sim_seconds = self.frames / self.fps
+        speed = sim_seconds / self.wall_seconds if self.wall_seconds > 0 else float("inf")
+        return (f"{len(self.episodes)} episodes, {self.successes} successes, {self.frames} frames, "
+                f"{self.wall_seconds:.1f} s ({speed:.1f}x real time) -> {self.root}")
+
+
+class Pacer:
+    """Holds frame i until ``start + (i + 1) / fps`` on the monotonic clock (``--realtime``)."""
+
+    def __init__(self, fps: int) -> None:
+        self._period = 1.0 / fps
+        self._start = time.monotonic()
+        self._frames = 0
+
+    def restart(self) -> None:
+        self._start = time.monotonic()
+        self._frames = 0
+
+    def wait(self) -> None:
+        self._frames += 1
+        delay = self._start + self._frames * self._period - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def record_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed: int,
+                   task: str, push_rate: float, pacer: Pacer | None = None) -> EpisodeSummary:
+    start = twin.reset(seed)
+    operator.reset(start)
+    num_frames = operator.num_frames
+    pushes = push_schedule(seed, num_frames, twin.fps, push_rate)
+    pushes_at = pushes_by_frame(pushes)
+    tally = ContactTally(twin)
+    if pacer is not None:
+        pacer.restart()
+    try:
+        for index in range(num_frames):
+            observation = twin.observe()
+            frame: dict[str, Any] = {STATE_KEY: observation, "task": task}
+            for camera in twin.cameras:
+                frame[IMAGE_PREFIX + camera] = twin.render(camera)
+            action = operator.act(index, observation)
+            frame[ACTION_KEY] = act_and_step(twin, action, pushes_at.get(index, ()))
+            sink.add_frame(frame)
+            tally.add()
+            if pacer is not None:
+                pacer.wait()
+    except BaseException:
+        sink.discard_episode()
+        raise
+    outcome = outcome_of(twin)
+    sidecar = episode_sidecar(twin, start, seed=seed, pushes=pushes, push_rate=push_rate,
+                              outcome=outcome.to_dict(), contacts=tally.summary(),
+                              phases=operator.phase_starts, clipped=twin.clipped_commands)
+    index = sink.save_episode(sidecar=sidecar, arrays={"initial_state": start.state})
+    return EpisodeSummary(episode_index=index, seed=seed, frames=num_frames,
+                          success=outcome.success)
+
+
+def episode_sidecar(twin: Twin, start: Any, *, seed: int, pushes: list[Push], push_rate: float,
+                    outcome: dict[str, Any], contacts: dict[str, Any],
+                    phases: dict[str, int], clipped: int) -> dict[str, Any]:
+    """The per-episode JSON: every oracle fact about the episode (never a dataset column)."""
+    return {
+        "source": SOURCE,
+        "sim": {
+            "seed": seed,
+            "cube": start.cube.to_dict(),
+            "arm_units_start": [float(x) for x in start.arm_units],
+            "physics": twin.physics_info(),
+            "leader": "scripted",
+            "operator_phase_starts": phases,
+            "initial_state": {"array": "initial_state", "spec": "mjSTATE_INTEGRATION",
+                              "size": int(start.state.size)},
+            "push_rate_hz": push_rate,
+            "disturbances": [p.to_dict() for p in pushes],
+            "contacts": contacts,
+            "commands_clipped_to_joint_limits": clipped,
+        },
+        **outcome,
+    }
+
+
+def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | None = None,
+           progress: bool = True) -> RecordSummary:
+    """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize."""
+    from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+
+    if sink_factory is None:
+        from hilrec.daemon.dataset.writer import DatasetWriter
+
+        sink_factory = DatasetWriter.create
+    cameras = {name: config.image_size for name in config.cameras}
+    features = sim_features(cameras)
+    summary = RecordSummary(root=config.root, fps=config.fps)
+    began = time.perf_counter()
+    with Twin(fps=config.fps, cameras=config.cameras, image_size=config.image_size,
+              scene=config.scene, render_quality=config.render_quality) as twin:
+        sink = PipelinedSink(sink_factory(config.root, fps=config.fps, features=features,
+                                          robot_type=ROBOT_TYPE, video_codec=config.video_codec))
+        with sink:  # an exception discards the open episode and finalizes the saved ones
+            update_dataset_sidecar(config.root, dataset_provenance(
+                scene=config.scene, physics=twin.physics_info(), operator_config=config.operator,
+                cameras=cameras, render_quality=config.render_quality,
+                push_rate=config.push_rate))
+            pacer = Pacer(config.fps) if config.realtime else None
+            bar = _progress(config.episodes, enabled=progress)
+            try:
+                for number in range(config.episodes):
+                    seed = config.seed + number
+                    operator = ScriptedOperator(seed, fps=config.fps, scene=config.scene,
+                                                config=config.operator, units=twin.units)
+                    episode = record_episode(twin, operator, sink, seed=seed, task=config.task,
+                                             push_rate=config.push_rate, pacer=pacer)
+                    summary.episodes.append(episode)
+                    bar.update(1)
+                    bar.set_postfix(successes=summary.successes, frames=summary.frames)
+            finally:
+                bar.close()
+    summary.wall_seconds = time.perf_counter() - began
+    return summary
+
+
+def _progress(total: int, *, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="episode", desc="recording", disable=not enabled,
+                dynamic_ncols=True)
