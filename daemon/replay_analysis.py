@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hilrec.daemon.replay_alignment import align
 from hilrec.daemon.replay_metrics import (
     Excursion,
     Stall,
@@ -102,6 +103,7 @@ class LagResult:
     response_recorded: float | None  # action -> recorded state, frames (cross-correlation)
     response_replayed: float | None  # action -> replayed state, frames
     at_search_edge: bool = False
+    fitted_frames: int = 0  # the lag was fitted on frames [0, fitted_frames)
 
 
 @dataclass
@@ -131,6 +133,8 @@ class EpisodeResult:
     trajectories: Trajectories | None = None
     aligned_replay: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    # What the recorder itself flagged per frame (hilrec's frame_flags): name -> (frames, first)
+    recorder_flags: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def not_replayable(cls, episode_index: int, reason: str, *, frames: int = 0,
@@ -178,26 +182,11 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
                 found[j] = exc
         return found
 
-    # Fit the lag on the moving body joints; a joint that then diverges is dropped and the lag
-    # refitted once, so one frozen servo does not drag the others' alignment.
-    used = list(moving)
-    fit = None
-    lag = 0.0
-    if used:
-        fit = fit_shift(rec[:, used], rep[:, used], min_shift=lag_cfg.min_shift_frames,
-                        max_shift=lag_cfg.max_shift_frames)
-        lag = fit.lag
-    aligned = shift_by(rep, lag)
-    exc = excursions(aligned)
-    if fit is not None and any(j in exc for j in used):
-        remaining = [j for j in used if j not in exc]
-        if remaining:
-            used = remaining
-            fit = fit_shift(rec[:, used], rep[:, used], min_shift=lag_cfg.min_shift_frames,
-                            max_shift=lag_cfg.max_shift_frames)
-            lag = fit.lag
-            aligned = shift_by(rep, lag)
-            exc = excursions(aligned)
+    alignment = align(rec, rep, moving, min_shift=lag_cfg.min_shift_frames,
+                      max_shift=lag_cfg.max_shift_frames, find_excursions=excursions)
+    fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned,
+                               alignment.excursions)
+    lag = alignment.lag
 
     lag_result = LagResult(
         frames=lag if fit is not None else None,
@@ -206,6 +195,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
                                                              lag_cfg.max_shift_frames + 1),
         mse=fit.mse if fit is not None else None,
         joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
+        fitted_frames=alignment.window if fit is not None else 0,
         response_recorded=response_lag(act[:, used], rec[:, used], lag_cfg.max_correlation_frames)
         if used else None,
         response_replayed=response_lag(act[:, used], rep[:, used], lag_cfg.max_correlation_frames)
@@ -246,8 +236,9 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
                 min_motion=stall_cfg.min_command_motion_deg),
             at_limit_frames=int(at_limit[:, j].sum()),
             beyond_range_frames=int(beyond[:, j].sum()),
-            leader_mismatch_frames=None if traj.leader is None else int(
-                np.sum(np.abs(act[:, j] - traj.leader[:, j]) > sat.leader_tolerance)),
+            leader_mismatch_frames=None if traj.leader is None else int(np.sum(
+                np.isfinite(traj.leader[:, j])
+                & (np.abs(act[:, j] - np.nan_to_num(traj.leader[:, j])) > sat.leader_tolerance))),
         ))
 
     result = EpisodeResult(episode_index=episode_index, verdict=Verdict.CONSISTENT, reason="",
@@ -354,6 +345,8 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
         "frames": result.frames,
         "fps": fps,
         "notes": list(result.notes),
+        "recorder_flags": {name: {"frames": n, "first_frame": first}
+                           for name, (n, first) in result.recorder_flags.items()},
     }
     if result.verdict is Verdict.NOT_REPLAYABLE:
         return out
@@ -362,6 +355,7 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
     out["lag"] = {
         "frames": num(lag.frames), "ms": num(result.ms(lag.frames)),
         "best_shift": lag.best_shift, "joints_used": lag.joints_used,
+        "fitted_frames": lag.fitted_frames,
         "at_search_edge": lag.at_search_edge,
         "response_recorded_frames": num(lag.response_recorded),
         "response_replayed_frames": num(lag.response_replayed),

@@ -40,8 +40,10 @@ from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
 
 log = logging.getLogger(__name__)
 
-# Episode-sidecar arrays that hold the leader's reading, when a recorder kept it beside the action.
-LEADER_ARRAY_KEYS = ("leader", "leader_action", "leader_position", "leader.pos")
+# Episode-sidecar arrays of hilrec's recorder (hilrec.daemon.episode): the leader's reading
+# before any clamp (NaN where there was none) and the per-frame flags (FrameFlag bits).
+LEADER_ARRAY = "leader"
+FLAGS_ARRAY = "frame_flags"
 
 EngineFactory = Callable[[int, Any, ReplaySettings], ReplayEngine]
 
@@ -203,23 +205,39 @@ def _check_episode(root: Path, index: int, length: int, *, fps: int, units: Colu
         replayed = engine.replay(state_t[0], action_t)
     except ReplayError as exc:
         return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
-    leader = _leader(root, index, units, n)
-    traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits,
-                        leader=leader)
-    return analyse(index, traj, fps=fps, settings=settings)
-
-
-def _leader(root: Path, index: int, units: ColumnUnits, n: int) -> np.ndarray | None:
     try:
         _, arrays = load_episode_sidecar(root, index)
     except HilrecError as exc:
         log.warning("episode %d: cannot read its sidecar arrays: %s", index, exc)
-        return None
-    for key in LEADER_ARRAY_KEYS:
-        arr = arrays.get(key)
-        if arr is not None and arr.shape == (n, len(POSITION_NAMES)):
-            return units.to_twin(arr)
-    return None
+        arrays = {}
+    leader = arrays.get(LEADER_ARRAY)  # joint order, the action's units
+    leader = units.to_twin(leader) if leader is not None and leader.shape == action.shape else None
+    traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits,
+                        leader=leader)
+    result = analyse(index, traj, fps=fps, settings=settings)
+    _note_recorder_flags(result, arrays.get(FLAGS_ARRAY), n)
+    return result
+
+
+def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int) -> None:
+    """Say what the recorder flagged (a failed read, a held follower...), next to the verdict."""
+    if flags is None or flags.shape != (n,):
+        return
+    from hilrec.daemon.protocol import FrameFlag
+
+    flags = flags.astype(np.int64)
+    for flag in FrameFlag:
+        hit = np.flatnonzero(flags & int(flag))
+        if flag.name and hit.size:
+            result.recorder_flags[flag.name.lower()] = (int(hit.size), int(hit[0]))
+    meaning = {"follower_failed": "the observation repeats the last good reading",
+               "write_failed": "the action was not executed",
+               "leader_failed": "the follower held position", "leader_stale": "the follower held position",
+               "skipped": "whole tick slots were missed, so rows are not 1/fps apart"}
+    for name, why in meaning.items():
+        if name in result.recorder_flags:
+            count, first = result.recorder_flags[name]
+            result.notes.append(f"recorder flagged {name} on {count} frame(s) from frame {first}: {why}")
 
 
 def _ranges(indices: list[int]) -> str:

@@ -15,6 +15,8 @@ a real setup would have them:
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,9 +45,11 @@ class Frozen:
 class RecordingSpec:
     seed: int = 0
     frames: int = 250
-    latency_frames: int = 0
+    latency_frames: int = 0  # synthetic recorder: whole frames
+    latency_ms: float = 0.0  # emulated recorder: wall-clock time
     obs_shift_frames: int = 0
-    frozen: Frozen | None = None
+    frozen: Frozen | None = None  # the servo stops following its goal (reading truthful)
+    unresponsive: Frozen | None = None  # emulated path: the servo stops answering on the bus
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Episode:
     spec: RecordingSpec
     action: np.ndarray  # float32 (n, 6), degrees / 0..100
     state: np.ndarray  # float32 (n, 6)
+    frame_flags: np.ndarray | None = None  # uint32 (n,), hilrec's FrameFlag bits
 
 
 def leader_path(seed: int, frames: int, fps: int = FPS) -> np.ndarray:
@@ -107,6 +112,127 @@ def record(spec: RecordingSpec, twin: Any) -> Episode:
     return Episode(spec=spec, action=np.array(actions, dtype=np.float32), state=state_col)
 
 
+class FaultyMotion:
+    """The emulated follower's twin motion, with the faults of a real follower.
+
+    - ``latency_s``: every goal reaches the joints that late (a queue between the two arms);
+    - ``jam_joint``: after :meth:`jam` that joint's servo gets no goal (it holds where it is, as
+      the emulator's motion models do for a servo without torque) while its reading stays
+      truthful: the servo has stopped responding to commands.
+
+    It also remembers when the emulator first advanced it, so a recorder can put its ticks
+    mid-way between the twin's whole-frame steps (see :func:`record_emulated`).
+    """
+
+    def __init__(self, inner: Any, *, jam_joint: str | None = None, latency_s: float = 0.0) -> None:
+        import collections
+        import threading
+
+        self._inner = inner
+        self._joint = JOINT_NAMES.index(jam_joint) if jam_joint is not None else None
+        self._jammed = threading.Event()
+        self._latency = latency_s
+        self._queue: collections.deque[tuple[float, list[float | None]]] = collections.deque()
+        self._effective: list[float | None] | None = None
+        self.first_advance: float | None = None
+
+    def jam(self) -> None:
+        self._jammed.set()
+
+    def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        if self.first_advance is None:
+            self.first_advance = now
+        self._queue.append((now, list(targets)))
+        while self._queue and self._queue[0][0] <= now - self._latency:
+            self._effective = self._queue.popleft()[1]
+        goals = list(self._effective) if self._effective is not None else [None] * len(targets)
+        if self._joint is not None and self._jammed.is_set():
+            goals[self._joint] = None
+        self._inner.advance(now, goals)
+
+    def actual(self) -> np.ndarray:
+        return self._inner.actual()
+
+    def velocity(self) -> np.ndarray:
+        return self._inner.velocity()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
+                    settle_frames: int = 10) -> Episode:
+    """One episode through the emulated follower: pty, STS3215 registers, SO101Follower, at 25 Hz.
+
+    The follower's motion is a twin (cube parked, as in :func:`make_twin`); goals and readings
+    travel as servo ticks through the emulated calibration, paced on the wall clock.
+
+    A servo that stops answering (``unresponsive``: the emulator's ``missing`` fault) fails the
+    follower's sync read; as hilrec's loop does, the row then repeats the last good observation
+    and is flagged FOLLOWER_FAILED, and the goals are still written.
+
+    The emulator steps its twin a whole frame each time a frame boundary of its own clock has
+    passed. If a boundary fell between the recorder's read and its goal write, each goal would
+    act one frame late (a real one-frame lag, which the check reports); a clean recording
+    therefore starts its ticks half a frame after a boundary.
+    """
+    from hilrec.daemon.clock import TickPacer
+    from hilrec.daemon.errors import BusError
+    from hilrec.daemon.protocol import FrameFlag
+    from hilrec.daemon.so101 import MOTORS
+    from hilrec.drivers.arm import FollowerConfig, SO101Follower
+    from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
+    from hilrec.drivers.emulator_faults import Fault
+    from hilrec.drivers.emulator_motion import MechanicalFrame, TwinMotion
+    from hilrec.sim.units import emulated_calibration
+
+    if spec.latency_frames or spec.obs_shift_frames:
+        raise ValueError("on the emulated path latency is latency_s (wall clock); "
+                         "the observation shift is a synthetic-recording fault")
+    leader = leader_path(spec.seed, spec.frames, fps)
+    twin = make_twin(fps)
+    twin.reset(spec.seed, arm_units=leader[0])
+    frame = MechanicalFrame.from_sim()
+    calibration = write_calibration(workdir / f"follower-{spec.seed}.json", emulated_calibration())
+    motion = FaultyMotion(TwinMotion(frame, twin=twin), latency_s=spec.latency_ms / 1000.0,
+                          jam_joint=spec.frozen.joint if spec.frozen is not None else None)
+    arm = EmulatedArm(EmulatorConfig(role="follower", calibration=calibration),
+                      motion=motion, frame=frame)
+    states, actions, flags = [], [], []
+    period = 1.0 / fps
+    # No retries and a short reply timeout: a servo that never answers must not eat the tick.
+    config = FollowerConfig(port="", calibration=calibration, read_retries=0, reply_timeout_ms=5.0)
+    with arm as port, SO101Follower(replace(config, port=port)) as follower:
+        assert motion.first_advance is not None  # the emulator advanced it at power-up
+        now = time.monotonic()
+        mid_frame = motion.first_advance + (math.floor((now - motion.first_advance) / period)
+                                            + 1.5) * period
+        while time.monotonic() < mid_frame:
+            time.sleep(max(0.0, mid_frame - time.monotonic()) / 2)
+        pacer = TickPacer(period)
+        for _ in range(settle_frames):  # the person holds the leader still before recording
+            pacer.next_tick()
+            follower.send_action(leader[0])
+        last_good = follower.get_observation().values
+        for t in range(spec.frames):
+            pacer.next_tick()
+            if spec.frozen is not None and t == spec.frozen.from_frame:
+                motion.jam()
+            if spec.unresponsive is not None and t == spec.unresponsive.from_frame:
+                arm.inject(Fault(kind="missing", servo_id=MOTORS[spec.unresponsive.joint][0]))
+            flag = 0
+            try:
+                last_good = follower.get_observation().values
+            except BusError:
+                flag = int(FrameFlag.FOLLOWER_FAILED)
+            states.append(last_good)
+            actions.append(follower.send_action(leader[t]).sent)
+            flags.append(flag)
+    return Episode(spec=spec, action=np.array(actions, dtype=np.float32),
+                   state=np.array(states, dtype=np.float32),
+                   frame_flags=np.array(flags, dtype=np.uint32))
+
+
 def to_m100_100(values: np.ndarray, calibration: dict[str, dict[str, int]]) -> np.ndarray:
     """Degrees body columns -> LeRobot's RANGE_M100_100 under ``calibration`` (gripper kept)."""
     out = np.asarray(values, dtype=np.float64).copy()
@@ -136,6 +262,31 @@ def write_with_lerobot(root: Path, episodes: Sequence[Episode], *, fps: int = FP
         dataset.save_episode()
     dataset.finalize()
     return root
+
+
+def write_native(root: Path, episodes: Sequence[Episode], twin: Any, *, fps: int = FPS) -> Path:
+    """Write with hilrec's native writer, plus the dataset sidecar a hilrec recorder writes."""
+    from hilrec.daemon.dataset.writer import DatasetWriter
+
+    with DatasetWriter.create(root, fps=fps, features=so101_features(),
+                              robot_type=ROBOT_TYPE) as writer:
+        for ep in episodes:
+            for a, s in zip(ep.action, ep.state):
+                writer.add_frame({ACTION_KEY: a, STATE_KEY: s, "task": TASK})
+            arrays = {"frame_flags": ep.frame_flags} if ep.frame_flags is not None else None
+            writer.save_episode(sidecar={"recording": _describe(ep.spec)}, arrays=arrays)
+    add_hilrec_metadata(root, twin)
+    return root
+
+
+def _describe(spec: RecordingSpec) -> dict[str, Any]:
+    return {"seed": spec.seed, "latency_frames": spec.latency_frames,
+            "latency_ms": spec.latency_ms,
+            "obs_shift_frames": spec.obs_shift_frames,
+            "frozen": None if spec.frozen is None else {"joint": spec.frozen.joint,
+                                                        "from_frame": spec.frozen.from_frame},
+            "unresponsive": None if spec.unresponsive is None else {
+                "joint": spec.unresponsive.joint, "from_frame": spec.unresponsive.from_frame}}
 
 
 def add_hilrec_metadata(root: Path, twin: Any) -> None:
