@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset import checks_data, checks_stats, checks_video
+from hilrec.daemon.dataset import checks_data, checks_rows, checks_stats, checks_video
 from hilrec.daemon.dataset.checks_common import Contents, Failure, Findings
 
 # rule -> what it demands. The order is the order of the report.
@@ -119,7 +119,7 @@ def check_dataset(root: str | Path, *, decode_video: bool = True) -> CheckReport
     report = CheckReport(root=root)
     contents = checks_data.load_contents(root, findings)
     if contents is not None:
-        checks_data.check_rows(contents, findings)
+        checks_rows.check_rows(contents, findings)
         checks_stats.check_episode_stats(contents, findings)
         checks_stats.check_image_feature_stats(contents, findings)
         checks_stats.check_dataset_stats(contents, findings)

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import av
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -387,6 +386,23 @@ def test_dataset_stats_edited(broken: Path, capsys: pytest.CaptureFixture[str]) 
 def test_dataset_stats_missing(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (broken / STATS).unlink()
     assert_fails(broken, capsys, "stats.dataset", STATS)
+
+
+def test_multi_file_dataset_passes_and_failures_name_the_right_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "ds"
+    # Tiny size limits: every episode rolls over to a new data and metadata file, and with
+    # chunks_size 2 into a second chunk.
+    write_dataset(DatasetWriter.create, root, [10, 7, 12, 5], cameras=("front",),
+                  data_files_size_in_mb=0.002, chunks_size=2)
+    files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
+    assert len(files) == 4 and files[-1] == "data/chunk-001/file-001.parquet"
+    rc, report = run_check(root, capsys)
+    assert rc == 0 and report["failures"] == []
+    third = root / files[2]
+    rewrite_parquet(third, lambda t: set_cells(t, "index", {4: t.column("index")[4].as_py() + 100}))
+    failure = assert_fails(root, capsys, "index.contiguous", files[2], episode=2, key="index")
+    assert "row 4 " in failure["message"]
 
 
 def test_every_rule_has_a_test() -> None:
