@@ -44,7 +44,9 @@ class CameraConfig:
     # start over at the end (test sources that never run dry).
     realtime: bool = True
     loop: bool = False
-    detect_frozen: bool = True
+    # Byte-identical images for stall_timeout_s mean a frozen camera. None: check devices and
+    # streams only (a video file may hold a still scene on purpose); True/False: always/never.
+    detect_frozen: bool | None = None
 
     def validate(self) -> None:
         if self.fourcc is not None and len(self.fourcc) != 4:
@@ -89,14 +91,14 @@ class _LatestFrame:
         now = time.monotonic()
         with self._cond:
             frame, error, frozen = self._frame, self.error, self.frozen_since
-        if frame is None:
-            raise CameraStalledError(f"camera '{self.name}': no frame yet"
-                                     + (f" ({error})" if error else ""))
+        if frame is None or error is not None:
+            raise CameraStalledError(f"camera '{self.name}': "
+                                     + (f"stopped: {error}" if error else "no frame yet"))
         age = now - frame.captured_at
         if age > self.stall_timeout_s:
             raise CameraStalledError(
                 f"camera '{self.name}': no new frame for {age * 1000:.0f} ms (limit "
-                f"{self.stall_timeout_s * 1000:.0f} ms)" + (f": {error}" if error else ""))
+                f"{self.stall_timeout_s * 1000:.0f} ms)")
         if frozen is not None and now - frozen > self.stall_timeout_s:
             raise CameraStalledError(
                 f"camera '{self.name}': frozen, the same image for {now - frozen:.2f} s")
@@ -195,7 +197,7 @@ class OpenCVCamera:
                 continue
             failures = 0
             now = time.monotonic()
-            if cfg.detect_frozen and not is_file:
+            if cfg.detect_frozen or (cfg.detect_frozen is None and not is_file):
                 digest = hashlib.blake2b(bgr[::4, ::4].tobytes(), digest_size=16).digest()
                 if digest == last_digest:
                     if self._latest.frozen_since is None:
@@ -242,7 +244,7 @@ class SimCamera:
     """
 
     def __init__(self, *, name: str, snapshot: Callable[[], np.ndarray], renderer: Any,
-                 fps: float = 25.0, stall_timeout_s: float = 0.5) -> None:
+                 fps: float = 25.0, stall_timeout_s: float = 2.0) -> None:
         self.name = name
         self.height, self.width = renderer.image_size
         self.fps = fps
@@ -254,7 +256,7 @@ class SimCamera:
 
     @classmethod
     def of_emulator(cls, arm: Any, name: str, *, image_size: tuple[int, int] = (480, 640),
-                    fps: float = 25.0, stall_timeout_s: float = 0.5) -> SimCamera:
+                    fps: float = 25.0, stall_timeout_s: float = 2.0) -> SimCamera:
         from hilrec.sim.twin import Twin
 
         twin = getattr(arm.motion, "twin", None)
@@ -270,12 +272,19 @@ class SimCamera:
         return cls(name=name, snapshot=snapshot, renderer=renderer, fps=fps,
                    stall_timeout_s=stall_timeout_s)
 
-    def open(self) -> None:
-        self._render_once()
+    def open(self, timeout_s: float = 30.0) -> None:
+        """Start rendering; returns once the first frame is there (a GL context is bound to
+        the thread that made it, so every render, the first included, runs on ours)."""
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name=f"simcam-{self.name}",
                                         daemon=True)
         self._thread.start()
+        try:
+            self._latest.wait_newer(0, timeout_s)
+        except CameraStalledError as exc:
+            self.close()
+            raise CameraError(f"camera '{self.name}': the twin could not be rendered: "
+                              f"{exc}") from exc
 
     def _render_once(self) -> None:
         state = self._snapshot()
@@ -285,7 +294,7 @@ class SimCamera:
 
     def _loop(self) -> None:
         period = 1.0 / self.fps
-        next_due = time.monotonic() + period
+        next_due = time.monotonic()
         while not self._stop.wait(max(0.0, next_due - time.monotonic())):
             next_due = max(next_due + period, time.monotonic())
             try:
@@ -299,6 +308,9 @@ class SimCamera:
 
     def latest(self) -> Frame:
         return self._latest.latest()
+
+    def wait_newer(self, index: int, timeout: float) -> Frame:
+        return self._latest.wait_newer(index, timeout)
 
     def close(self) -> None:
         self._stop.set()

@@ -1,0 +1,76 @@
+"""`hilrec calibrate` writes the file LeRobot's own procedure writes for the same arm.
+
+The emulated arm is moved by a "person" (``--motion sweep``): it stands at the middle of its
+range until the homing offsets are written, then sweeps every joint through its range once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
+
+from hilrec.daemon.cli import main
+from hilrec.drivers.calibration import load_calibration
+from hilrec.drivers.emulator import EmulatedArm
+
+def expected_file(emu: EmulatedArm) -> dict:
+    expected = json.loads(emu.frame.calibration.to_json())
+    expected["wrist_roll"].update(range_min=0, range_max=4095)  # LeRobot's full-turn joint
+    return expected
+
+
+def test_hilrec_calibrate_recovers_the_arms_calibration(emulate, tmp_path: Path) -> None:
+    emu = emulate("leader", motion="sweep", factory_fresh=True)
+    output = tmp_path / "leader.json"
+    assert main(["calibrate", "leader", "--port", emu.port, "--output", str(output), "--yes",
+                 "--duration", "1.5"]) == 0
+    assert emu.sweep is not None and emu.sweep.done.is_set()
+    assert json.loads(output.read_text()) == expected_file(emu)
+    with emu.paused():  # and the servos hold it, as LeRobot's write_calibration leaves them
+        assert [s.get("Min_Position_Limit") for s in emu.servos] == [
+            cal["range_min"] for cal in expected_file(emu).values()]
+    load_calibration(output)
+
+
+def test_same_file_as_lerobots_own_calibrate(emulate, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    ours_emu = emulate("leader", motion="sweep", factory_fresh=True)
+    ours = tmp_path / "ours.json"
+    assert main(["calibrate", "leader", "--port", ours_emu.port, "--output", str(ours), "--yes",
+                 "--duration", "1.5"]) == 0
+
+    theirs_emu = emulate("leader", motion="sweep", factory_fresh=True)
+    leader = SOLeader(SOLeaderTeleopConfig(port=theirs_emu.port, id="emulated",
+                                           calibration_dir=tmp_path / "lerobot"))
+    # LeRobot asks for Enter twice on stdin (input() and enter_pressed()): give it a pipe and
+    # press Enter the way a person would, once at the middle and once after the sweep.
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd) as stdin, os.fdopen(write_fd, "w") as keyboard:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        failures: list[BaseException] = []
+
+        def calibrate() -> None:
+            try:
+                leader.connect(calibrate=True)
+                leader.disconnect()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+                failures.append(exc)
+
+        thread = threading.Thread(target=calibrate)
+        thread.start()
+        keyboard.write("\n")  # "Move ... to the middle of its range ... and press ENTER"
+        keyboard.flush()
+        assert theirs_emu.sweep is not None
+        finished = theirs_emu.sweep.done.wait(30)  # the person finished moving the joints
+        keyboard.write("\n")  # "Press ENTER to stop..."
+        keyboard.flush()
+        thread.join(timeout=30)
+    assert finished and not thread.is_alive() and not failures, failures
+    theirs = tmp_path / "lerobot" / "emulated.json"
+    assert ours.read_bytes() == theirs.read_bytes()

@@ -1,0 +1,103 @@
+"""The emulated arms backed by the sim: the follower is the MuJoCo twin, the leader the operator.
+
+The emulator's calibration is the sim's (``hilrec.sim.units.emulated_calibration``), so what a
+Feetech client reads is the twin's own units, up to the servo's tick quantisation.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
+from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
+from hilrec.drivers.camera import SimCamera
+from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
+from hilrec.drivers.emulator_servo import EmulatedServo
+from hilrec.sim import units
+from hilrec.sim.operator import ScriptedOperator
+
+HALF_TICK_DEG = 0.5 * 360 / MAX_TICK
+
+
+@pytest.fixture(scope="module")
+def twin_follower() -> EmulatedArm:
+    arm = EmulatedArm(EmulatorConfig(role="follower", motion="twin"))
+    arm.start()
+    yield arm
+    arm.stop()
+
+
+def test_emulator_uses_the_sims_calibration(twin_follower: EmulatedArm) -> None:
+    assert twin_follower.frame.calibration == ArmCalibration.from_mapping(
+        units.emulated_calibration())
+
+
+def test_tick_grid_angles_read_exactly_the_twins_units(twin_follower: EmulatedArm) -> None:
+    frame, umap = twin_follower.frame, units.default_units_map()
+    servos = [EmulatedServo(i) for i in range(1, 7)]
+    for servo, cal in zip(servos, frame.calibration.values(), strict=True):
+        servo.set("Homing_Offset", cal.homing_offset)
+    for k in (-700, -1, 0, 1, 333, 640):
+        rad = np.full(6, k / units.TICKS_PER_RAD)
+        rad[5] = umap.joint_ranges[5][0] + abs(k) / units.TICKS_PER_RAD  # gripper from closed
+        ticks = [s.present_from_actual(a) for s, a in zip(servos, frame.actual_from_rad(rad))]
+        read = frame.calibration.ticks_to_units(ticks).astype(np.float32)
+        np.testing.assert_array_equal(read, umap.units_from_rad(rad).astype(np.float32))
+
+
+def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path: Path) -> None:
+    calibration = save_calibration(twin_follower.frame.calibration, tmp_path / "f.json")
+    twin = twin_follower.motion.twin  # type: ignore[attr-defined]
+    with SO101Follower(FollowerConfig(port=twin_follower.port, calibration=calibration)) as arm:
+        reading = arm.read().values
+        with twin_follower.paused():
+            observed = twin.observe()
+        gripper = twin_follower.frame.calibration["gripper"]
+        gripper_tick = 100 / (gripper.range_max - gripper.range_min)
+        tolerance = np.array([HALF_TICK_DEG] * 5 + [gripper_tick / 2]) + 1e-4
+        assert np.all(np.abs(reading - observed) <= tolerance), (reading, observed)
+
+        goal = observed + np.array([10.0, -8.0, 6.0, 5.0, -20.0, 0.0], dtype=np.float32)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            arm.send_action(goal)
+            if np.all(np.abs(arm.read().values[:5] - goal[:5]) < 2.0):
+                break
+        with twin_follower.paused():
+            moved = twin.observe()
+        assert np.all(np.abs(moved[:5] - goal[:5]) < 2.0), (moved, goal)
+
+
+def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
+    leader_emu = EmulatedArm(EmulatorConfig(role="leader"))
+    calibration = save_calibration(leader_emu.frame.calibration, tmp_path / "l.json")
+    operator = ScriptedOperator(0)
+    operator.reset()
+    path = operator.leader_path()
+    with leader_emu, SO101Leader(ArmConfig(port=leader_emu.port, calibration=calibration)) as arm:
+        readings = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            readings.append(arm.read().values)
+    readings = np.array(readings)
+    assert np.ptp(readings, axis=0).max() > 0.5  # the operator's hand moves it
+    # Every reading lies on the operator's path, linearly interpolated between its frames.
+    alphas = np.linspace(0.0, 1.0, 41)[None, :, None]
+    dense = (path[:-1, None, :] + (path[1:] - path[:-1])[:, None, :] * alphas).reshape(-1, 6)
+    for reading in readings[::10]:
+        distance = np.abs(dense - reading).max(axis=1).min()
+        assert distance < 0.5, (reading, distance)
+
+
+def test_sim_camera_renders_the_emulated_followers_twin(twin_follower: EmulatedArm) -> None:
+    with SimCamera.of_emulator(twin_follower, "front", image_size=(96, 128), fps=10,
+                               stall_timeout_s=10) as camera:
+        first = camera.latest()
+        assert first.image.shape == (96, 128, 3) and first.image.dtype == np.uint8
+        assert first.image.std() > 1.0  # a scene, not a blank frame
+        newer = camera.wait_newer(first.index, timeout=10)
+        assert newer.index > first.index and newer.captured_at > first.captured_at
