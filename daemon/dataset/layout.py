@@ -169,11 +169,21 @@ def episode_data_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> 
     for field in schema:
         values = np.ascontiguousarray(columns[field.name])
         if pa.types.is_fixed_size_list(field.type):
-            flat = pa.array(values.reshape(-1), type=field.type.value_type)
+            flat = _primitive_array(values.reshape(-1), field.type.value_type)
             arrays.append(pa.FixedSizeListArray.from_arrays(flat, field.type.list_size))
         else:
-            arrays.append(pa.array(values.reshape(-1), type=field.type))
+            arrays.append(_primitive_array(values.reshape(-1), field.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _primitive_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
+    # From the buffer directly: pa.array() on numpy imports pandas when it is installed, which
+    # costs seconds and holds the GIL in the middle of a recording.
+    if pa.types.is_boolean(arrow_type):
+        bits = np.packbits(values.astype(bool), bitorder="little")
+        return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(bits)])
+    data = np.ascontiguousarray(values, dtype=arrow_type.to_pandas_dtype())
+    return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -80,13 +80,13 @@ def downsample_image(image: np.ndarray) -> np.ndarray:
 
 
 class ImageSampler:
-    """Keeps a bounded, evenly strided set of downsampled frames while an episode streams in.
+    """Keeps a bounded, evenly strided set of per-frame pixel counts while an episode streams in.
 
     The episode length is unknown while frames arrive, so LeRobot's exact sample set cannot be
-    chosen up front. Instead every ``stride``-th frame is kept; when more than ``capacity`` are held
-    the odd ones are dropped and the stride doubles. At the end :meth:`samples` picks, from what is
-    held, the frames nearest to LeRobot's sample indices. Memory stays below ``capacity`` small
-    frames (about 57 kB each for 640x480) however long the episode.
+    chosen up front. Instead every ``stride``-th frame is kept (as its downsampled per-channel
+    256-value counts, so nothing is left to do at save time); when more than ``capacity`` are held
+    the odd ones are dropped and the stride doubles. :meth:`stats` then uses, from what is held,
+    the frames nearest to LeRobot's sample indices. Memory stays at ``capacity`` x C x 256 counts.
     """
 
     def __init__(self, capacity: int = 512) -> None:
@@ -96,7 +96,7 @@ class ImageSampler:
         self.stride = 1
         self.num_frames = 0
         self._indices: list[int] = []
-        self._frames: list[np.ndarray] = []
+        self._counts: list[np.ndarray] = []
 
     def add(self, image: np.ndarray) -> None:
         index = self.num_frames
@@ -104,21 +104,28 @@ class ImageSampler:
         if index % self.stride:
             return
         self._indices.append(index)
-        self._frames.append(downsample_image(image))
-        if len(self._frames) > self.capacity:
+        self._counts.append(channel_counts(downsample_image(image)))
+        if len(self._counts) > self.capacity:
             self.stride *= 2
-            kept = [(i, f) for i, f in zip(self._indices, self._frames) if i % self.stride == 0]
+            kept = [(i, c) for i, c in zip(self._indices, self._counts) if i % self.stride == 0]
             self._indices = [i for i, _ in kept]
-            self._frames = [f for _, f in kept]
+            self._counts = [c for _, c in kept]
 
-    def samples(self) -> np.ndarray:
-        """The chosen downsampled frames, ``(k, h, w, C)`` uint8."""
-        if not self._frames:
-            raise ValueError("ImageSampler.samples(): no frame was added")
+    def stats(self) -> Stats:
+        """Per-channel image stats over the held frames nearest to LeRobot's sample indices."""
+        if not self._counts:
+            raise ValueError("ImageSampler.stats(): no frame was added")
         held = np.asarray(self._indices)
         wanted = sample_indices(self.num_frames)
         picked = sorted({int(np.abs(held - w).argmin()) for w in wanted})
-        return np.stack([self._frames[p] for p in picked])
+        return image_stats_from_counts(np.stack([self._counts[p] for p in picked]))
+
+
+def channel_counts(image: np.ndarray) -> np.ndarray:
+    """``(C, 256)`` counts of each pixel value per channel of an ``(h, w, C)`` uint8 image."""
+    channels = image.shape[-1]
+    flat = image.reshape(-1, channels).astype(np.intp) + 256 * np.arange(channels)
+    return np.bincount(flat.ravel(), minlength=256 * channels).reshape(channels, 256)
 
 
 # --- per-episode stats ---------------------------------------------------------------------------
@@ -157,28 +164,35 @@ def vector_stats(values: np.ndarray) -> Stats:
 
 def image_stats(samples: np.ndarray) -> Stats:
     """Per-channel stats ``(C, 1, 1)`` in [0, 1] of already sampled ``(k, h, w, C)`` uint8 frames."""
-    if samples.ndim != 4:
-        raise ValueError(f"image_stats expects (k, h, w, C) frames, got shape {samples.shape}")
-    channels = samples.shape[-1]
-    pixels = samples.reshape(-1, channels)
-    raw = _column_stats(pixels)
-    stats: Stats = {}
-    for name, value in raw.items():
-        stats[name] = (np.asarray(value, dtype=np.float64) / 255.0).reshape(channels, 1, 1)
-    stats["count"] = np.array([samples.shape[0]], dtype=np.int64)
+    if samples.ndim != 4 or samples.dtype != np.uint8:
+        raise ValueError(f"image_stats expects (k, h, w, C) uint8 frames, got {samples.dtype} "
+                         f"{samples.shape}")
+    return image_stats_from_counts(np.stack([channel_counts(frame) for frame in samples]))
+
+
+def image_stats_from_counts(counts: np.ndarray) -> Stats:
+    """Image stats from ``(k, C, 256)`` per-frame pixel counts (see :func:`channel_counts`)."""
+    frames, channels, _ = counts.shape
+    raw = _stats_from_value_counts(counts.sum(axis=0).astype(np.float64))
+    stats: Stats = {name: (np.asarray(v, dtype=np.float64) / 255.0).reshape(channels, 1, 1)
+                    for name, v in raw.items()}
+    stats["count"] = np.array([frames], dtype=np.int64)
     return stats
 
 
 def _column_stats(table: np.ndarray) -> Stats:
     """min/max/mean/std/quantiles per column of an ``(n, d)`` table."""
-    as_float = table.astype(np.float64, copy=False)
     if len(table) < 2:
         # LeRobot has no histogram for a single sample: every quantile is the mean.
+        as_float = table.astype(np.float64)
         mean = as_float.mean(axis=0)
         stats = {"min": table.min(axis=0), "max": table.max(axis=0), "mean": mean,
                  "std": as_float.std(axis=0)}
         stats.update({q: mean.copy() for q in QUANTILE_KEYS})
         return stats
+    if table.dtype == np.uint8:
+        return _uint8_column_stats(table)
+    as_float = table.astype(np.float64, copy=False)
     minimum = table.min(axis=0)
     maximum = table.max(axis=0)
     mean = as_float.mean(axis=0)
@@ -186,28 +200,59 @@ def _column_stats(table: np.ndarray) -> Stats:
     std = np.sqrt(np.maximum(0.0, mean_sq - mean * mean))
     quantiles = np.empty((len(QUANTILES), table.shape[1]), dtype=np.float64)
     for column in range(table.shape[1]):
-        quantiles[:, column] = _histogram_quantiles(table[:, column], float(minimum[column]),
-                                                    float(maximum[column]))
+        hist, edges = _histogram(table[:, column], float(minimum[column]), float(maximum[column]))
+        quantiles[:, column] = _quantiles_from_histogram(hist, edges, len(table))
     stats = {"min": minimum, "max": maximum, "mean": mean, "std": std}
     stats.update({key: quantiles[i] for i, key in enumerate(QUANTILE_KEYS)})
     return stats
 
 
-def _histogram_quantiles(values: np.ndarray, low: float, high: float) -> np.ndarray:
-    """LeRobot's quantile estimate: 5000-bin histogram on [min, max], interpolated in the bin."""
-    edges = np.linspace(low - 1e-10, high + 1e-10, HISTOGRAM_BINS + 1)
-    if values.dtype == np.uint8:
-        # 256 possible values: place each value's count in its bin instead of binning every pixel.
-        value_counts = np.bincount(values, minlength=256).astype(np.float64)
-        present = np.nonzero(value_counts)[0]
+def _uint8_column_stats(table: np.ndarray) -> Stats:
+    counts = np.stack([np.bincount(table[:, c], minlength=256) for c in range(table.shape[1])])
+    return _stats_from_value_counts(counts.astype(np.float64))
+
+
+def _stats_from_value_counts(counts: np.ndarray) -> Stats:
+    """Stats of uint8 columns given as ``(d, 256)`` value counts, without touching the pixels."""
+    values = np.arange(256, dtype=np.float64)
+    columns = counts.shape[0]
+    minimum = np.empty(columns, dtype=np.uint8)
+    maximum = np.empty(columns, dtype=np.uint8)
+    mean = np.empty(columns)
+    std = np.empty(columns)
+    quantiles = np.empty((len(QUANTILES), columns))
+    for column in range(columns):
+        column_counts = counts[column]
+        total = column_counts.sum()
+        present = np.nonzero(column_counts)[0]
+        minimum[column], maximum[column] = present[0], present[-1]
+        mean[column] = column_counts @ values / total
+        mean_sq = column_counts @ (values * values) / total
+        std[column] = np.sqrt(max(0.0, mean_sq - mean[column] ** 2))
+        edges = _edges(float(present[0]), float(present[-1]))
         bins = np.clip(np.searchsorted(edges, present.astype(np.float64), side="right") - 1,
                        0, HISTOGRAM_BINS - 1)
         hist = np.zeros(HISTOGRAM_BINS)
-        np.add.at(hist, bins, value_counts[present])
-    else:
-        hist = np.histogram(values.astype(np.float64, copy=False), bins=edges)[0].astype(np.float64)
+        np.add.at(hist, bins, column_counts[present])
+        quantiles[:, column] = _quantiles_from_histogram(hist, edges, total)
+    stats: Stats = {"min": minimum, "max": maximum, "mean": mean, "std": std}
+    stats.update({key: quantiles[i] for i, key in enumerate(QUANTILE_KEYS)})
+    return stats
+
+
+def _edges(low: float, high: float) -> np.ndarray:
+    return np.linspace(low - 1e-10, high + 1e-10, HISTOGRAM_BINS + 1)
+
+
+def _histogram(values: np.ndarray, low: float, high: float) -> tuple[np.ndarray, np.ndarray]:
+    edges = _edges(low, high)
+    hist = np.histogram(values.astype(np.float64, copy=False), bins=edges)[0].astype(np.float64)
+    return hist, edges
+
+
+def _quantiles_from_histogram(hist: np.ndarray, edges: np.ndarray, total: int) -> np.ndarray:
+    """LeRobot's estimate: find the bin holding q*n samples and interpolate linearly inside it."""
     cumulative = np.cumsum(hist)
-    total = float(len(values))
     result = np.empty(len(QUANTILES))
     for i, q in enumerate(QUANTILES):
         target = q * total

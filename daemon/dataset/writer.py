@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
@@ -44,7 +45,7 @@ from hilrec.daemon.dataset.layout import (
 )
 from hilrec.daemon.dataset.sidecar import update_dataset_sidecar, write_episode_sidecar
 from hilrec.daemon.dataset.stats import (
-    ImageSampler, compute_episode_stats, image_stats, stats_to_json,
+    ImageSampler, compute_episode_stats, stats_to_json,
 )
 from hilrec.daemon.dataset.video import (
     DEFAULT_MAX_QUEUE_BYTES, EpisodeVideoEncoder, VideoSettings, probe_video,
@@ -89,6 +90,9 @@ class DatasetWriter:
         self._numeric_keys = [k for k in self._validator.expected if not is_video(self.features[k])]
         self._video_keys = video_keys(self.features)
         self._schema = data_schema(self.features)
+        # pyarrow imports pandas (when installed) on its first pa.array() call: seconds of import
+        # holding the GIL. Pay it here, before recording, not in the middle of an episode.
+        pa.array([0])
         self._episode: _OpenEpisode | None = None
         self._tasks: list[str] = list(state.tasks)
         self._num_episodes = len(state.episodes)
@@ -349,7 +353,7 @@ class DatasetWriter:
         pq.write_table(table, data_file, **PARQUET_OPTIONS)
         stats = compute_episode_stats(columns, self.features)
         for key, sampler in episode.samplers.items():
-            stats[key] = image_stats(sampler.samples())
+            stats[key] = sampler.stats()
         ordered = {key: stats[key] for key in self.features if key in stats}
         meta = {
             "episode_index": episode.index,
