@@ -191,20 +191,24 @@ def _load_rows(contents: Contents, findings: Findings) -> None:
     table_keys = [k for k, ft in contents.features.items() if ft.get("dtype") != "video"]
     blocks: list[tuple[Path, int, int, int, dict[str, np.ndarray]]] = []
     global_index: list[np.ndarray] = []
+    index_complete = True
     for path in contents.data_files:
         columns = _read_data_file(path, contents, table_keys, findings)
         if columns is None or "episode_index" not in columns:
             continue
         episodes = columns["episode_index"]
         contents.file_rows.append((path, len(episodes)))
-        global_index.append(columns.get("index", np.full(len(episodes), -1, np.int64)))
+        if "index" in columns:
+            global_index.append(columns["index"])
+        else:
+            index_complete = False  # schema.* already reports the column; no second failure
         change = np.ones(len(episodes), dtype=bool)
         change[1:] = episodes[1:] != episodes[:-1]
         starts = np.flatnonzero(change)
         ends = [*starts[1:], len(episodes)]
         for start, end in zip(starts, ends):
             blocks.append((path, int(start), int(end), int(episodes[start]), columns))
-    contents.global_index = (np.concatenate(global_index) if global_index
+    contents.global_index = (np.concatenate(global_index) if global_index and index_complete
                              else np.array([], np.int64))
     seen: dict[int, tuple[Path, int]] = {}
     previous = -1

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset.checker import CheckReport, check_dataset
+from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.errors import ReplayError
 
 EXIT_PASSED = 0
@@ -49,7 +49,3 @@ def _replay(root: Path) -> Any:
                           f"available in this installation ({exc})") from exc
     return replay_check(root, episodes=None)
 
-
-def check(root: str | Path, *, decode_video: bool = True) -> CheckReport:
-    """Library form of the command (no replay)."""
-    return check_dataset(root, decode_video=decode_video)

@@ -28,6 +28,8 @@ from hilrec.daemon.dataset.sidecar import update_dataset_sidecar, write_episode_
 from hilrec.daemon.errors import DatasetError, DatasetStateError, FrameError
 
 SUPPORTED_LEROBOT: Final[str] = "0.4.4"
+# The native writer names encoders as FFmpeg does; LeRobot 0.4.4 calls libx264 "h264".
+_LEROBOT_CODEC_NAMES: Final[dict[str, str]] = {"libx264": "h264"}
 # LeRobot stages video frames as PNGs here until save_episode encodes them.
 _STAGING_TEMPLATE: Final[str] = "images/{key}/episode-{episode_index:06d}"
 
@@ -83,7 +85,8 @@ class LeRobotSink:
             dataset = LeRobotDataset.create(
                 repo_id=repo_id or f"hilrec/{root.name}", fps=fps, features=lerobot_features,
                 root=root, robot_type=robot_type, use_videos=bool(video_keys(full)),
-                vcodec=video_codec, streaming_encoding=streaming_encoding)
+                vcodec=_LEROBOT_CODEC_NAMES.get(video_codec, video_codec),
+                streaming_encoding=streaming_encoding)
         except (ValueError, OSError) as exc:
             raise DatasetError(f"{root}: LeRobotDataset.create refused: {exc}") from exc
         update_dataset_sidecar(root, {"writer": {"name": "lerobot", "version": version,

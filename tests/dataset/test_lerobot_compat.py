@@ -233,6 +233,15 @@ def test_lerobot_sink_discard_leaves_no_staged_frames(tmp_path: Path) -> None:
     assert np.abs(decoded.astype(np.int16) - stacked(kept, CAM)).mean() < MAX_FRAME_MAE
 
 
+def test_lerobot_sink_with_libx264(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_dataset(LeRobotSink.create, root, [8], cameras=("front",), video_codec="libx264")
+    report = check_dataset(root)
+    assert report.passed, [f.format() for f in report.failures]
+    info = reader.load_info(root)
+    assert info["features"][CAM]["info"]["video.codec"] == "h264"
+
+
 def test_lerobot_sink_lifecycle_and_validation(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     sink = LeRobotSink.create(root, fps=FPS, features=features(), robot_type=ROBOT_TYPE)
