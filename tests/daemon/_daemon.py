@@ -1,0 +1,164 @@
+"""A daemon under test: a real ``hilrec daemon`` subprocess on free ports, driven over ZeroMQ only."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hilrec.daemon.client import ControlClient, LeaderClient, TelemetryClient
+from hilrec.daemon.errors import DaemonUnreachableError
+
+START_TIMEOUT_S = 90.0
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        sockets.append(s)
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def sim_config(root: Path, *, leader: str = "scripted", realtime: bool = True, size: tuple[int, int] = (48, 64),
+               extra: str = "") -> str:
+    return f"""
+mode = "sim"
+fps = 25
+[dataset]
+root = "{root}"
+[leader]
+source = "{leader}"
+watchdog_ms = 300
+[cameras.front]
+source = "sim"
+height = {size[0]}
+width = {size[1]}
+[telemetry]
+preview_hz = 5.0
+preview_width = 32
+[sim]
+realtime = {"true" if realtime else "false"}
+{extra}
+"""
+
+
+class Daemon:
+    """Start with :meth:`start`; every wait below is bounded."""
+
+    def __init__(self, tmp_path: Path, config: str, *, host: str = "127.0.0.1", zmq_extra: str = "") -> None:
+        self.tmp_path = tmp_path
+        self.control_port, self.telemetry_port, self.leader_port = free_ports(3)
+        self.host = host
+        self.config_path = tmp_path / f"daemon-{self.control_port}.toml"
+        zmq_table = (f"[zmq]\nhost = \"{host}\"\ncontrol_port = {self.control_port}\n"
+                     f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n{zmq_extra}")
+        self.config_path.write_text(config + "\n" + zmq_table)
+        self.log_path = tmp_path / f"daemon-{self.control_port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.client: ControlClient | None = None
+
+    @property
+    def control(self) -> str:
+        return f"tcp://127.0.0.1:{self.control_port}"
+
+    def start(self, *, expect_ready: bool = True) -> Daemon:
+        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+        if expect_ready:
+            self.client = ControlClient(self.control, timeout_ms=1000, retries=1)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                if self.process.poll() is not None:
+                    raise AssertionError(f"daemon exited with {self.process.returncode}:\n{self.log()}")
+                try:
+                    self.client.request("status")
+                    break
+                except DaemonUnreachableError:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"daemon not serving after {START_TIMEOUT_S} s:\n{self.log()}") from None
+            self.client.timeout_ms, self.client.retries = 5000, 2
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def request(self, cmd: str, **args: Any) -> dict[str, Any]:
+        assert self.client is not None
+        return self.client.request(cmd, **args)
+
+    def call(self, cmd: str, **args: Any) -> dict[str, Any]:
+        reply = self.request(cmd, **args)
+        assert reply["ok"], f"{cmd} refused: {reply}\n{self.log()}"
+        return reply
+
+    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
+                    what: str = "condition") -> dict[str, Any]:
+        """Poll status until ``predicate`` holds (each poll a bounded request)."""
+        deadline = time.monotonic() + timeout_s
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            status = self.call("status")
+            if predicate(status):
+                return status
+            time.sleep(0.05)  # poll interval between bounded requests
+        raise AssertionError(f"{what} not reached in {timeout_s} s; last status:\n"
+                             f"{json.dumps(status, indent=1)}\n{self.log()}")
+
+    def wait_frames(self, n: int, timeout_s: float = 30.0) -> dict[str, Any]:
+        return self.wait_status(lambda s: (s.get("episode") or {}).get("frames", 0) >= n, timeout_s,
+                                f"{n} frames in the open episode")
+
+    def wait_saved(self, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
+        return self.wait_status(lambda s: s["dataset"]["saved_this_session"] >= n and s["dataset"]["saving"] == 0,
+                                timeout_s, f"{n} saved episodes")
+
+    def telemetry(self, **kwargs: Any) -> TelemetryClient:
+        return TelemetryClient(f"tcp://127.0.0.1:{self.telemetry_port}", **kwargs)
+
+    def leader(self, **kwargs: Any) -> LeaderClient:
+        return LeaderClient(f"tcp://127.0.0.1:{self.leader_port}", **kwargs)
+
+    def signal(self, signum: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def wait_exit(self, timeout_s: float = 60.0) -> int:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"daemon did not exit within {timeout_s} s:\n{self.log()}") from None
+
+    def shutdown(self, timeout_s: float = 60.0) -> int:
+        self.call("shutdown")
+        return self.wait_exit(timeout_s)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+
+def run_cli(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True,
+                          text=True, timeout=timeout_s)

@@ -1,0 +1,107 @@
+"""The wire protocol: what is accepted, and that every refusal names the problem."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hilrec.daemon.errors import (OversizedMessageError, ProtocolError, UnknownCommandError,
+                                  VersionMismatchError)
+from hilrec.daemon.protocol import (COMMANDS, PROTOCOL_VERSION, TOPIC_TICK, FrameFlag, encode_leader,
+                                    error_code, error_reply, flag_names, new_request, ok_reply,
+                                    parse_leader, parse_reply, parse_request, parse_telemetry,
+                                    telemetry_header)
+
+
+def test_every_command_round_trips_through_the_client_encoding() -> None:
+    examples = {"start_episode": {"task": "pick the cube", "seed": 7}, "stop_episode": {"success": True}}
+    for cmd in COMMANDS:
+        request = new_request(cmd, **examples.get(cmd, {}))
+        parsed = parse_request([request.encode()])
+        assert parsed.cmd == cmd and dict(parsed.args) == examples.get(cmd, {})
+        assert parsed.id == request.id and json.loads(request.encode())["v"] == PROTOCOL_VERSION
+
+
+def test_a_hand_typed_request_without_version_or_id_is_read_as_the_current_version() -> None:
+    parsed = parse_request([b'{"cmd": "status"}'])
+    assert parsed.cmd == "status" and parsed.id is None
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "fragment"),
+    [
+        ([b"not json"], ProtocolError, "not valid JSON"),
+        ([b"\xff\xfe"], ProtocolError, "not UTF-8"),
+        ([b"[1, 2]"], ProtocolError, "must be a JSON object, got list"),
+        ([b'{"task": "x"}'], ProtocolError, "no 'cmd' field"),
+        ([b'{"cmd": 3}'], ProtocolError, "'cmd' must be a string"),
+        ([b'{"cmd": "fly"}'], UnknownCommandError, "unknown command 'fly'"),
+        ([b'{"cmd": "status", "v": 2}'], VersionMismatchError, "protocol version int 2"),
+        ([b'{"cmd": "status", "verbose": true}'], ProtocolError, "unknown argument 'verbose'"),
+        ([b'{"cmd": "start_episode"}'], ProtocolError, "needs argument 'task'"),
+        ([b'{"cmd": "start_episode", "task": ""}'], ProtocolError, "non-empty string"),
+        ([b'{"cmd": "start_episode", "task": "a", "seed": "1"}'], ProtocolError, "'seed' must be int"),
+        ([b'{"cmd": "start_episode", "task": "a", "seed": true}'], ProtocolError, "'seed' must be int"),
+        ([b'{"cmd": "start_episode", "task": "a", "seed": -1}'], ProtocolError, "'seed' must be in"),
+        ([b'{"cmd": "stop_episode", "success": 1}'], ProtocolError, "'success' must be bool"),
+        ([b'{"cmd": "status", "x": NaN}'], ProtocolError, "NaN is not a JSON number"),
+        ([b'{"cmd": "status"}', b"extra"], ProtocolError, "has 2 frames, expected exactly 1"),
+        ([b'{"cmd": "status", "id": 5}'], ProtocolError, "'id' must be a string"),
+    ],
+)
+def test_malformed_requests_are_refused_naming_the_problem(frames: list[bytes], error: type,
+                                                            fragment: str) -> None:
+    with pytest.raises(error, match=fragment.replace("(", r"\(")):
+        parse_request(frames)
+
+
+def test_oversized_request_names_its_size_and_the_limit() -> None:
+    payload = json.dumps({"cmd": "start_episode", "task": "x" * 500}).encode()
+    with pytest.raises(OversizedMessageError, match=f"{len(payload)} bytes, over the limit of 100 bytes") as info:
+        parse_request([payload], max_bytes=100)
+    assert error_code(info.value) == "too_large"
+
+
+def test_replies_carry_version_and_echo_the_id() -> None:
+    ok = parse_reply(ok_reply("abc", cmd="status", state="idle"))
+    assert ok == {"v": PROTOCOL_VERSION, "id": "abc", "ok": True, "cmd": "status", "state": "idle"}
+    err = parse_reply(error_reply(None, "no episode", "bad_state"))
+    assert err["ok"] is False and err["error"] == "no episode" and err["code"] == "bad_state"
+    with pytest.raises(VersionMismatchError):
+        parse_reply(b'{"ok": true}')
+
+
+def test_leader_command_is_six_finite_numbers_cast_to_float32() -> None:
+    command = parse_leader([encode_leader([1.5, -2, 3, 4, 5, 60], seq=9)])
+    assert command.seq == 9 and command.action.dtype == np.float32
+    np.testing.assert_array_equal(command.action, np.float32([1.5, -2, 3, 4, 5, 60]))
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        (b'{"v": 1, "type": "leader", "action": [1, 2, 3]}', "list of 6 numbers"),
+        (b'{"v": 1, "type": "leader", "action": [1, 2, 3, 4, 5, "6"]}', "'action[5]' must be a finite"),
+        (b'{"v": 1, "type": "leader", "action": [1, 2, 3, 4, 5, 1e999]}', "'action[5]' must be a finite"),
+        (b'{"v": 1, "type": "goal", "action": [1, 2, 3, 4, 5, 6]}', "'type' must be 'leader'"),
+        (b'{"type": "leader", "action": [1, 2, 3, 4, 5, 6]}', "no protocol version"),
+        (b'{"v": 1, "type": "leader", "action": [1, 2, 3, 4, 5, 6], "speed": 2}', "unknown field 'speed'"),
+    ],
+)
+def test_bad_leader_commands_are_refused(payload: bytes, fragment: str) -> None:
+    with pytest.raises(ProtocolError, match=fragment.replace("[", r"\[").replace("(", r"\(")):
+        parse_leader([payload])
+
+
+def test_telemetry_header_is_checked_against_its_topic() -> None:
+    topic, header, rest = parse_telemetry([TOPIC_TICK, telemetry_header(TOPIC_TICK, 4, slot=4), b"x"])
+    assert topic == "tick" and header["seq"] == 4 and header["v"] == PROTOCOL_VERSION and rest == [b"x"]
+    with pytest.raises(ProtocolError, match="does not match topic"):
+        parse_telemetry([b"event", telemetry_header(TOPIC_TICK, 0)])
+
+
+def test_frame_flag_names_are_stable_bits() -> None:
+    assert FrameFlag.FOLLOWER_RETRIED == 1 and FrameFlag.OVERRUN == 1 << 10
+    assert flag_names(int(FrameFlag.LATE | FrameFlag.CLAMPED)) == ["clamped", "late"]

@@ -1,0 +1,95 @@
+"""Daemon configs: the shipped ones load; a bad one is refused at start, naming the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.settings import is_loopback, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
+MINIMAL = """
+mode = "sim"
+[dataset]
+root = "data/x"
+[leader]
+source = "scripted"
+"""
+
+
+@pytest.mark.parametrize("mode", ["sim", "hil", "emulated"])
+def test_shipped_configs_load(mode: str) -> None:
+    settings = load_settings(REPO / "configs" / f"{mode}.toml")
+    assert settings.mode == mode and settings.fps == 25
+    assert settings.zmq.host == "127.0.0.1"
+    assert (settings.zmq.control_port, settings.zmq.telemetry_port, settings.zmq.leader_port) == (5555, 5556, 5557)
+
+
+def test_root_flag_overrides_the_config(tmp_path: Path) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text(MINIMAL)
+    assert load_settings(path, root=tmp_path / "elsewhere").dataset.root == tmp_path / "elsewhere"
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "fragment"),
+    [
+        ("fps = 0\n", "fps", "1..1000"),
+        ("colour = 1\n", "colour", "unknown key"),
+        ("[zmq]\ncontrol_port = 70000\n", "zmq.control_port", "TCP port"),
+        ("[zmq]\ncontrol_port = 5556\n", "zmq.leader_port", "must differ"),
+        ("[zmq]\nhost = \"0.0.0.0\"\n", "zmq.curve", "requires CURVE keys"),
+        ("[cameras.front]\nsource = \"opencv\"\ndevice = \"0\"\n", "cameras.front.source", "cannot be used in sim mode"),
+        ("[cameras.front]\nsource = \"sim\"\nwidth = -2\n", "cameras.front.width", "must be positive"),
+        ("[faults]\non_device_lost = \"ignore\"\n", "faults.on_device_lost", "one of"),
+        ("[telemetry]\njpeg_quality = 0\n", "telemetry.jpeg_quality", "1..100"),
+        ("[emulated]\nfollower_faults = [\"explode\"]\n", "emulated.follower_faults[0]", "unknown fault"),
+    ],
+)
+def test_invalid_values_name_their_key(tmp_path: Path, extra: str, key: str, fragment: str) -> None:
+    path = tmp_path / "d.toml"
+    # Top-level keys must precede the tables in TOML.
+    body = extra + MINIMAL if not extra.startswith("[") else MINIMAL + extra
+    path.write_text(body)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.key == key and fragment in info.value.problem
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('mode = "hil"\n[dataset]\nroot = "x"\n[leader]\nsource = "serial"\n', "follower.port"),
+        ('mode = "emulated"\n[dataset]\nroot = "x"\n[leader]\nsource = "scripted"\n', "leader.source"),
+        ('mode = "emulated"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/ttyACM0"\n'
+         '[leader]\nsource = "serial"\n', "follower.port"),
+        ('mode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n[leader]\nsource = "remote"\n'
+         '[sim]\nrealtime = false\n', "sim.realtime"),
+    ],
+)
+def test_cross_field_rules_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.key == key
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert is_loopback("127.0.0.2")
+    assert not is_loopback("0.0.0.0") and not is_loopback("*") and not is_loopback("192.168.1.4")
+
+
+def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(MINIMAL + "[zmq]\nleader_port = 99999\n")
+    result = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "config key 'zmq.leader_port'" in result.stderr and str(path) in result.stderr
+    assert not (tmp_path / "data").exists()
