@@ -135,7 +135,7 @@ def _summary(contents: Contents | None) -> dict[str, Any]:
     return {
         "fps": contents.fps,
         "episodes": len(contents.episodes),
-        "frames": sum(len(r.columns.get("index", [])) for r in contents.rows.values()),
+        "frames": sum(r.length for r in contents.rows.values()),
         "tasks": len(contents.tasks or {}),
         "video_keys": contents.video_keys,
         "data_files": len(contents.data_files),

@@ -90,7 +90,8 @@ def check_image_feature_stats(contents: Contents, findings: Findings) -> None:
             except ValueError as exc:
                 findings.add("schema.shape", rows.file, str(exc), episode=episode, key=key)
                 continue
-            problem = image_stats_problem(stored, rows.length, samples)
+            problem = image_stats_problem(stored, rows.length, samples,
+                                          contents.features[key]["shape"])
             if problem:
                 findings.add("stats.episode", file, problem, episode=episode, key=key)
 

@@ -27,7 +27,7 @@ import numpy as np
 from hilrec.daemon.dataset.checks_common import Contents, Findings
 from hilrec.daemon.dataset.reader import INFO_PATH, VideoStreamInfo, probe_video, video_file_path
 from hilrec.daemon.dataset.stats import (
-    QUANTILE_KEYS, STAT_KEYS, downsample_image, image_stats, sample_indices,
+    QUANTILE_KEYS, STAT_KEYS, downsample_factor, downsample_image, image_stats, sample_indices,
 )
 from hilrec.daemon.errors import CorruptDatasetError
 
@@ -188,22 +188,30 @@ def _compare_image_stats(contents: Contents, key: str, span: _Span, findings: Fi
         findings.add("stats.episode", file, f"stats/{key}/* columns missing or incomplete",
                      episode=span.episode, key=key)
         return
-    problem = image_stats_problem(stored, span.length, span.samples)
+    problem = image_stats_problem(stored, span.length, span.samples,
+                                  contents.features[key]["shape"])
     if problem:
         findings.add("stats.episode", file, problem, episode=span.episode, key=key)
 
 
-def image_stats_problem(stored: dict[str, np.ndarray], length: int,
-                        samples: list[np.ndarray]) -> str | None:
-    """The first way one image feature's stats disagree with the sampled (downsampled) frames."""
+def image_stats_problem(stored: dict[str, np.ndarray], length: int, samples: list[np.ndarray],
+                        shape: list[int]) -> str | None:
+    """The first way one image feature's stats disagree with the sampled (downsampled) frames.
+
+    ``count`` is the number of sampled frames, except that LeRobot 0.4.4's streaming encoder
+    counts the pixels of every (downsampled) frame; both are accepted.
+    """
+    factor = downsample_factor(shape[0], shape[1])
+    pixels_per_frame = -(-shape[0] // factor) * -(-shape[1] // factor)
     values = {n: np.asarray(stored[n], dtype=np.float64).reshape(-1) for n in STAT_KEYS}
     channels = values["mean"].size
     for name in STAT_KEYS:
         if name != "count" and values[name].size != channels:
             return f"{name} has {values[name].size} values, mean has {channels}"
     count = int(values["count"][0])
-    if not 1 <= count <= length:
-        return f"count is {count}, must be 1 .. {length} (frames sampled from the episode)"
+    if not (1 <= count <= length or count == length * pixels_per_frame):
+        return (f"count is {count}: neither a number of sampled frames (1 .. {length}) nor the "
+                f"pixels of every frame ({length} x {pixels_per_frame})")
     for name in STAT_KEYS:
         if name != "count" and ((values[name] < -ORDER_SLACK) | (values[name] > 1 + ORDER_SLACK)
                                 | ~np.isfinite(values[name])).any():

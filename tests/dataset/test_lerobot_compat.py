@@ -242,6 +242,16 @@ def test_lerobot_sink_with_libx264(tmp_path: Path) -> None:
     assert info["features"][CAM]["info"]["video.codec"] == "h264"
 
 
+def test_check_accepts_lerobot_streaming_encoder_output(tmp_path: Path) -> None:
+    # LeRobot's streaming encoder counts pixels, not frames, in its image stats.
+    root = tmp_path / "ds"
+    write_dataset(LeRobotSink.create, root, [10, 7], cameras=("front",), streaming_encoding=True)
+    counts = [e["stats"][CAM]["count"].item() for e in reader.load_episodes(root, with_stats=True)]
+    assert counts == [10 * 96 * 128, 7 * 96 * 128]
+    report = check_dataset(root)
+    assert report.passed, [f.format() for f in report.failures]
+
+
 def test_lerobot_sink_lifecycle_and_validation(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     sink = LeRobotSink.create(root, fps=FPS, features=features(), robot_type=ROBOT_TYPE)
