@@ -18,7 +18,7 @@ replayed; it is reported as such, with the reason, and never counts as passed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,14 +203,21 @@ def _why_not_replayable(meta: Mapping[str, Any] | None, arrays: Mapping[str, np.
     return ""
 
 
-def run_actions(twin: Twin, initial_state: np.ndarray, actions: np.ndarray,
-                pushes: list[Push]) -> tuple[np.ndarray, Outcome]:
-    """Restore ``initial_state``, play ``actions`` (with ``pushes``); observations and outcome."""
+def run_actions(twin: Twin, initial_state: np.ndarray, actions: np.ndarray, pushes: list[Push],
+                on_observe: Callable[[int, np.ndarray], None] | None = None
+                ) -> tuple[np.ndarray, Outcome]:
+    """Restore ``initial_state``, play ``actions`` (with ``pushes``); observations and outcome.
+
+    ``on_observe(frame, observation)`` runs after each observation, before the frame acts (where
+    the recorder renders its cameras).
+    """
     twin.set_state(initial_state)
     at = pushes_by_frame(pushes)
     observations = np.empty((len(actions), len(JOINT_NAMES)), dtype=np.float32)
     for frame, action in enumerate(actions):
         observations[frame] = twin.observe()
+        if on_observe is not None:
+            on_observe(frame, observations[frame])
         act_and_step(twin, action, at.get(frame, ()))
     return observations, outcome_of(twin)
 

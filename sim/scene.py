@@ -250,21 +250,23 @@ def look_at_quat(position: np.ndarray, target: np.ndarray, up: np.ndarray) -> np
 
 def _add_cameras_and_lights(spec: mujoco.MjSpec) -> None:
     world = spec.worldbody
-    front_pos = np.array([0.62, 0.02, 0.36])
+    # In front of the arm and off to its left, so the arm, the cube and the bin all show.
+    front_pos = np.array([0.52, 0.32, 0.42])
     world.add_camera(name="front", pos=front_pos, fovy=50,
-                     quat=look_at_quat(front_pos, np.array([0.18, -0.06, 0.03]),
+                     quat=look_at_quat(front_pos, np.array([0.12, -0.05, 0.05]),
                                        np.array([0.0, 0.0, 1.0])))
-    # The wrist camera sits behind the fixed jaw, looking along the jaws at the grasp zone,
-    # as the usual SO-101 wrist mount does.
+    # The wrist camera sits on the outer side of the fixed jaw, looking along the jaws at the
+    # grasp zone with the jaw at the bottom of the image, as the usual SO-101 wrist mount does.
     site = spec.site(GRIPPER_SITE)
     site_rot = np.zeros(9)
     mujoco.mju_quat2Mat(site_rot, np.asarray(site.quat, dtype=float))
     rot = site_rot.reshape(3, 3)
     origin = np.asarray(site.pos, dtype=float)
-    cam_pos = origin + rot @ np.array([-0.075, 0.0, -0.04])
-    target = origin + rot @ np.array([0.03, 0.0, 0.012])
-    spec.body(GRIPPER_BODY).add_camera(name="wrist", pos=cam_pos, fovy=75,
-                                       quat=look_at_quat(cam_pos, target, rot @ np.array([0, 0, 1.0])))
+    cam_pos = origin + rot @ np.array([-0.04, 0.0, -0.06])
+    target = origin + rot @ np.array([0.04, 0.0, 0.01])
+    spec.body(GRIPPER_BODY).add_camera(
+        name="wrist", pos=cam_pos, fovy=70,
+        quat=look_at_quat(cam_pos, target, rot @ np.array([0.0, 0.0, -1.0])))
     world.add_light(name="sun", pos=[0.2, 0.0, 1.5], dir=[0, 0, -1], castshadow=False,
                     diffuse=[0.7, 0.7, 0.7], specular=[0.1, 0.1, 0.1])
     spec.visual.headlight.ambient = [0.35, 0.35, 0.35]

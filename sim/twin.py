@@ -233,6 +233,10 @@ class Twin:
         self._check_warnings("set_state")
         self.frame_index = 0
 
+    def actuator_targets(self) -> np.ndarray:
+        """The servo targets (ctrl, rad) of the six joints, as last commanded (a copy)."""
+        return self._data.ctrl[self._actuator_ids].copy()
+
     @property
     def time(self) -> float:
         return float(self._data.time)
