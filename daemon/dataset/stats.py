@@ -159,7 +159,7 @@ def vector_stats(values: np.ndarray) -> Stats:
     table = values.reshape(len(values), -1)
     stats = _column_stats(table)
     stats["count"] = np.array([len(values)], dtype=np.int64)
-    return stats
+    return {name: stats[name] for name in STAT_KEYS}
 
 
 def image_stats(samples: np.ndarray) -> Stats:
@@ -177,7 +177,7 @@ def image_stats_from_counts(counts: np.ndarray) -> Stats:
     stats: Stats = {name: (np.asarray(v, dtype=np.float64) / 255.0).reshape(channels, 1, 1)
                     for name, v in raw.items()}
     stats["count"] = np.array([frames], dtype=np.int64)
-    return stats
+    return {name: stats[name] for name in STAT_KEYS}
 
 
 def _column_stats(table: np.ndarray) -> Stats:
