@@ -54,14 +54,18 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *,
     lag_text = "n/a" if lag.frames is None else f"{lag.frames:.2f} frames ({result.ms(lag.frames):.0f} ms)"
     fig.suptitle(f"episode {result.episode_index}: {result.verdict.value} - lag {lag_text}\n"
                  f"{_wrap(result.reason, 140)}", fontsize=10)
+    first: Any = None
+    last_row = len(JOINT_NAMES) - 1
     for j, name in enumerate(JOINT_NAMES):
         unit = "0..100" if j == GRIPPER else "deg"
-        ax = fig.add_subplot(grid[j, 0])
+        ax = fig.add_subplot(grid[j, 0], sharex=first)
+        first = first or ax
         ax.plot(t, traj.action[:, j], color=_COLOURS["action"], lw=0.8, label="action")
         ax.plot(t, traj.recorded[:, j], color=_COLOURS["recorded"], lw=1.4, label="recorded")
         ax.plot(t, traj.replayed[:, j], color=_COLOURS["replayed"], lw=1.2, ls="--", label="replayed")
         ax.set_ylabel(f"{name}\n[{unit}]", fontsize=8)
-        ax.tick_params(labelsize=7)
+        # Time labels on the bottom row only: text is most of what a figure costs to draw.
+        ax.tick_params(labelsize=7, labelbottom=j == last_row)
         joint = result.joints[j]
         if joint.divergence is not None:
             ax.axvline(joint.divergence.onset / fps, color=_COLOURS["aligned"], lw=1.0)
@@ -73,7 +77,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *,
         if j == 0:
             ax.legend(loc="upper right", fontsize=7, ncols=3)
 
-        ex = fig.add_subplot(grid[j, 1], sharex=ax)
+        ex = fig.add_subplot(grid[j, 1], sharex=first)
         limits = settings.consistency.gripper if j == GRIPPER else settings.consistency.body
         ex.plot(t, traj.recorded[:, j] - traj.replayed[:, j], color=_COLOURS["raw"], lw=0.8,
                 label="error, as recorded")
@@ -83,7 +87,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *,
             ex.axhline(sign * limits.max, color=_COLOURS["limit"], lw=0.8, ls=":")
         ex.set_title(f"RMS {joint.aligned_rms_error:.2f}  max {joint.aligned_max_error:.2f}  "
                      f"lag {_fmt(joint.lag_frames)} fr", fontsize=8)
-        ex.tick_params(labelsize=7)
+        ex.tick_params(labelsize=7, labelbottom=j == last_row)
         if j == 0:
             ex.legend(loc="upper right", fontsize=7)
     ax.set_xlabel("time [s]", fontsize=8)

@@ -77,12 +77,19 @@ def leader_path(seed: int, frames: int, fps: int = FPS) -> np.ndarray:
 
 
 def make_twin(fps: int = FPS) -> Any:
+    """A twin without cameras, cube parked out of reach, stepping ``fps`` in whole steps.
+
+    The physics step is the one ``hilrec replay`` picks for a dataset that does not state one
+    (the twin's 5 ms when it divides the frame, e.g. 4.76 ms at 30 fps), as a recorder with its
+    own clock would have run.
+    """
+    from hilrec.daemon.replay_engine import timestep_for
     from hilrec.sim.scene import SceneConfig
     from hilrec.sim.twin import Twin
 
     # The cube is parked out of reach: these recordings are about the arm only.
-    scene = replace(SceneConfig(), cube_x_range=(0.55, 0.55), cube_y_range=(0.35, 0.35),
-                    cube_yaw_range=(0.0, 0.0))
+    scene = replace(SceneConfig(), timestep=timestep_for(fps, None)[0],
+                    cube_x_range=(0.55, 0.55), cube_y_range=(0.35, 0.35), cube_yaw_range=(0.0, 0.0))
     return Twin(fps=fps, cameras=(), scene=scene)
 
 
@@ -113,18 +120,22 @@ def record(spec: RecordingSpec, twin: Any) -> Episode:
 
 
 class FaultyMotion:
-    """The emulated follower's twin motion, with the faults of a real follower.
+    """The emulated follower's twin motion, with the faults of a real follower and a clock choice.
 
     - ``latency_s``: every goal reaches the joints that late (a queue between the two arms);
     - ``jam_joint``: after :meth:`jam` that joint's servo gets no goal (it holds where it is, as
       the emulator's motion models do for a servo without torque) while its reading stays
       truthful: the servo has stopped responding to commands.
 
-    It also remembers when the emulator first advanced it, so a recorder can put its ticks
-    mid-way between the twin's whole-frame steps (see :func:`record_emulated`).
+    The emulator hands the motion the wall clock. With ``virtual_period`` the motion runs on the
+    recorder's tick clock instead (:meth:`set_tick`: tick ``k`` is mid-way through frame ``k``),
+    so the twin steps exactly one frame per recorded row however loaded the machine is; every
+    packet still crosses the pty and the servo registers. Without it, it remembers when the
+    emulator first advanced it, so a wall-clock recorder can put its ticks mid-frame.
     """
 
-    def __init__(self, inner: Any, *, jam_joint: str | None = None, latency_s: float = 0.0) -> None:
+    def __init__(self, inner: Any, *, jam_joint: str | None = None, latency_s: float = 0.0,
+                 virtual_period: float | None = None) -> None:
         import collections
         import threading
 
@@ -134,12 +145,22 @@ class FaultyMotion:
         self._latency = latency_s
         self._queue: collections.deque[tuple[float, list[float | None]]] = collections.deque()
         self._effective: list[float | None] | None = None
+        self._period = virtual_period
+        self._tick = 0
         self.first_advance: float | None = None
 
     def jam(self) -> None:
         self._jammed.set()
 
+    def set_tick(self, tick: int) -> None:
+        """Virtual clock: the recorder's tick about to start (before it sends any packet)."""
+        self._tick = tick
+
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        if self._period is not None:
+            # Power-up is time 0; tick k is half a frame into frame k, far from any boundary the
+            # emulator's int((now - t0) / period) could round the wrong way.
+            now = 0.0 if self.first_advance is None else (self._tick + 0.5) * self._period
         if self.first_advance is None:
             self.first_advance = now
         self._queue.append((now, list(targets)))
@@ -161,20 +182,24 @@ class FaultyMotion:
 
 
 def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
-                    settle_frames: int = 10) -> Episode:
-    """One episode through the emulated follower: pty, STS3215 registers, SO101Follower, at 25 Hz.
+                    settle_frames: int = 10, realtime: bool = False) -> Episode:
+    """One episode through the emulated follower: pty, STS3215 registers, SO101Follower.
 
     The follower's motion is a twin (cube parked, as in :func:`make_twin`); goals and readings
-    travel as servo ticks through the emulated calibration, paced on the wall clock.
+    travel as servo ticks through the emulated calibration.
+
+    ``realtime=False`` (the tests) runs the emulated physics on the recorder's tick clock (see
+    :class:`FaultyMotion`): deterministic and as fast as the pty answers. ``realtime=True`` paces
+    ticks on the wall clock at ``fps``, as the daemon does; the emulator then steps its twin a
+    whole frame each time a frame boundary of its own clock has passed, so the ticks start half a
+    frame after a boundary (had a boundary fallen between the read and the goal write, every goal
+    would act a frame late: a real one-frame lag, which the check would report). Scheduling
+    jitter on a loaded machine still moves single goals by a frame: that is what real timing
+    looks like, and what the thresholds were measured on.
 
     A servo that stops answering (``unresponsive``: the emulator's ``missing`` fault) fails the
     follower's sync read; as hilrec's loop does, the row then repeats the last good observation
     and is flagged FOLLOWER_FAILED, and the goals are still written.
-
-    The emulator steps its twin a whole frame each time a frame boundary of its own clock has
-    passed. If a boundary fell between the recorder's read and its goal write, each goal would
-    act one frame late (a real one-frame lag, which the check reports); a clean recording
-    therefore starts its ticks half a frame after a boundary.
     """
     from hilrec.daemon.clock import TickPacer
     from hilrec.daemon.errors import BusError
@@ -187,34 +212,46 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
     from hilrec.sim.units import emulated_calibration
 
     if spec.latency_frames or spec.obs_shift_frames:
-        raise ValueError("on the emulated path latency is latency_s (wall clock); "
+        raise ValueError("on the emulated path latency is latency_ms; "
                          "the observation shift is a synthetic-recording fault")
     leader = leader_path(spec.seed, spec.frames, fps)
     twin = make_twin(fps)
     twin.reset(spec.seed, arm_units=leader[0])
     frame = MechanicalFrame.from_sim()
     calibration = write_calibration(workdir / f"follower-{spec.seed}.json", emulated_calibration())
+    period = 1.0 / fps
     motion = FaultyMotion(TwinMotion(frame, twin=twin), latency_s=spec.latency_ms / 1000.0,
-                          jam_joint=spec.frozen.joint if spec.frozen is not None else None)
+                          jam_joint=spec.frozen.joint if spec.frozen is not None else None,
+                          virtual_period=None if realtime else period)
     arm = EmulatedArm(EmulatorConfig(role="follower", calibration=calibration),
                       motion=motion, frame=frame)
     states, actions, flags = [], [], []
-    period = 1.0 / fps
-    # No retries and a short reply timeout: a servo that never answers must not eat the tick.
-    config = FollowerConfig(port="", calibration=calibration, read_retries=0, reply_timeout_ms=5.0)
-    with arm as port, SO101Follower(replace(config, port=port)) as follower:
-        assert motion.first_advance is not None  # the emulator advanced it at power-up
-        now = time.monotonic()
-        mid_frame = motion.first_advance + (math.floor((now - motion.first_advance) / period)
-                                            + 1.5) * period
-        while time.monotonic() < mid_frame:
-            time.sleep(max(0.0, mid_frame - time.monotonic()) / 2)
-        pacer = TickPacer(period)
-        for _ in range(settle_frames):  # the person holds the leader still before recording
+    with arm as port, SO101Follower(FollowerConfig(port=port, calibration=calibration)) as follower:
+        pacer = TickPacer(period, realtime=realtime)
+        if realtime:
+            assert motion.first_advance is not None  # the emulator advanced it at power-up
+            now = time.monotonic()
+            mid_frame = motion.first_advance + (math.floor((now - motion.first_advance) / period)
+                                                + 1.5) * period
+            while time.monotonic() < mid_frame:
+                time.sleep(max(0.0, mid_frame - time.monotonic()) / 2)
+        def write(goal: np.ndarray) -> np.ndarray:
+            handled = arm.packets_handled
+            sent = follower.send_action(goal).sent
+            # A sync write gets no reply: on the virtual clock the next tick must not start
+            # before the emulator has taken this goal, or the goal would act a frame late.
+            if not realtime and not arm.wait_handled(handled + 1):
+                raise TimeoutError("the emulated follower did not take a goal within 5 s")
+            return sent
+
+        for tick in range(settle_frames):  # the person holds the leader still before recording
+            motion.set_tick(tick)
             pacer.next_tick()
-            follower.send_action(leader[0])
+            write(leader[0])
+        motion.set_tick(settle_frames)
         last_good = follower.get_observation().values
         for t in range(spec.frames):
+            motion.set_tick(settle_frames + t)
             pacer.next_tick()
             if spec.frozen is not None and t == spec.frozen.from_frame:
                 motion.jam()
@@ -226,7 +263,7 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
             except BusError:
                 flag = int(FrameFlag.FOLLOWER_FAILED)
             states.append(last_good)
-            actions.append(follower.send_action(leader[t]).sent)
+            actions.append(write(leader[t]))
             flags.append(flag)
     return Episode(spec=spec, action=np.array(actions, dtype=np.float32),
                    state=np.array(states, dtype=np.float32),
@@ -239,7 +276,8 @@ def to_m100_100(values: np.ndarray, calibration: dict[str, dict[str, int]]) -> n
     for j, name in enumerate(JOINT_NAMES[:-1]):
         cal = calibration[name]
         ticks_from_mid = out[:, j] * 4095 / 360
-        out[:, j] = ticks_from_mid / (cal["range_max"] - cal["range_min"]) * 200
+        value = ticks_from_mid / (cal["range_max"] - cal["range_min"]) * 200
+        out[:, j] = -value if cal["drive_mode"] else value  # LeRobot's drive_mode negates M100
     return out.astype(np.float32)
 
 

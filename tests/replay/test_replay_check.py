@@ -1,0 +1,276 @@
+"""`hilrec replay` on recordings with known faults (issue 6, item 3).
+
+| recording                                         | made by                        | expected      |
+|---------------------------------------------------|--------------------------------|---------------|
+| clean                                             | emulated follower (pty, arm)   | consistent    |
+| a servo jams mid-episode                          | emulated follower              | diverged, from the jam |
+| a servo stops answering mid-episode               | emulated follower (bus fault)  | diverged, from the silence |
+| leader->follower latency of 70 ms (1.75 frames)   | emulated follower              | lagging, within a frame |
+| observation column one frame late                 | twin recorder                  | lagging by one frame |
+| leader->follower latency of 3 frames              | twin recorder                  | lagging by 3 frames |
+| written by LeRobot's own writer, no hilrec files  | LeRobotDataset                 | replayed with the flags, else not replayable with the reason |
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hilrec.daemon.cli import main
+from hilrec.daemon.replay_analysis import Verdict
+from hilrec.daemon.replay_check import DatasetCheck, check_dataset
+from hilrec.daemon.replay_settings import ReplaySettings
+
+from _recordings import (
+    Frozen,
+    RecordingSpec,
+    make_twin,
+    record,
+    record_emulated,
+    write_calibration,
+    write_native,
+    write_with_lerobot,
+)
+
+SETTINGS = ReplaySettings()
+EMULATED = {
+    "clean": RecordingSpec(seed=0, frames=100),
+    "jammed": RecordingSpec(seed=10, frames=100, frozen=Frozen("elbow_flex", 60)),
+    "silent": RecordingSpec(seed=4, frames=80, unresponsive=Frozen("wrist_flex", 50)),
+    "latency": RecordingSpec(seed=1, frames=100, latency_ms=70.0),
+}
+SYNTHETIC = {
+    "clean": RecordingSpec(seed=0, frames=200),
+    "obs_late": RecordingSpec(seed=1, frames=200, obs_shift_frames=1),
+    "latency": RecordingSpec(seed=2, frames=200, latency_frames=3),
+    "frozen": RecordingSpec(seed=3, frames=200, frozen=Frozen("shoulder_lift", 120)),
+}
+# A follower calibration unlike the emulated one: narrower and wider ranges, one inverted joint.
+ARM_CALIBRATION = {
+    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": 120, "range_min": 700, "range_max": 3400},
+    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": -300, "range_min": 800, "range_max": 3300},
+    "elbow_flex": {"id": 3, "drive_mode": 1, "homing_offset": 50, "range_min": 850, "range_max": 3250},
+    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": 0, "range_min": 900, "range_max": 3200},
+    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": -20, "range_min": 0, "range_max": 4095},
+    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 10, "range_min": 2000, "range_max": 3300},
+}
+
+
+def by_name(check: DatasetCheck, names: dict[str, RecordingSpec]) -> dict[str, object]:
+    return {name: check.results[i] for i, name in enumerate(names)}
+
+
+@pytest.fixture(scope="module")
+def emulated_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("emulated")
+    episodes = [record_emulated(spec, work) for spec in EMULATED.values()]
+    return write_native(work / "dataset", episodes, make_twin())
+
+
+@pytest.fixture(scope="module")
+def emulated(emulated_root: Path) -> dict[str, object]:
+    check = check_dataset(emulated_root, settings=SETTINGS, settings_source="defaults")
+    return by_name(check, EMULATED)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    twin = make_twin()
+    episodes = [record(spec, twin) for spec in SYNTHETIC.values()]
+    root = write_native(tmp_path_factory.mktemp("synthetic") / "dataset", episodes, twin)
+    return by_name(check_dataset(root, settings=SETTINGS, settings_source="defaults"), SYNTHETIC)
+
+
+@pytest.fixture(scope="module")
+def lerobot_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("lerobot")
+    twin30 = make_twin(30)  # LeRobot's default rate: 30 fps, not a multiple of the twin's 5 ms
+    degrees = [record(RecordingSpec(seed=5, frames=150), twin30),
+               record(RecordingSpec(seed=6, frames=150, obs_shift_frames=1), twin30)]
+    twin25 = make_twin()
+    m100 = [record(RecordingSpec(seed=7, frames=150), twin25)]
+    return {
+        "degrees": write_with_lerobot(work / "degrees", degrees, fps=30),
+        "m100": write_with_lerobot(work / "m100", m100, body_units="m100_100",
+                                   calibration=ARM_CALIBRATION),
+        "calibration": write_calibration(work / "follower.json", ARM_CALIBRATION),
+    }
+
+
+# --- the emulated follower ---------------------------------------------------------------------
+
+
+def test_clean_emulated_recording_is_consistent(emulated: dict) -> None:
+    clean = emulated["clean"]
+    assert clean.verdict is Verdict.CONSISTENT, clean.reason
+    assert abs(clean.lag.frames) < SETTINGS.lag.tolerance_frames
+    # Servo ticks quantise both columns (0.088 deg): the twin tracks to a fraction of a degree.
+    assert all(j.aligned_rms_error < 0.5 for j in clean.joints)
+
+
+def test_jammed_servo_diverges_from_the_jam(emulated: dict) -> None:
+    jammed = emulated["jammed"]
+    assert jammed.verdict is Verdict.DIVERGED
+    assert jammed.divergence_joint == "elbow_flex"
+    # Jammed as tick 60 starts, so row 60 already reads a joint that missed row 59's goal.
+    assert 60 <= jammed.divergence_onset <= 62, jammed.reason
+    assert "frame" in jammed.reason and f"{jammed.divergence_onset / 25:.2f} s" in jammed.reason
+    others = [j for j in jammed.joints if j.name not in ("elbow_flex",)]
+    assert all(j.divergence is None for j in others)
+
+
+def test_silent_servo_diverges_from_the_silence(emulated: dict) -> None:
+    silent = emulated["silent"]
+    assert silent.verdict is Verdict.DIVERGED
+    # From frame 50 every read fails and the row repeats the last good one (frame 49's).
+    assert 49 <= silent.divergence_onset <= 51, silent.reason
+    count, first = silent.recorder_flags["follower_failed"]
+    assert (count, first) == (30, 50)
+    assert any("follower_failed" in note for note in silent.notes)
+    assert abs(silent.lag.frames) < SETTINGS.lag.tolerance_frames
+
+
+def test_follower_latency_is_measured_within_a_frame(emulated: dict) -> None:
+    late = emulated["latency"]
+    assert late.verdict is Verdict.LAGGING, late.reason
+    assert abs(late.lag.frames - 70.0 / 40.0) <= 1.0
+    assert late.ms(late.lag.frames) == pytest.approx(late.lag.frames * 40.0)
+
+
+# --- the twin recorder: column and timing faults -----------------------------------------------
+
+
+def test_clean_twin_recording_matches_exactly(synthetic: dict) -> None:
+    clean = synthetic["clean"]
+    assert clean.verdict is Verdict.CONSISTENT
+    assert max(j.max_error for j in clean.joints) < 1e-3
+
+
+def test_observations_written_a_frame_late_are_lagging_by_one_frame(synthetic: dict) -> None:
+    late = synthetic["obs_late"]
+    assert late.verdict is Verdict.LAGGING
+    assert late.lag.frames == pytest.approx(1.0, abs=0.1)
+    assert late.lag.best_shift == 1
+    assert "lags the replay by 1.00 frames (40 ms)" in late.reason
+
+
+def test_latency_of_three_frames_is_found(synthetic: dict) -> None:
+    late = synthetic["latency"]
+    assert late.verdict is Verdict.LAGGING
+    assert late.lag.frames == pytest.approx(3.0, abs=0.25)
+    response = late.lag.response_recorded - late.lag.response_replayed
+    assert response == pytest.approx(3.0, abs=0.5)
+
+
+def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict) -> None:
+    frozen = synthetic["frozen"]
+    assert frozen.verdict is Verdict.DIVERGED
+    assert frozen.divergence_joint == "shoulder_lift"
+    assert 120 <= frozen.divergence_onset <= 123
+
+
+# --- LeRobot's own writer, no hilrec metadata --------------------------------------------------
+
+
+def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict) -> None:
+    check = check_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults")
+    assert [r.verdict for r in check.results] == [Verdict.NOT_REPLAYABLE] * 2
+    reason = check.results[0].reason
+    assert "no hilrec metadata" in reason and "--units" in reason
+    assert check.exit_status == 5
+
+
+def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict) -> None:
+    check = check_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults",
+                          units_flag="degrees")
+    assert check.twin["substeps"] == 7 and check.twin["fps"] == 30
+    clean, late = check.results
+    assert clean.verdict is Verdict.CONSISTENT, clean.reason
+    assert late.verdict is Verdict.LAGGING and late.lag.frames == pytest.approx(1.0, abs=0.1)
+    assert "33 ms" in late.reason  # one frame at 30 fps
+
+
+def test_m100_dataset_needs_the_calibration(lerobot_roots: dict) -> None:
+    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
+                          units_flag="m100_100")
+    assert check.results[0].verdict is Verdict.NOT_REPLAYABLE
+    assert "--calibration" in check.results[0].reason
+    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
+                          units_flag="m100_100", calibration_flag=lerobot_roots["calibration"])
+    assert check.results[0].verdict is Verdict.CONSISTENT, check.results[0].reason
+    assert max(j.max_error for j in check.results[0].joints) < 0.01
+
+
+def test_a_calibration_too_wide_drives_commands_past_the_range(lerobot_roots: dict,
+                                                               tmp_path: Path) -> None:
+    # A wrong range width only rescales a joint, in both columns alike, which a replay cannot
+    # see; what it sees is the rescaled arm leaving its range (clamped) and no longer tracking.
+    wrong = {name: dict(cal) for name, cal in ARM_CALIBRATION.items()}
+    wrong["shoulder_lift"].update(range_min=0, range_max=4095)  # 1.6x the arm's 2500 ticks
+    path = write_calibration(tmp_path / "wrong.json", wrong)
+    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
+                          units_flag="m100_100", calibration_flag=path)
+    result = check.results[0]
+    lift = result.joints[1]
+    assert lift.beyond_range_frames > 0
+    assert any("shoulder_lift" in note and "beyond the joint range" in note for note in result.notes)
+    assert result.verdict is Verdict.DIVERGED and result.divergence_joint == "shoulder_lift"
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def test_cli_json_and_exit_status(emulated_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["replay", str(emulated_root), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert status == doc["exit_status"] == 4  # worst verdict: diverged
+    assert [e["verdict"] for e in doc["episodes"]] == ["consistent", "diverged", "diverged",
+                                                       "lagging"]
+    assert doc["units"]["source"].startswith("dataset metadata")
+    assert doc["exit_codes"] == {"consistent": 0, "lagging": 3, "diverged": 4, "not_replayable": 5}
+    assert doc["frames_replayed"] == 380
+
+
+def test_cli_report_writes_plots_and_a_summary(emulated_root: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    report = tmp_path / "report"
+    status = main(["replay", str(emulated_root), "--episodes", "0,3", "--report", str(report)])
+    out = capsys.readouterr().out
+    assert status == 3  # consistent + lagging
+    assert "consistent" in out and "lagging" in out and "exit status 3" in out
+    summary = (report / "summary.md").read_text()
+    for index in (0, 3):
+        png = report / f"episode-{index:06d}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"](episode-{index:06d}.png)" in summary
+    assert not (report / "episode-000001.png").exists()
+    assert json.loads((report / "report.json").read_text())["worst_verdict"] == "lagging"
+
+
+def test_cli_consistent_episode_exits_zero(emulated_root: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(emulated_root), "--episodes", "0"]) == 0
+
+
+def test_cli_not_replayable_and_usage_errors(lerobot_roots: dict, emulated_root: Path,
+                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(lerobot_roots["degrees"])]) == 5
+    assert "--units" in capsys.readouterr().out
+    assert main(["replay", str(lerobot_roots["degrees"]), "--units", "degrees",
+                 "--episodes", "0"]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(emulated_root), "--episodes", "7"]) == 2
+    assert "episode(s) [7] not in the dataset" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[lag]\ntolerance_frames = 3\n")
+    assert main(["replay", str(emulated_root), "--config", str(bad)]) == 2
+    assert "lag.tolerance_frames" in capsys.readouterr().err
+
+
+def test_replay_is_deterministic(emulated_root: Path) -> None:
+    a = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
+    b = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
+    assert np.array_equal(a.results[0].trajectories.replayed, b.results[0].trajectories.replayed)
