@@ -53,14 +53,14 @@ def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, st
 class ReplayEngine:
     """One twin, reused episode after episode. Lifecycle: create -> replay... -> close."""
 
-    def __init__(self, twin: Any, *, timestep_source: str, settle_iterations: int = 4) -> None:
+    def __init__(self, twin: Any, *, timestep_source: str, settle_iterations: int = 3) -> None:
         self._twin = twin
         self._timestep_source = timestep_source
         self._settle_iterations = settle_iterations
 
     @classmethod
     def create(cls, fps: int, sidecar: Mapping[str, Any] | None, *,
-               settle_iterations: int = 4) -> ReplayEngine:
+               settle_iterations: int = 3) -> ReplayEngine:
         from hilrec.sim.scene import SceneConfig
         from hilrec.sim.twin import Twin
 

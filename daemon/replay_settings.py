@@ -24,7 +24,7 @@ DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[1] / "configs" / "replay.
 class EngineSettings:
     """How the twin is started before the first action is applied."""
 
-    settle_iterations: int = 4  # goal corrections until the twin rests at the first recorded state
+    settle_iterations: int = 3  # goal corrections until the twin rests at the first recorded state
     min_frames: int = 25  # shorter episodes carry too little motion to judge
 
     def validate(self) -> None:
