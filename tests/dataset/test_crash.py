@@ -32,7 +32,8 @@ from hilrec.daemon.dataset.video import Segment, concat_segments
 FPS = 25
 H, W = 48, 64
 CAM = "observation.images.front"
-LENGTHS = (20, 13, 26, 9)
+LENGTHS = (20, 13, 26, 9, 11)  # the child records the first CHILD_EPISODES
+CHILD_EPISODES = 4
 
 BOOTSTRAP = (
     "import importlib.util, sys\n"
@@ -78,7 +79,7 @@ def child_main(argv: list[str]) -> None:
 
     writer = DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
                                   robot_type="so_follower", video_codec=codec, hook=hook)
-    for episode, length in enumerate(LENGTHS):
+    for episode, length in enumerate(LENGTHS[:CHILD_EPISODES]):
         for i, frame in enumerate(episode_frames(episode, length)):
             writer.add_frame(frame)
             if i == length // 2:
