@@ -13,6 +13,7 @@ a leader arm when the follower sags.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,35 +78,46 @@ class ArmKinematics:
         low, high = self.ranges[:5, 0].copy(), self.ranges[:5, 1].copy()
         q = np.clip(np.asarray(q_init, dtype=float), low, high)
         low[moving:] = high[moving:] = q[moving:]
-        dofs = self.dof_adr[:5]
+        dofs = self.dof_adr[:moving]
         regulariser = 1e-3 * np.eye(6)
         err = np.empty(6)
-        pos_err = ang_err = np.inf
+        jac = np.zeros((6, 5))
+        aligned = math.cos(1e-4)
         it = 0
         for it in range(1, iterations + 1):
             self.set_joints(q)
-            position, rotation = self.body_frame()
-            world_point = position + rotation @ point
+            rotation = self.data.xmat[self.body].reshape(3, 3)
+            world_point = self.data.xpos[self.body] + rotation @ point
             err[:3] = target - world_point
-            currents = [rotation @ axis for axis in axes]
             e_rot = np.zeros(3)
-            for current, direction in zip(currents, directions):
+            worst = 1.0
+            for axis, direction in zip(axes, directions):
+                current = rotation @ axis
                 e_rot += _cross(current, direction)
+                worst = min(worst, float(current @ direction))
             err[3:] = angle_weight * e_rot
-            pos_err = float(np.sqrt(err[:3] @ err[:3]))
-            ang_err = max(float(np.arccos(min(1.0, max(-1.0, c @ d))))
-                          for c, d in zip(currents, directions))
-            if pos_err < 1e-5 and ang_err < 1e-4:
+            if err[:3] @ err[:3] < 1e-10 and worst > aligned:
                 break
             mujoco.mj_jac(self.model, self.data, self._jacp, self._jacr, world_point, self.body)
-            jac = np.vstack([self._jacp[:, dofs], angle_weight * self._jacr[:, dofs]])
-            jac[:, moving:] = 0.0
+            jac[:3, :moving] = self._jacp[:, dofs]
+            jac[3:, :moving] = angle_weight * self._jacr[:, dofs]
             step = jac.T @ np.linalg.solve(jac @ jac.T + regulariser, err)
             q_next = np.clip(q + step, low, high)
             if np.max(np.abs(q_next - q)) < 1e-7:
                 break
             q = q_next
-        return IKResult(q=q, position_error=pos_err, angle_error=ang_err, iterations=it)
+        return self._result(q, point, target, axes, directions, it)
+
+    def _result(self, q: np.ndarray, point: np.ndarray, target: np.ndarray,
+                axes: Sequence[np.ndarray], directions: Sequence[np.ndarray],
+                iterations: int) -> IKResult:
+        self.set_joints(q)
+        position, rotation = self.body_frame()
+        position_error = float(np.linalg.norm(target - (position + rotation @ point)))
+        angle_error = max(float(np.arccos(np.clip((rotation @ axis) @ direction, -1.0, 1.0)))
+                          for axis, direction in zip(axes, directions))
+        return IKResult(q=q, position_error=position_error, angle_error=angle_error,
+                        iterations=iterations)
 
     def gravity_torque(self, q: np.ndarray, payload: float = 0.0,
                        payload_point: np.ndarray | None = None) -> np.ndarray:

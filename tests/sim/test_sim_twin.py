@@ -182,3 +182,15 @@ def test_render_any_scene_camera_as_a_fresh_uint8_image() -> None:
             twin.render("top")
     with pytest.raises(SimError, match="no camera"):
         Twin(cameras=("ceiling",), image_size=(48, 64))
+
+
+def test_realtime_pacer_holds_each_frame_to_the_wall_clock() -> None:
+    import time
+
+    from hilrec.sim.recorder import Pacer
+
+    pacer = Pacer(200)
+    began = time.monotonic()
+    for _ in range(20):
+        pacer.wait()
+    assert time.monotonic() - began >= 20 / 200

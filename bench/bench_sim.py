@@ -1,0 +1,166 @@
+"""Benchmark of the MuJoCo twin: recording speed, rendering, replay checking, operator success.
+
+Run: MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py [--episodes 20] [--seeds 100]
+
+Prints one table. Targets (issue 3): recording without cameras >= 100x real time; with one
+640x480 camera >= 25 frames/s; replay check >= 2000 frames/s; scripted operator >= 90 % success
+over 100 seeds. Rendering is compared side by side with MuJoCo's default setup on the shipped
+meshes (shadows, reflections, 4x multisampling), the peer the 25 frames/s target was set against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hilrec.sim.episode import act_and_step, outcome_of, push_schedule, pushes_by_frame  # noqa: E402
+from hilrec.sim.operator import ScriptedOperator  # noqa: E402
+from hilrec.sim.recorder import RecordConfig, record  # noqa: E402
+from hilrec.sim.replay import replay_check  # noqa: E402
+from hilrec.sim.scene import SceneConfig, compile_scene  # noqa: E402
+from hilrec.sim.twin import Twin  # noqa: E402
+
+ROWS: list[tuple[str, str, str]] = []
+
+
+def row(name: str, value: str, target: str = "") -> None:
+    ROWS.append((name, value, target))
+    print(f"  {name}: {value}", file=sys.stderr, flush=True)
+
+
+def sim_loop(seeds: range, push_rate: float = 0.0) -> tuple[list[float], int, int]:
+    """Twin + operator only. Returns per-episode speed (x real time), successes, frames."""
+    speeds, successes, frames = [], 0, 0
+    with Twin(cameras=()) as twin:
+        for seed in seeds:
+            began = time.perf_counter()
+            start = twin.reset(seed)
+            operator = ScriptedOperator(seed, units=twin.units)
+            operator.reset(start)
+            pushes = pushes_by_frame(push_schedule(seed, operator.num_frames, twin.fps, push_rate))
+            for frame in range(operator.num_frames):
+                act_and_step(twin, operator.act(frame, twin.observe()), pushes.get(frame, ()))
+            successes += outcome_of(twin).success
+            frames += operator.num_frames
+            speeds.append(operator.num_frames / twin.fps / (time.perf_counter() - began))
+    return speeds, successes, frames
+
+
+def bench_record(workdir: Path, episodes: int, cameras: tuple[str, ...]) -> tuple[Path, float, int]:
+    root = workdir / f"rec-{'-'.join(cameras) or 'none'}"
+    summary = record(RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras),
+                     progress=False)
+    return root, summary.wall_seconds, summary.frames
+
+
+def render_times(model: mujoco.MjModel, state: np.ndarray, *, shadows: bool, frames: int = 30
+                 ) -> float:
+    """Median seconds per 640x480 frame of the front camera at a twin state."""
+    data = mujoco.MjData(model)
+    mujoco.mj_setState(model, data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+    mujoco.mj_forward(model, data)
+    renderer = mujoco.Renderer(model, height=480, width=640)
+    try:
+        times = []
+        for _ in range(frames + 2):
+            began = time.perf_counter()
+            renderer.update_scene(data, camera="front")
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
+                         mujoco.mjtRndFlag.mjRND_SKYBOX):
+                renderer.scene.flags[flag] = int(shadows)
+            renderer.render()
+            times.append(time.perf_counter() - began)
+        return statistics.median(times[2:])
+    finally:
+        renderer.close()
+
+
+def bench_render() -> None:
+    scene = SceneConfig()
+    with Twin(cameras=()) as twin:
+        twin.reset(0)
+        state = twin.get_state()  # the render variants share the physics model's state layout
+    full = compile_scene(scene, "full")
+    print(f"  meshes: full {int(full.mesh_facenum.sum())} triangles, fast "
+          f"{int(compile_scene(scene, 'fast').mesh_facenum.sum())}", file=sys.stderr)
+    default = copy.copy(full)  # MuJoCo's defaults: 4096 shadow map, 4x MSAA, shadow-casting light
+    default.vis.quality.shadowsize = 4096
+    default.vis.quality.offsamples = 4
+    default.light_castshadow[:] = 1
+    baseline = render_times(default, state, shadows=True, frames=6)
+    no_shadow = render_times(full, state, shadows=False, frames=10)
+    fast = render_times(compile_scene(scene, "fast"), state, shadows=False)
+    row("render 640x480, shipped meshes, MuJoCo defaults (shadows, 4x MSAA)",
+        f"{1 / baseline:.1f} frames/s (median {baseline * 1000:.0f} ms)")
+    row("render 640x480, shipped meshes, no shadows/reflections/MSAA",
+        f"{1 / no_shadow:.1f} frames/s ({baseline / no_shadow:.1f}x defaults)")
+    row("render 640x480, simplified meshes (hilrec default)",
+        f"{1 / fast:.1f} frames/s ({baseline / fast:.1f}x defaults)", ">= 25 frames/s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=20, help="episodes per recording run")
+    parser.add_argument("--camera-episodes", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=100, help="seeds for the success rate")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="bench_sim_"))
+    print(f"bench_sim: MuJoCo {mujoco.__version__}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    try:
+        speeds, _, _ = sim_loop(range(2000, 2000 + args.episodes))
+        row("sim loop, no cameras, no writer (twin + operator)",
+            f"{statistics.median(speeds):.0f}x real time (median of {len(speeds)} episodes)")
+
+        root, seconds, frames = bench_record(workdir, args.episodes, ())
+        row("hilrec record --sim --cameras none (writer included)",
+            f"{frames / 25 / seconds:.0f}x real time ({frames} frames in {seconds:.1f} s)",
+            ">= 100x real time")
+
+        began = time.perf_counter()
+        report = replay_check(root)
+        seconds_replay = time.perf_counter() - began
+        assert report.passed, report.format_text()
+        row("hilrec check --replay (replay_check, reading included)",
+            f"{frames / seconds_replay:.0f} frames/s, all {len(report.episodes)} bit-exact",
+            ">= 2000 frames/s")
+
+        bench_render()
+        _, seconds, frames = bench_record(workdir, args.camera_episodes, ("front",))
+        row("hilrec record --sim --cameras front 640x480 (render + encode + write)",
+            f"{frames / seconds:.1f} frames/s ({frames} frames in {seconds:.1f} s)",
+            ">= 25 frames/s")
+
+        _, successes, _ = sim_loop(range(args.seeds))
+        row(f"scripted operator success, seeds 0..{args.seeds - 1}",
+            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)", ">= 90 %")
+        _, successes, _ = sim_loop(range(args.seeds), push_rate=0.5)
+        row(f"scripted operator success with 0.5 pushes/s (open loop), seeds 0..{args.seeds - 1}",
+            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    width = max(len(name) for name, _, _ in ROWS)
+    value_width = max(len(value) for _, value, _ in ROWS)
+    print(f"{'measurement':<{width}}  {'result':<{value_width}}  target")
+    print("-" * (width + value_width + 12))
+    for name, value, target in ROWS:
+        print(f"{name:<{width}}  {value:<{value_width}}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
