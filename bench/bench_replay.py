@@ -39,7 +39,7 @@ from hilrec.daemon.replay_check import check_dataset  # noqa: E402
 from hilrec.daemon.replay_engine import ReplayEngine  # noqa: E402
 from hilrec.daemon.replay_report import plot_episode  # noqa: E402
 from hilrec.daemon.replay_settings import ReplaySettings, load_replay_settings  # noqa: E402
-from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY  # noqa: E402
+from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY  # noqa: E402
 
 FPS = 25
 TARGET = 2000.0
@@ -97,7 +97,7 @@ def speed(args: argparse.Namespace, settings: ReplaySettings) -> None:
         plot_s = []
         for result in check.results[:3]:
             t0 = time.perf_counter()
-            plot_episode(result, Path(tmp) / f"{result.episode_index}.png", settings=settings)
+            plot_episode(result, Path(tmp) / f"{result.episode_index}.png")
             plot_s.append(time.perf_counter() - t0)
         ceiling = stepping_ceiling(total)
 
@@ -156,7 +156,6 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     print(f"Lag per episode [frames]: {', '.join(per_episode)}")
     worst = max(body, key=lambda j: j.aligned_max_error)
     print(f"Largest body error: {worst.name} {worst.aligned_max_error:.2f} deg.")
-    _ = JOINT_NAMES
 
 
 def main() -> None:

@@ -83,7 +83,8 @@ def _table(results: list[EpisodeResult], fps: int) -> str:
             rows.append((str(r.episode_index), str(r.frames), r.verdict.value, "", "", r.reason))
             continue
         lag = "n/a" if r.lag.frames is None else f"{r.lag.frames:+.2f} fr {r.ms(r.lag.frames):+.0f} ms"
-        wj = max(r.joints, key=lambda j: j.aligned_rms_error)
+        wj = r.worst_joint()
+        assert wj is not None
         rows.append((str(r.episode_index), str(r.frames), r.verdict.value, lag,
                      f"{wj.name} rms {wj.aligned_rms_error:.2f} max {wj.aligned_max_error:.2f}",
                      r.reason))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 import numpy as np
 
@@ -34,7 +33,6 @@ from hilrec.daemon.replay_metrics import (
     limit_hits,
     response_lag,
     runs,
-    shift_by,
     sustained_excursion,
 )
 from hilrec.daemon.replay_settings import ErrorLimits, ReplaySettings
@@ -85,6 +83,7 @@ class JointResult:
     aligned_rms_error: float  # after shifting the replay by the episode's lag
     aligned_max_error: float
     lag_frames: float | None  # this joint's own best shift (None if it barely moved or diverged)
+    limits: ErrorLimits  # what its errors are judged against (degrees, or 0..100 for the gripper)
     divergence: Excursion | None = None
     blips: int = 0
     stalls: list[Stall] = field(default_factory=list)
@@ -144,6 +143,11 @@ class EpisodeResult:
 
     def ms(self, frames: float | None) -> float | None:
         return None if frames is None or not self.fps else frames * 1000.0 / self.fps
+
+    def worst_joint(self) -> JointResult | None:
+        """The joint closest to (or furthest past) its limits, body and gripper alike."""
+        return max(self.joints, default=None, key=lambda j: max(
+            j.aligned_rms_error / j.limits.rms, j.aligned_max_error / j.limits.max))
 
 
 def analyse(episode_index: int, traj: Trajectories, *, fps: int,
@@ -229,6 +233,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
             rms_error=_rms(raw_j), max_error=float(np.max(np.abs(raw_j))),
             aligned_rms_error=_rms(al_j), aligned_max_error=float(np.max(np.abs(al_j))),
             lag_frames=own_lag,
+            limits=lim,
             divergence=exc.get(j),
             blips=count_blips(al_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
             stalls=[] if j == GRIPPER else find_stalls(
@@ -279,7 +284,7 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
         onset, joint = min(diverged, key=lambda item: item[0])
         exc = joint.divergence
         assert exc is not None
-        limit = settings.consistency.gripper.max if joint.name == "gripper" else settings.consistency.body.max
+        limit = joint.limits.max
         unit = "" if joint.name == "gripper" else " deg"
         reason = (f"{joint.name} diverged from frame {onset} ({onset / fps:.2f} s): the error "
                   f"reaches {exc.peak:.1f}{unit}, limit {limit:g}{unit}")
@@ -296,9 +301,8 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
     else:
         over = []
         for j in result.joints:
-            lim = settings.consistency.gripper if j.name == "gripper" else settings.consistency.body
-            if j.aligned_rms_error > lim.rms:
-                over.append(f"{j.name} RMS error {j.aligned_rms_error:.2f} > {lim.rms:g}")
+            if j.aligned_rms_error > j.limits.rms:
+                over.append(f"{j.name} RMS error {j.aligned_rms_error:.2f} > {j.limits.rms:g}")
         if over:
             result.verdict = Verdict.DIVERGED
             result.reason = "no single departure, but " + "; ".join(over)
@@ -329,70 +333,3 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
         if j.leader_mismatch_frames:
             result.notes.append(f"{j.name}: recorded action differs from the leader on "
                                 f"{j.leader_mismatch_frames} frames")
-
-
-def to_json(result: EpisodeResult) -> dict[str, Any]:
-    """The machine-readable form of one episode's result (no arrays but the lag curve)."""
-    fps = result.fps
-
-    def num(x: float | None) -> float | None:
-        return None if x is None or not math.isfinite(x) else round(float(x), 6)
-
-    out: dict[str, Any] = {
-        "episode_index": result.episode_index,
-        "verdict": result.verdict.value,
-        "reason": result.reason,
-        "frames": result.frames,
-        "fps": fps,
-        "notes": list(result.notes),
-        "recorder_flags": {name: {"frames": n, "first_frame": first}
-                           for name, (n, first) in result.recorder_flags.items()},
-    }
-    if result.verdict is Verdict.NOT_REPLAYABLE:
-        return out
-    lag = result.lag
-    assert lag is not None
-    out["lag"] = {
-        "frames": num(lag.frames), "ms": num(result.ms(lag.frames)),
-        "best_shift": lag.best_shift, "joints_used": lag.joints_used,
-        "fitted_frames": lag.fitted_frames,
-        "at_search_edge": lag.at_search_edge,
-        "response_recorded_frames": num(lag.response_recorded),
-        "response_replayed_frames": num(lag.response_replayed),
-        "curve": None if lag.mse is None else {
-            "shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
-    }
-    out["divergence"] = None if result.divergence_onset is None else {
-        "joint": result.divergence_joint, "onset_frame": result.divergence_onset,
-        "onset_s": num(result.divergence_onset / fps)}
-    out["joints"] = {
-        j.name: {
-            "motion": num(j.motion), "rms_error": num(j.rms_error), "max_error": num(j.max_error),
-            "aligned_rms_error": num(j.aligned_rms_error),
-            "aligned_max_error": num(j.aligned_max_error),
-            "lag_frames": num(j.lag_frames), "lag_ms": num(result.ms(j.lag_frames)),
-            "divergence": None if j.divergence is None else {
-                "onset_frame": j.divergence.onset, "first_over_frame": j.divergence.first_over,
-                "peak_error": num(j.divergence.peak)},
-            "blips": j.blips,
-            "stalls": [{"start_frame": s.start, "stop_frame": s.stop, "held": num(s.held_value),
-                        "twin_motion": num(s.command_motion)} for s in j.stalls],
-            "commands_at_limit": j.at_limit_frames,
-            "commands_beyond_range": j.beyond_range_frames,
-            "leader_mismatch_frames": j.leader_mismatch_frames,
-        }
-        for j in result.joints
-    }
-    g = result.gripper
-    if g is not None:
-        out["gripper"] = {
-            "commanded_range": [num(v) for v in g.commanded],
-            "achieved_range": [num(v) for v in g.achieved],
-            "replayed_range": [num(v) for v in g.replayed],
-            "mean_tracking_gap": num(g.mean_tracking_gap),
-            "grasp_frames": g.grasp_frames,
-            "grasps": [list(iv) for iv in g.grasps],
-            "held_opening": num(g.held_opening),
-            "replayed_grasp_frames": g.replayed_grasp_frames,
-        }
-    return out

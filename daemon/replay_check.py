@@ -30,10 +30,10 @@ from hilrec.daemon.replay_analysis import (
     Trajectories,
     Verdict,
     analyse,
-    to_json,
     worst,
 )
 from hilrec.daemon.replay_engine import ReplayEngine
+from hilrec.daemon.replay_report import to_json
 from hilrec.daemon.replay_settings import ReplaySettings
 from hilrec.daemon.replay_units import ColumnUnits, resolve_units
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY

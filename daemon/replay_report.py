@@ -1,4 +1,5 @@
-"""The replay check as people read it: one PNG per episode and one Markdown summary page.
+"""The replay check as people and machines read it: a PNG per episode, a Markdown summary page,
+and the JSON form of every result.
 
 Each PNG shows, per joint, the recorded position, the twin's replayed position and the command,
 and next to it the error before and after the lag alignment against the joint's limit; the last
@@ -11,6 +12,7 @@ pay for it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +22,6 @@ import numpy as np
 
 from hilrec.daemon.dataset.atomic import atomic_write_bytes
 from hilrec.daemon.replay_analysis import GRIPPER, EpisodeResult, Verdict
-from hilrec.daemon.replay_settings import ReplaySettings
 from hilrec.daemon.so101 import JOINT_NAMES
 
 _COLOURS = {"recorded": "#1f77b4", "replayed": "#ff7f0e", "action": "#7f7f7f",
@@ -33,8 +34,7 @@ def plot_name(episode_index: int) -> str:
     return f"episode-{episode_index:06d}.png"
 
 
-def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *,
-                 settings: ReplaySettings, dpi: int = 72) -> Path:
+def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: int = 72) -> Path:
     """Write the episode's figure to ``path`` (atomically) and return it."""
     import matplotlib
 
@@ -78,7 +78,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *,
             ax.legend(loc="upper right", fontsize=7, ncols=3)
 
         ex = fig.add_subplot(grid[j, 1], sharex=first)
-        limits = settings.consistency.gripper if j == GRIPPER else settings.consistency.body
+        limits = joint.limits
         ex.plot(t, traj.recorded[:, j] - traj.replayed[:, j], color=_COLOURS["raw"], lw=0.8,
                 label="error, as recorded")
         ex.plot(t, traj.recorded[:, j] - result.aligned_replay[:, j], color=_COLOURS["aligned"],
@@ -177,7 +177,8 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
             lines.append(f"| {r.episode_index} | {r.frames} | {_VERDICT_MARK[r.verdict]} "
                          f"{r.verdict.value} | | | | | {_cell(r.reason)} |")
             continue
-        worst_joint = max(r.joints, key=lambda j: j.aligned_rms_error)
+        worst_joint = r.worst_joint()
+        assert worst_joint is not None
         lines.append(
             f"| [{r.episode_index}](#episode-{r.episode_index}) | {r.frames} | "
             f"{_VERDICT_MARK[r.verdict]} {r.verdict.value} | {_fmt(r.lag.frames)} | "
@@ -238,9 +239,77 @@ def write_report(directory: str | os.PathLike[str], check: Any,
         if result.verdict is Verdict.NOT_REPLAYABLE or result.trajectories is None:
             continue
         name = plot_name(result.episode_index)
-        plot_episode(result, directory / name, settings=check.settings)
+        plot_episode(result, directory / name)
         plots[result.episode_index] = name
     atomic_write_json(directory / "report.json", document)
     summary = directory / "summary.md"
     atomic_write_bytes(summary, summary_markdown(document, check.results, plots).encode())
     return summary
+
+
+def to_json(result: EpisodeResult) -> dict[str, Any]:
+    """The machine-readable form of one episode's result (no arrays but the lag curve)."""
+    fps = result.fps
+
+    def num(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+    out: dict[str, Any] = {
+        "episode_index": result.episode_index,
+        "verdict": result.verdict.value,
+        "reason": result.reason,
+        "frames": result.frames,
+        "fps": fps,
+        "notes": list(result.notes),
+        "recorder_flags": {name: {"frames": n, "first_frame": first}
+                           for name, (n, first) in result.recorder_flags.items()},
+    }
+    if result.verdict is Verdict.NOT_REPLAYABLE:
+        return out
+    lag = result.lag
+    assert lag is not None
+    out["lag"] = {
+        "frames": num(lag.frames), "ms": num(result.ms(lag.frames)),
+        "best_shift": lag.best_shift, "joints_used": lag.joints_used,
+        "fitted_frames": lag.fitted_frames,
+        "at_search_edge": lag.at_search_edge,
+        "response_recorded_frames": num(lag.response_recorded),
+        "response_replayed_frames": num(lag.response_replayed),
+        "curve": None if lag.mse is None else {
+            "shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
+    }
+    out["divergence"] = None if result.divergence_onset is None else {
+        "joint": result.divergence_joint, "onset_frame": result.divergence_onset,
+        "onset_s": num(result.divergence_onset / fps)}
+    out["joints"] = {
+        j.name: {
+            "motion": num(j.motion), "rms_error": num(j.rms_error), "max_error": num(j.max_error),
+            "aligned_rms_error": num(j.aligned_rms_error),
+            "aligned_max_error": num(j.aligned_max_error),
+            "lag_frames": num(j.lag_frames), "lag_ms": num(result.ms(j.lag_frames)),
+            "divergence": None if j.divergence is None else {
+                "onset_frame": j.divergence.onset, "first_over_frame": j.divergence.first_over,
+                "peak_error": num(j.divergence.peak)},
+            "limits": {"rms": j.limits.rms, "max": j.limits.max, "floor": j.limits.floor},
+            "blips": j.blips,
+            "stalls": [{"start_frame": s.start, "stop_frame": s.stop, "held": num(s.held_value),
+                        "twin_motion": num(s.command_motion)} for s in j.stalls],
+            "commands_at_limit": j.at_limit_frames,
+            "commands_beyond_range": j.beyond_range_frames,
+            "leader_mismatch_frames": j.leader_mismatch_frames,
+        }
+        for j in result.joints
+    }
+    g = result.gripper
+    if g is not None:
+        out["gripper"] = {
+            "commanded_range": [num(v) for v in g.commanded],
+            "achieved_range": [num(v) for v in g.achieved],
+            "replayed_range": [num(v) for v in g.replayed],
+            "mean_tracking_gap": num(g.mean_tracking_gap),
+            "grasp_frames": g.grasp_frames,
+            "grasps": [list(iv) for iv in g.grasps],
+            "held_opening": num(g.held_opening),
+            "replayed_grasp_frames": g.replayed_grasp_frames,
+        }
+    return out

@@ -17,10 +17,10 @@ from hilrec.daemon.replay_analysis import (
     Trajectories,
     Verdict,
     analyse,
-    to_json,
     worst,
 )
 from hilrec.daemon.replay_metrics import shift_by
+from hilrec.daemon.replay_report import to_json
 from hilrec.daemon.replay_settings import ReplaySettings
 
 FPS = 25
