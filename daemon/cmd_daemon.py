@@ -7,6 +7,7 @@ message naming it (exit status 2). See ``configs/*.toml`` and the README's "Zero
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The daemon renders offscreen only (sim cameras, twin cameras); set before MuJoCo loads.
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from hilrec.daemon.runtime import Daemon
     from hilrec.daemon.settings import load_settings
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hilrec.daemon.errors import DeviceError
+from hilrec.daemon.errors import BusPacketError, BusTimeoutError, DeviceError
 from hilrec.daemon.loop import Mirror, Rig
 from hilrec.daemon.rigs import RigFactory, remote_leader
 from hilrec.daemon.server import Security
@@ -133,15 +133,55 @@ class EmulatorProcess:
             self.process.stdout.close()
 
 
+OPEN_ATTEMPTS = 3
+
+
+def open_with_retries(arm: Any) -> None:
+    """Open an arm, retrying a retryable bus error: opening is dozens of transactions, and one
+    late reply (a loaded machine, a busy emulator) must not stop the daemon from starting."""
+    for attempt in range(1, OPEN_ATTEMPTS + 1):
+        try:
+            arm.open()
+            return
+        except (BusTimeoutError, BusPacketError) as exc:
+            if attempt == OPEN_ATTEMPTS:
+                raise
+            log.warning("%r: open attempt %d failed (%s); retrying", arm, attempt, exc)
+
+
+EMULATOR_NICE = -10
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    # Emulated servos stand in for hardware, which does not wait for the host's CPU: ask for a
+    # better share of it (refused without CAP_SYS_NICE, which only costs their timing).
+    with contextlib.suppress(OSError):
+        os.nice(EMULATOR_NICE)
 
 
-def open_camera(name: str, cam: CameraSettings) -> Camera:
-    from hilrec.drivers import camera as drivers_camera
+def open_camera(name: str, cam: CameraSettings, mirror: Mirror, fps: int) -> Camera:
+    """Open one camera and wait for its first frame (OpenCV's open reads one)."""
+    from hilrec.drivers.camera import CameraConfig, OpenCVCamera, SimCamera
 
-    return drivers_camera.open_for_daemon(name, cam)  # type: ignore[attr-defined, no-any-return]
+    stall_s = cam.stall_ms / 1000.0
+    if cam.source == "twin":
+        from hilrec.sim.twin import Twin
+
+        renderer = Twin(fps=fps, cameras=(name,), image_size=(cam.height, cam.width),
+                        scene=mirror.twin.scene)
+        camera = SimCamera(name=name, snapshot=mirror.snapshot, renderer=renderer, fps=cam.fps,
+                           stall_timeout_s=stall_s)
+        camera.open()
+        return camera
+    source = cam.device if cam.source == "opencv" else str(cam.path)
+    opencv = OpenCVCamera(CameraConfig(
+        name=name, source=source, width=cam.width, height=cam.height,
+        fps=float(cam.fps) if cam.source == "opencv" else None, fourcc=cam.fourcc or None,
+        stall_timeout_s=stall_s, realtime=True, loop=cam.loop))
+    opencv.open()
+    return opencv
 
 
 def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
@@ -152,6 +192,7 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
         reply_timeout = faults.bus_reply_timeout_ms or None
         follower_port, leader_port = settings.follower.port, settings.leader.port
         follower_cal, leader_cal = settings.follower.calibration, settings.leader.calibration
+        devices: dict[str, Any] = {}
         if settings.mode == "emulated":
             emu = settings.emulated
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
@@ -161,6 +202,7 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
                                            faults=emu.follower_faults, timeout_s=emu.start_timeout_s)
             stack.callback(follower_emu.stop)
             follower_port = follower_emu.port
+            devices["follower"] = {"emulator_pid": follower_emu.process.pid}
             if settings.leader.source == "serial":
                 leader_cal = workdir / "leader.json"
                 motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
@@ -169,11 +211,12 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
                                              faults=emu.leader_faults, timeout_s=emu.start_timeout_s)
                 stack.callback(leader_emu.stop)
                 leader_port = leader_emu.port
+                devices["leader"] = {"emulator_pid": leader_emu.process.pid}
         follower_arm = SO101Follower(FollowerConfig(
             port=follower_port, id=settings.follower.id, calibration=follower_cal,
             body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
             reply_timeout_ms=reply_timeout, max_relative_target=settings.follower.max_relative_target))
-        follower_arm.open()
+        open_with_retries(follower_arm)
         stack.callback(follower_arm.close)
         follower = ArmFollower(follower_arm)
         leader: Leader
@@ -182,23 +225,26 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
                 port=leader_port, id=settings.leader.id, calibration=leader_cal,
                 body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
                 reply_timeout_ms=reply_timeout))
-            leader_arm.open()
+            open_with_retries(leader_arm)
             stack.callback(leader_arm.close)
             leader = ArmLeader(leader_arm)
         else:
             remote = remote_leader(settings, context, security)
             stack.callback(remote.close)
             leader = remote
-        cameras: dict[str, Camera] = {}
-        for name, cam in settings.cameras.items():
-            camera = open_camera(name, cam)
-            stack.callback(camera.close)
-            cameras[name] = camera
         from hilrec.sim.twin import Twin
 
         mirror = Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=())))
+        cameras: dict[str, Camera] = {}
+        for name, cam in settings.cameras.items():
+            camera = open_camera(name, cam, mirror, settings.fps)
+            stack.callback(camera.close)
+            cameras[name] = camera
+        devices.setdefault("follower", {})["port"] = follower_port
+        if settings.leader.source == "serial":
+            devices.setdefault("leader", {})["port"] = leader_port
         rig = Rig(follower=follower, leader=leader, cameras=cameras, mirror=mirror,
-                  dataset_fields=_dataset_fields(settings, follower_arm, leader))
+                  dataset_fields=_dataset_fields(settings, follower_arm, leader), devices=devices)
         return rig, NoHooks()
 
     return build

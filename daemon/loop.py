@@ -46,11 +46,21 @@ PROBE_PERIOD_S = 1.0
 
 
 class Mirror:
-    """A twin that follows the follower's measured joints (hil/emulated mode)."""
+    """A twin that follows the follower's measured joints (hil/emulated mode).
+
+    Its latest full state is kept for other threads (:meth:`snapshot`): emulated mode's ``twin``
+    cameras render it on their own threads.
+    """
 
     def __init__(self, twin: Any) -> None:
         self.twin = twin
         self._started = False
+        self._lock = threading.Lock()
+        self._state: np.ndarray = twin.get_state()
+
+    def snapshot(self) -> np.ndarray:
+        with self._lock:
+            return self._state
 
     def follow(self, measured: np.ndarray) -> np.ndarray:
         """Return the twin's joints *before* following this tick's measurement, then follow it.
@@ -64,6 +74,9 @@ class Mirror:
         before = np.asarray(self.twin.observe(), dtype=np.float32)
         self.twin.command(measured)
         self.twin.step_frame()
+        state = self.twin.get_state()
+        with self._lock:
+            self._state = state
         return before
 
     def close(self) -> None:
@@ -80,6 +93,8 @@ class Rig:
     mirror: Mirror | None = None
     # Merged into hilrec/dataset.json: units, calibration, twin physics (what replay needs).
     dataset_fields: dict[str, Any] = field(default_factory=dict)
+    # Shown in status: ports, emulator process ids...
+    devices: dict[str, Any] = field(default_factory=dict)
 
 
 class ControlLoop:

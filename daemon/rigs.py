@@ -56,7 +56,7 @@ class SimHooks:
             if self._planning_twin is None:
                 self._planning_twin = Twin(fps=self._fps, cameras=(), scene=self._twin.scene)
             start = self._planning_twin.reset(seed)
-        operator = ScriptedOperator(seed, fps=self._fps, scene=self._twin.scene)
+        operator = ScriptedOperator(seed, fps=self._fps, scene=self._twin.scene, units=self._twin.units)
         operator.reset(start)
         return seed, operator
 
@@ -65,6 +65,8 @@ class SimHooks:
         start = self._twin.reset(seed)
         if self._scripted is not None and operator is not None:
             self._scripted.begin_with(operator)
+        # The keys of hilrec.sim.recorder's episode sidecar, so `hilrec check --replay` replays
+        # a daemon sim episode exactly like a `hilrec record --sim` one.
         fields = {
             "sim": {
                 "seed": seed,
@@ -72,20 +74,21 @@ class SimHooks:
                 "arm_units_start": [float(x) for x in start.arm_units],
                 "physics": self._twin.physics_info(),
                 "leader": "scripted" if self._scripted is not None else "remote",
+                "operator_phase_starts": operator.phase_starts if operator is not None else {},
+                "initial_state": {"array": "initial_state", "spec": "mjSTATE_INTEGRATION",
+                                  "size": int(start.state.size)},
+                "push_rate_hz": 0.0,
+                "disturbances": [],
             },
         }
         return seed, fields, {"initial_state": np.asarray(start.state, dtype=np.float64)}
 
     def end(self) -> dict[str, Any]:
-        from hilrec.sim.scene import check_in_bin
+        from hilrec.sim.episode import outcome_of
 
         if self._scripted is not None:
             self._scripted.end_episode()
-        cube = self._twin.cube_state()
-        check = check_in_bin(cube.position, cube.speed, self._twin.scene)
-        return {"success": bool(check.success),
-                "success_criterion": "cube resting inside the bin at the last frame (twin state)",
-                "final_cube": cube.to_dict()}
+        return outcome_of(self._twin).to_dict()
 
 
 def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
@@ -106,10 +109,15 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
         else:
             leader = remote_leader(settings, context, security)
             stack.callback(leader.close)
-        from hilrec.sim.units import units_mapping
+        from hilrec.sim.operator import OperatorConfig
+        from hilrec.sim.provenance import dataset_provenance
 
+        provenance = dataset_provenance(
+            scene=twin.scene, physics=twin.physics_info(),
+            operator_config=OperatorConfig() if scripted is not None else None,
+            cameras={name: size for name in names}, render_quality="fast", push_rate=0.0)
         rig = Rig(follower=follower, leader=leader, cameras=cameras,
-                  dataset_fields={"units": units_mapping(), "twin": twin.physics_info()})
+                  dataset_fields={**provenance, "twin": twin.physics_info()})
         return rig, SimHooks(twin, scripted, settings.fps)
 
     return build

@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +49,11 @@ class LoopThread:
     """Builds the rig and runs the loop on one thread; closes the open episode and the devices
     on that same thread when stopped."""
 
-    def __init__(self, factory: RigFactory, make_loop: Callable[[Rig], ControlLoop], session: Session) -> None:
+    def __init__(self, factory: RigFactory, make_loop: Callable[[Rig], ControlLoop], session: Session,
+                 *, realtime_priority: int = 0) -> None:
         self._factory = factory
+        self._realtime_priority = realtime_priority
+        self.priority = "normal"
         self._make_loop = make_loop
         self._session = session
         self._stop = threading.Event()
@@ -87,6 +92,8 @@ class LoopThread:
                 self._error = exc
                 self._ready.set()
                 return
+            # After the build: threads and processes the rig started keep normal priority.
+            self.priority = _raise_priority(self._realtime_priority)
             self._ready.set()
             try:
                 self.loop.run(self._stop)
@@ -130,7 +137,9 @@ class Daemon:
                                    on_device_lost=s.faults.on_device_lost, context=self._episode_context(),
                                    publish_event=self.telemetry.event)
             factory = self._rig_factory_for(s, context, security)
-            self.loop_thread = LoopThread(factory, self._make_loop, self.session)
+            sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
+            self.loop_thread = LoopThread(factory, self._make_loop, self.session,
+                                          realtime_priority=s.loop.realtime_priority)
             self.loop_thread.start()
             if self.loop_thread.rig is not None and self.loop_thread.rig.dataset_fields:
                 self.recorder.update_dataset_sidecar(self.loop_thread.rig.dataset_fields).result(timeout=30)
@@ -165,7 +174,7 @@ class Daemon:
         s = self.settings
         realtime = s.sim.realtime if s.mode == "sim" else True
         return ControlLoop(rig=rig, session=self.session, telemetry=self.telemetry,
-                           pacer=TickPacer(s.period_s, realtime=realtime),
+                           pacer=TickPacer(s.period_s, realtime=realtime, spin_s=s.loop.spin_us / 1e6),
                            max_failed_ticks=s.faults.max_failed_ticks,
                            watchdog_faults=s.leader.source == "remote")
 
@@ -247,13 +256,26 @@ class Daemon:
             "mode": s.mode,
             "fps": s.fps,
             "uptime_s": time.time() - self.started_wall,
-            "loop": loop.stats() if loop is not None else None,
+            "loop": {**loop.stats(), "priority": self.loop_thread.priority} if loop is not None else None,
             "leader": rig.leader.status() if rig is not None else None,
             "follower": rig.follower.description if rig is not None else None,
             "cameras": sorted(s.cameras),
+            "devices": rig.devices if rig is not None else {},
             "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
         })
         return out
+
+
+def _raise_priority(priority: int) -> str:
+    """Put the calling thread (the loop) under SCHED_FIFO at ``priority``; say what happened."""
+    if priority <= 0:
+        return "normal"
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (PermissionError, OSError) as exc:
+        log.warning("loop thread stays at normal priority: SCHED_FIFO %d refused (%s)", priority, exc)
+        return f"normal (SCHED_FIFO {priority} refused: {exc.strerror or exc})"
+    return f"SCHED_FIFO {priority}"
 
 
 def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:

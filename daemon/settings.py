@@ -23,7 +23,7 @@ Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
 BodyMode = Literal["degrees", "range_m100_100"]
 EmulatedLeaderMotion = Literal["operator", "wave", "servo"]
-CameraSource = Literal["opencv", "video", "sim", "synthetic"]
+CameraSource = Literal["opencv", "video", "sim", "twin"]
 DeviceLostPolicy = Literal["save", "discard"]
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -130,12 +130,18 @@ class LeaderSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class CameraSettings:
+    """One camera. Sources: ``opencv`` (a device), ``video`` (a file played at its own rate),
+    ``sim`` (rendered from the twin at observation time; sim mode), ``twin`` (emulated mode: the
+    mirroring twin rendered by a background thread at ``fps``, like a real camera)."""
+
     source: CameraSource
     width: int = 640
     height: int = 480
     fps: int = 30
     device: str = ""  # opencv: /dev/videoN or an index
-    path: Path | None = None  # video: a file played in a loop at its own rate
+    fourcc: str = ""  # opencv: e.g. "MJPG" (USB cameras reach 30 fps at 640x480 only in MJPG)
+    path: Path | None = None  # video: a file
+    loop: bool = True  # video: start over at the end (false: the camera stalls when it ends)
     # No new frame for this long: the camera counts as stalled.
     stall_ms: int = 500
 
@@ -163,7 +169,7 @@ class FaultSettings:
     bus_reply_timeout_ms: float = 10.0
     # Consecutive ticks whose bus transaction failed (after the retries) before the device
     # counts as lost; single failures only mark the frame.
-    max_failed_ticks: int = 3
+    max_failed_ticks: int = 5
 
     def validate(self) -> None:
         if not 0 <= self.bus_retries <= 10:
@@ -187,6 +193,27 @@ class TelemetrySettings:
             raise ConfigError("preview_width", "must be at least 16")
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError("jpeg_quality", "must be in 1..100")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopSettings:
+    # SCHED_FIFO priority of the loop thread (1..99); 0 keeps the normal scheduler. Needs
+    # CAP_SYS_NICE (or root); refused -> a warning in the log and in status, and the loop runs
+    # at normal priority.
+    realtime_priority: int = 0
+    # Python's GIL switch interval: how long another thread may keep the GIL once the loop
+    # wants it. The default 5 ms would be the loop's jitter floor.
+    switch_interval_ms: float = 0.5
+    # Sleep until this close to a deadline, then spin (time.sleep overshoots ~0.1 ms).
+    spin_us: int = 500
+
+    def validate(self) -> None:
+        if not 0 <= self.realtime_priority <= 99:
+            raise ConfigError("realtime_priority", f"must be in 0..99, got {self.realtime_priority}")
+        if not 0.05 <= self.switch_interval_ms <= 10:
+            raise ConfigError("switch_interval_ms", f"must be in 0.05..10, got {self.switch_interval_ms}")
+        if not 0 <= self.spin_us <= 5000:
+            raise ConfigError("spin_us", f"must be in 0..5000, got {self.spin_us}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,6 +258,7 @@ class DaemonSettings:
     cameras: dict[str, CameraSettings] = field(default_factory=dict)
     faults: FaultSettings = field(default_factory=FaultSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    loop: LoopSettings = field(default_factory=LoopSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
 
@@ -248,6 +276,9 @@ class DaemonSettings:
             if (cam.source == "sim") != (self.mode == "sim"):
                 raise ConfigError(key, f"source {cam.source!r} cannot be used in {self.mode} mode "
                                        "(sim cameras render the twin and exist only in sim mode)")
+            if cam.source == "twin" and self.mode != "emulated":
+                raise ConfigError(key, "a 'twin' camera films the emulated world; in hil mode it "
+                                       "would record a rendering as a measurement")
         if self.mode == "sim" and len({(c.height, c.width) for c in self.cameras.values()}) > 1:
             raise ConfigError(f"cameras.{next(iter(self.cameras))}.height",
                               "sim cameras render one twin and must share one frame size")

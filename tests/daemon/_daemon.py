@@ -162,3 +162,37 @@ class Daemon:
 def run_cli(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True,
                           text=True, timeout=timeout_s)
+
+
+def write_test_video(path: Path, *, frames: int, size: tuple[int, int] = (48, 64), fps: int = 25) -> Path:
+    """A small MPEG-4 file of a moving bar (a video-file camera source)."""
+    import cv2
+    import numpy as np
+
+    height, width = size
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    for i in range(frames):
+        image = np.zeros((height, width, 3), np.uint8)
+        image[:, (i * 3) % width] = 255
+        image[..., 1] = (i * 5) % 256
+        writer.write(image)
+    writer.release()
+    return path
+
+
+def emulated_config(root: Path, *, cameras: str = "", faults: str = "", extra: str = "") -> str:
+    return f"""
+mode = "emulated"
+fps = 25
+[dataset]
+root = "{root}"
+[leader]
+source = "serial"
+[telemetry]
+preview_hz = 0.0
+[emulated]
+leader_motion = "operator"
+{faults}
+{cameras}
+{extra}
+"""
