@@ -67,6 +67,8 @@ class _OpenEpisode:
         self.tasks: list[str] = []
         self.encoders: dict[str, EpisodeVideoEncoder] = {}
         self.samplers: dict[str, ImageSampler] = {}
+        # Set once the encoders are closed (by a save attempt): no frame may be added after that.
+        self.videos: dict[str, dict[str, Any]] | None = None
 
     @property
     def length(self) -> int:
@@ -192,6 +194,9 @@ class DatasetWriter:
         self._check_usable()
         values, task = self._validator.validate(frame)
         episode = self._episode or self._open_episode()
+        if episode.videos is not None:
+            raise DatasetStateError(f"{self.root}: episode {episode.index} is being saved (a save "
+                                    "failed); call save_episode() again or discard_episode()")
         for encoder in episode.encoders.values():
             encoder._raise_if_failed()
         for key in self._numeric_keys:
@@ -205,8 +210,10 @@ class DatasetWriter:
                      arrays: Mapping[str, np.ndarray] | None = None) -> int:
         """Make the open episode durable and return its episode_index.
 
-        On failure (e.g. the encoder lost a frame) the episode is discarded and the error raised;
-        episodes saved before are unaffected.
+        If writing fails with an OS error (a full disk), the episode stays open with all its
+        frames: free space and call save_episode() again, or discard_episode(). If its video is
+        broken (:class:`VideoEncodingError`), the episode is discarded and the error raised.
+        Episodes saved before are unaffected either way.
         """
         self._check_usable()
         episode = self._episode
@@ -217,6 +224,13 @@ class DatasetWriter:
             if sidecar is not None or arrays:
                 write_episode_sidecar(self.root, episode.index, sidecar, arrays)
             journal.commit_episode(self.root, episode.index)
+        except OSError as exc:
+            for name in (journal.EPISODE_DATA, journal.EPISODE_META):
+                (episode.directory / name).unlink(missing_ok=True)
+            raise DatasetError(
+                f"{self.root}: saving episode {episode.index} failed ({exc}); it is still open "
+                f"with its {episode.length} frames: call save_episode() again once the cause is "
+                "fixed, or discard_episode()") from exc
         except BaseException:
             self.discard_episode()
             raise
@@ -227,6 +241,7 @@ class DatasetWriter:
         self._num_frames += episode.length
         with self._cond:
             self._pending.append(episode.index)
+            self._consolidation_error = None  # a new save is also a retry of a failed merge
             self._cond.notify_all()
         return episode.index
 
@@ -247,6 +262,9 @@ class DatasetWriter:
             raise DatasetStateError(
                 f"{self.root}: finalize() with episode {self._episode.index} open "
                 f"({self._episode.length} frames); save_episode() or discard_episode() first")
+        with self._cond:
+            self._consolidation_error = None  # one more attempt if a merge failed before
+            self._cond.notify_all()
         self.wait_consolidated()
         with self._cond:
             self._stop = True
@@ -323,14 +341,17 @@ class DatasetWriter:
     def _write_episode(self, episode: _OpenEpisode) -> dict[str, Any]:
         """Finish the videos, write data.parquet and episode.json into the open directory."""
         n = episode.length
-        videos: dict[str, dict[str, Any]] = {}
-        for key, encoder in episode.encoders.items():
-            encoded = encoder.finish()
-            probe = probe_video(encoder.path)
-            if encoded != n or probe.frames != n:
-                raise VideoEncodingError(f"video '{key}' episode {episode.index}: {probe.frames} "
-                                         f"frames in {encoder.path} for {n} rows")
-            videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
+        if episode.videos is None:
+            videos: dict[str, dict[str, Any]] = {}
+            for key, encoder in episode.encoders.items():
+                encoded = encoder.finish()
+                probe = probe_video(encoder.path)
+                if encoded != n or probe.frames != n:
+                    raise VideoEncodingError(f"video '{key}' episode {episode.index}: "
+                                             f"{probe.frames} frames in {encoder.path} for {n} rows")
+                videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
+            episode.videos = videos
+        videos = episode.videos
         self._hook_call("videos-finished")
         new_tasks: list[str] = []
         known = {task: i for i, task in enumerate(self._tasks)}
@@ -373,25 +394,38 @@ class DatasetWriter:
     def _consolidate_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stop:
+                # After a failure, wait until a save or finalize asks for another attempt.
+                while (not self._pending or self._consolidation_error is not None) and not self._stop:
                     self._cond.wait()
-                if not self._pending:
+                if self._stop and (not self._pending or self._consolidation_error is not None):
                     return
                 batch = list(self._pending)
                 self._consolidating = True
             try:
                 self._state = consolidate(self._state, batch, hook=self._hook)
             except BaseException as exc:  # noqa: BLE001 - reported by wait_consolidated/finalize
-                log.exception("%s: merging episodes %s failed", self.root, batch)
+                log.exception("%s: merging episodes %s failed; they stay in the journal",
+                              self.root, batch)
+                self._undo_failed_merge()
                 with self._cond:
                     self._consolidation_error = exc
                     self._consolidating = False
                     self._cond.notify_all()
-                return
+                continue
             with self._cond:
                 del self._pending[:len(batch)]
                 self._consolidating = False
                 self._cond.notify_all()
+
+    def _undo_failed_merge(self) -> None:
+        """Put LeRobot's files back as they were before the failed batch (best effort)."""
+        try:
+            journal.recover_intent(self.root)
+            for path in journal.orphan_files(self.root):
+                if path.name.endswith(journal.NEW_SUFFIX):
+                    path.unlink()
+        except OSError:
+            log.exception("%s: cleaning up after a failed merge", self.root)
 
 
 def open_or_create(root: str | Path, **kwargs: Any) -> DatasetWriter:

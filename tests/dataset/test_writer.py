@@ -282,3 +282,54 @@ def test_lerobot_loads_the_rows_and_metadata(tmp_path: Path) -> None:
     hf = load_nested_dataset(root / "data", features=get_hf_features_from_features(meta.features))
     assert len(hf) == 21
     assert np.array_equal(np.asarray(hf[13]["action"], dtype=np.float32), episodes[1][1]["action"])
+
+
+@pytest.fixture()
+def file_size_limit():
+    """Lower RLIMIT_FSIZE for this process: writes past it fail with EFBIG, as on a full disk."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    def limit(size: int | None) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft if size is None else size, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_failed_write_keeps_the_episode_open_for_a_retry(tmp_path: Path, file_size_limit) -> None:
+    rng = np.random.default_rng(4)
+    root = tmp_path / "ds"
+    features = so101_features()
+    frames = [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(3000)]
+    writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type=None)
+    for frame in frames:
+        writer.add_frame(frame)
+    file_size_limit(4096)
+    try:
+        with pytest.raises(DatasetError, match="still open with its 3000 frames"):
+            writer.save_episode()
+    finally:
+        file_size_limit(None)
+    assert writer.episode_open
+    assert writer.save_episode() == 0
+    writer.wait_consolidated()
+    # The merge into LeRobot's files fails too while the "disk" is full, and is retried later.
+    small = [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(3)]
+    for frame in small:
+        writer.add_frame(frame)
+    file_size_limit(20_000)
+    try:
+        assert writer.save_episode() == 1
+        with pytest.raises(DatasetError, match="merging saved episodes"):
+            writer.wait_consolidated(timeout=60)
+    finally:
+        file_size_limit(None)
+    writer.finalize()
+    data = read_data(root)
+    assert np.array_equal(data["action"], np.stack([f["action"] for f in frames + small]))
+    assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 2
