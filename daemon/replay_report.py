@@ -85,6 +85,9 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
                 lw=1.0, label="error, lag removed")
         for sign in (-1, 1):
             ex.axhline(sign * limits.max, color=_COLOURS["limit"], lw=0.8, ls=":")
+        if j == GRIPPER and result.gripper is not None:  # grasps are not judged as errors
+            for a, b in result.gripper.grasps:
+                ex.axvspan(a / fps, b / fps, color="#9467bd", alpha=0.15, lw=0)
         ex.set_title(f"RMS {joint.aligned_rms_error:.2f}  max {joint.aligned_max_error:.2f}  "
                      f"lag {_fmt(joint.lag_frames)} fr", fontsize=8)
         ex.tick_params(labelsize=7, labelbottom=j == last_row)

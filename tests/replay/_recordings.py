@@ -181,6 +181,25 @@ class FaultyMotion:
         self._inner.close()
 
 
+def record_operator(seed: int, twin: Any) -> Episode:
+    """A pick-and-place episode: the sim's scripted operator on the leader, the cube in the
+    follower's scene (a default-scene twin), so the follower's jaw closes on the cube."""
+    from hilrec.sim.operator import ScriptedOperator
+
+    start = twin.reset(seed)
+    operator = ScriptedOperator(seed, fps=twin.fps)
+    operator.reset(start)
+    states, actions = [], []
+    for t in range(operator.num_frames):
+        state = twin.observe()
+        actions.append(twin.command(operator.act(t, state)))
+        twin.step_frame()
+        states.append(state)
+    return Episode(spec=RecordingSpec(seed=seed, frames=operator.num_frames),
+                   action=np.array(actions, dtype=np.float32),
+                   state=np.array(states, dtype=np.float32))
+
+
 def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
                     settle_frames: int = 10, realtime: bool = False) -> Episode:
     """One episode through the emulated follower: pty, STS3215 registers, SO101Follower.

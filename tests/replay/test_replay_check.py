@@ -8,6 +8,7 @@
 | leader->follower latency of 70 ms (1.75 frames)   | emulated follower              | lagging, within a frame |
 | observation column one frame late                 | twin recorder                  | lagging by one frame |
 | leader->follower latency of 3 frames              | twin recorder                  | lagging by 3 frames |
+| a pick and place: the jaw closes on the cube       | twin recorder, scripted operator | consistent, grasp reported |
 | written by LeRobot's own writer, no hilrec files  | LeRobotDataset                 | replayed with the flags, else not replayable with the reason |
 """
 
@@ -30,6 +31,7 @@ from _recordings import (
     make_twin,
     record,
     record_emulated,
+    record_operator,
     write_calibration,
     write_native,
     write_with_lerobot,
@@ -78,10 +80,14 @@ def emulated(emulated_root: Path) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    from hilrec.sim.twin import Twin
+
     twin = make_twin()
     episodes = [record(spec, twin) for spec in SYNTHETIC.values()]
+    episodes.append(record_operator(0, Twin(fps=25, cameras=())))
     root = write_native(tmp_path_factory.mktemp("synthetic") / "dataset", episodes, twin)
-    return by_name(check_dataset(root, settings=SETTINGS, settings_source="defaults"), SYNTHETIC)
+    check = check_dataset(root, settings=SETTINGS, settings_source="defaults")
+    return {**by_name(check, SYNTHETIC), "grasp": check.results[-1]}
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +176,17 @@ def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict) -> None:
     assert frozen.verdict is Verdict.DIVERGED
     assert frozen.divergence_joint == "shoulder_lift"
     assert 120 <= frozen.divergence_onset <= 123
+
+
+def test_a_grasp_is_reported_and_not_judged(synthetic: dict) -> None:
+    # The follower's jaw stops on the cube; the replay's twin has no cube in reach and closes.
+    grasp = synthetic["grasp"]
+    assert grasp.verdict is Verdict.CONSISTENT, grasp.reason
+    g = grasp.gripper
+    assert len(g.grasps) == 1 and g.grasp_frames >= 20
+    assert g.commanded[0] < 5.0 and 10.0 < g.held_opening < 25.0  # 30 mm cube, jaw held open
+    assert g.replayed[0] < 5.0 and g.replayed_grasp_frames == 0
+    assert all(j.divergence is None for j in grasp.joints)
 
 
 # --- LeRobot's own writer, no hilrec metadata --------------------------------------------------
