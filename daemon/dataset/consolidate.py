@@ -8,6 +8,7 @@ its new version is written beside it and renamed over it (see :mod:`journal`), w
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -73,8 +73,6 @@ def _write_new_parquet(table: pa.Table, target: Path) -> None:
 
 
 def _write_new_json(obj: Any, target: Path) -> None:
-    import json
-
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = journal.new_path(target)
     with open(tmp, "w") as fh:
@@ -265,7 +263,3 @@ def pending_episodes(root: Path, state: ConsolidatedState) -> list[int]:
         pending.append(index)
         expected += 1
     return pending
-
-
-def stats_arrays(row: Mapping[str, Any]) -> dict[str, dict[str, np.ndarray]]:
-    return unflatten_episode_stats(row)

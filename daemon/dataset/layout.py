@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset.atomic import atomic_replace, atomic_write_bytes
-from hilrec.daemon.dataset.features import DEFAULT_FEATURES, data_keys, is_video, video_keys
-from hilrec.daemon.dataset.stats import QUANTILE_KEYS, STAT_KEYS, stats_to_json
+from hilrec.daemon.dataset.features import data_keys, is_video, video_keys
+from hilrec.daemon.dataset.stats import STAT_KEYS, stats_to_json
 from hilrec.daemon.errors import CorruptDatasetError
 
 CODEBASE_VERSION: Final[str] = "v3.0"
@@ -290,19 +290,3 @@ def read_tasks(root: Path) -> list[str]:
     if [i for i, _ in pairs] != list(range(len(pairs))):
         raise CorruptDatasetError(str(path), "task_index is not 0..n-1")
     return [task for _, task in pairs]
-
-
-def stat_column_names(features: Mapping[str, Any]) -> list[str]:
-    return [f"stats/{key}/{name}" for key in features for name in STAT_KEYS]
-
-
-def default_feature_keys() -> list[str]:
-    return list(DEFAULT_FEATURES)
-
-
-__all__ = [
-    "CODEBASE_VERSION", "FileRef", "QUANTILE_KEYS", "data_path", "video_path", "episodes_path",
-    "empty_info", "write_info", "read_info", "write_stats", "write_parquet_atomic", "read_parquet",
-    "data_schema", "episode_data_table", "column_to_numpy", "episodes_schema", "episodes_table",
-    "tasks_table", "read_tasks",
-]

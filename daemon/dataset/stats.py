@@ -26,7 +26,6 @@ episodes for q <= 50, max above. 0.4.4, the release we target, averages.)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -319,10 +318,6 @@ def stats_to_json(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str,
 
 def stats_from_json(data: Mapping[str, Mapping[str, Any]]) -> DatasetStats:
     return {key: {name: np.asarray(value) for name, value in ft.items()} for key, ft in data.items()}
-
-
-def dumps_stats(stats: Mapping[str, Mapping[str, Any]]) -> str:
-    return json.dumps(stats_to_json(stats), indent=4) + "\n"
 
 
 def flatten_episode_stats(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:

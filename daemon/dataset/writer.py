@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.consolidate import ConsolidatedState, Hook, consolidate, pending_episodes
+from hilrec.daemon.dataset.consolidate import ConsolidatedState, Hook, consolidate
 from hilrec.daemon.dataset.features import (
     DEFAULT_FEATURES, FrameValidator, is_video, validate_features, video_keys,
 )
@@ -426,11 +426,3 @@ class DatasetWriter:
                     path.unlink()
         except OSError:
             log.exception("%s: cleaning up after a failed merge", self.root)
-
-
-def open_or_create(root: str | Path, **kwargs: Any) -> DatasetWriter:
-    """Reopen ``root`` if it holds a dataset, else create it with ``kwargs``."""
-    root = Path(root)
-    if (root / "meta" / "info.json").exists():
-        return DatasetWriter.open(root, video_codec=kwargs.get("video_codec", "libsvtav1"))
-    return DatasetWriter.create(root, **kwargs)

@@ -11,7 +11,6 @@ bit-equal, with exactly as many video frames as rows.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
