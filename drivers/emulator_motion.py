@@ -172,7 +172,7 @@ class SweepPath:
     """
 
     def __init__(self, frame: MechanicalFrame, ready: Callable[[], bool], *,
-                 sweep_s: float = 0.8, dwell_s: float = 0.15) -> None:
+                 sweep_s: float = 0.8, dwell_s: float = 0.3) -> None:
         self._middle = frame.middle()
         self._low, self._high = frame.range_ends()
         self._ready = ready

@@ -99,7 +99,9 @@ def test_max_relative_target_clamps_and_returns_what_was_sent(follower_emu: Emul
                             max_relative_target=caps)
     with SO101Follower(config) as arm:
         present = arm.read().values
+        handled = follower_emu.packets_handled
         sent = arm.send_action([40.0, -2.0, -40.0, 0.0, 0.0, 90.0], present=present)
+        assert follower_emu.wait_handled(handled + 1)  # a sync write has no reply to wait for
         assert sent.clamped
         np.testing.assert_array_equal(sent.sent, np.array([5.0, -2.0, -5.0, 0.0, 0.0, 60.0],
                                                           dtype=np.float32))

@@ -29,7 +29,7 @@ def test_hilrec_calibrate_recovers_the_arms_calibration(emulate, tmp_path: Path)
     emu = emulate("leader", motion="sweep", factory_fresh=True)
     output = tmp_path / "leader.json"
     assert main(["calibrate", "leader", "--port", emu.port, "--output", str(output), "--yes",
-                 "--duration", "1.5"]) == 0
+                 "--duration", "2.5"]) == 0
     assert emu.sweep is not None and emu.sweep.done.is_set()
     assert json.loads(output.read_text()) == expected_file(emu)
     with emu.paused():  # and the servos hold it, as LeRobot's write_calibration leaves them
@@ -38,39 +38,59 @@ def test_hilrec_calibrate_recovers_the_arms_calibration(emulate, tmp_path: Path)
     load_calibration(output)
 
 
-def test_same_file_as_lerobots_own_calibrate(emulate, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    ours_emu = emulate("leader", motion="sweep", factory_fresh=True)
-    ours = tmp_path / "ours.json"
-    assert main(["calibrate", "leader", "--port", ours_emu.port, "--output", str(ours), "--yes",
-                 "--duration", "1.5"]) == 0
+def run_lerobot_calibrate(emulate, calibration_dir: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+    emu = emulate("leader", motion="sweep", factory_fresh=True)
+    leader = SOLeader(SOLeaderTeleopConfig(port=emu.port, id="emulated",
+                                           calibration_dir=calibration_dir))
+    failures: list[BaseException] = []
 
-    theirs_emu = emulate("leader", motion="sweep", factory_fresh=True)
-    leader = SOLeader(SOLeaderTeleopConfig(port=theirs_emu.port, id="emulated",
-                                           calibration_dir=tmp_path / "lerobot"))
+    def calibrate() -> None:
+        try:
+            leader.connect(calibrate=True)
+            leader.disconnect()
+        except BaseException as exc:  # noqa: BLE001 - returned to the test thread
+            failures.append(exc)
+
     # LeRobot asks for Enter twice on stdin (input() and enter_pressed()): give it a pipe and
     # press Enter the way a person would, once at the middle and once after the sweep.
     read_fd, write_fd = os.pipe()
     with os.fdopen(read_fd) as stdin, os.fdopen(write_fd, "w") as keyboard:
         monkeypatch.setattr(sys, "stdin", stdin)
-        failures: list[BaseException] = []
-
-        def calibrate() -> None:
-            try:
-                leader.connect(calibrate=True)
-                leader.disconnect()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
-                failures.append(exc)
-
         thread = threading.Thread(target=calibrate)
         thread.start()
         keyboard.write("\n")  # "Move ... to the middle of its range ... and press ENTER"
         keyboard.flush()
-        assert theirs_emu.sweep is not None
-        finished = theirs_emu.sweep.done.wait(30)  # the person finished moving the joints
+        assert emu.sweep is not None
+        while thread.is_alive() and not emu.sweep.done.wait(0.1):
+            pass  # the person moves the joints (or LeRobot gave up)
         keyboard.write("\n")  # "Press ENTER to stop..."
         keyboard.flush()
         thread.join(timeout=30)
-    assert finished and not thread.is_alive() and not failures, failures
+    assert not thread.is_alive()
+    return failures
+
+
+def test_same_file_as_lerobots_own_calibrate(emulate, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    ours_emu = emulate("leader", motion="sweep", factory_fresh=True)
+    ours = tmp_path / "ours.json"
+    assert main(["calibrate", "leader", "--port", ours_emu.port, "--output", str(ours), "--yes",
+                 "--duration", "2.5"]) == 0
+
+    # LeRobot 0.4.4 reads with num_retry=0 while it calibrates, so on a loaded machine one late
+    # reply aborts it (ConnectionError). That is LeRobot's behaviour, not what is tested here:
+    # run it again once on a fresh arm. A short GIL switch interval keeps the in-process
+    # emulator answering while LeRobot's SDK busy-polls.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        for attempt in range(2):
+            failures = run_lerobot_calibrate(emulate, tmp_path / "lerobot", monkeypatch)
+            if not failures or not isinstance(failures[0], ConnectionError) or attempt:
+                break
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, failures
     theirs = tmp_path / "lerobot" / "emulated.json"
     assert ours.read_bytes() == theirs.read_bytes()
