@@ -169,6 +169,12 @@ def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str],
         os.replace(new_path(path), path)
         fsync_dir(path.parent)
         _hook(hook, f"renamed {target.path}")
+    # A batch can create directories (a new chunk, a new video key): make their entries durable.
+    ancestors = {parent for t in plan for parent in (root / t.path).parents
+                 if parent != root and root in parent.parents}
+    for directory in sorted(ancestors, key=lambda d: len(d.parts), reverse=True):
+        fsync_dir(directory)
+    fsync_dir(root)
     _write_intent(root, {"episodes": list(episodes), "state": "done",
                          "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
     _hook(hook, "intent-done")

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
+from hilrec.daemon.dataset.atomic import fsync_dir
 from hilrec.daemon.dataset.consolidate import ConsolidatedState, Hook, consolidate
 from hilrec.daemon.dataset.features import (
     DEFAULT_FEATURES, FrameValidator, is_video, validate_features, video_keys,
@@ -141,6 +142,8 @@ class DatasetWriter:
         journal.journal_dir(root).mkdir(parents=True, exist_ok=True)
         update_dataset_sidecar(root, {"writer": cls._provenance(settings)})
         write_info(root, info)
+        for directory in (journal.journal_dir(root).parent, root, root.parent):
+            fsync_dir(directory)
         state = ConsolidatedState(root=root, info=info, tasks=[], episodes=[])
         return cls(root, state, settings=settings, max_video_queue_bytes=max_video_queue_bytes,
                    hook=hook)
@@ -223,6 +226,7 @@ class DatasetWriter:
             meta = self._write_episode(episode)
             if sidecar is not None or arrays:
                 write_episode_sidecar(self.root, episode.index, sidecar, arrays)
+                fsync_dir(self.root / "hilrec")  # the episodes/ folder entry itself
             journal.commit_episode(self.root, episode.index)
         except OSError as exc:
             for name in (journal.EPISODE_DATA, journal.EPISODE_META):
