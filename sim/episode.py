@@ -97,6 +97,14 @@ def act_and_step(twin: Twin, action: np.ndarray, pushes: Sequence[Push] = ()) ->
     return executed
 
 
+def operator_action(twin: Twin, operator: Any, frame: int, observation: np.ndarray) -> np.ndarray:
+    """The scripted operator's leader position for ``frame``, after it has looked at the cube
+    (and re-planned if a push knocked it away before the grasp)."""
+    cube = twin.cube_state()
+    operator.watch_cube(frame, cube.position, cube.quaternion, cube.speed)
+    return operator.act(frame, observation)
+
+
 class ContactTally:
     """Frames in which each pair of geoms touched, counted after every step."""
 

@@ -49,8 +49,14 @@ def _check_positions(key: str, spec: Mapping[str, Any]) -> None:
                                     f"shape {spec.get('shape')} names {names}")
 
 
-def sim_features(cameras: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
-    """The features of a sim recording: LeRobot's SO-101 columns plus one video per camera."""
+def sim_features(cameras: Mapping[str, tuple[int, int]],
+                 extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """The features of a sim recording: LeRobot's SO-101 columns, one video per camera, and any
+    ``extra`` features a caller declares, provided a real SO-101 could produce them."""
     features = so101_features(cameras)
+    for key, spec in (extra or {}).items():
+        if key in features:
+            raise FeatureSpecError(key, "already declared by the SO-101 features")
+        features[key] = dict(spec)
     check_measurable(features)
     return features

@@ -29,6 +29,7 @@ from hilrec.daemon.errors import SimError
 from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.sim.ik import ArmKinematics
 from hilrec.sim.scene import JAW_PADS, GRIPPER_SITE, CubePlacement, SceneConfig, place_cube
+from hilrec.sim.twin import EpisodeStart
 from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, default_units_map
 
 DOWN = np.array([0.0, 0.0, -1.0])
@@ -52,6 +53,10 @@ class OperatorConfig:
     release_hold: float = 0.4          # s with the jaws opening before retreating
     final_hold: float = 0.8            # s at the end for the cube to come to rest
     timing_jitter: float = 0.12        # segment durations scaled by U(1 - j, 1 + j)
+    replan_distance: float = 0.008     # m the cube may be off the plan before it is re-planned
+    replan_angle: float = 0.2          # rad, likewise for its turn (modulo a right angle)
+    replan_when_slower: float = 0.02   # m/s: a sliding cube is watched until it stops
+    max_replans: int = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +71,8 @@ class Plan:
     waypoints: list[Waypoint] = field(default_factory=list)
     path: np.ndarray = field(default_factory=lambda: np.zeros((0, NUM_JOINTS), np.float32))
     phase_starts: dict[str, int] = field(default_factory=dict)
+    cube: CubePlacement | None = None       # where the plan expects the cube
+    home: np.ndarray | None = None          # rad, where the arm returns at the end
 
 
 class ScriptedOperator:
@@ -81,6 +88,7 @@ class ScriptedOperator:
         self._kin = ArmKinematics(self.scene)
         self._rng = np.random.default_rng([seed, 0x0BE7])
         self._plan: Plan | None = None
+        self.replans: list[int] = []
         self._grasp_point, self._approach_axis, self._jaw_axis = self._gripper_geometry()
         self._roll_axis = self._kin.model.jnt_axis[self._kin.model.joint("wrist_roll").id].copy()
         actuators = [self._kin.model.actuator(i) for i in range(self._kin.model.nu)]
@@ -88,7 +96,7 @@ class ScriptedOperator:
 
     # --- public -------------------------------------------------------------------------------
 
-    def reset(self, start: object | None = None) -> None:
+    def reset(self, start: EpisodeStart | None = None) -> None:
         """Plan the episode. ``start`` is a twin's EpisodeStart (cube placement and arm units);
         without it the seed's placement and the scene's start pose are used."""
         self._rng = np.random.default_rng([self.seed, 0x0BE7])
@@ -96,9 +104,10 @@ class ScriptedOperator:
             cube = place_cube(self.seed, self.scene)
             arm_units = np.asarray(self.scene.arm_start, dtype=np.float32)
         else:
-            cube = start.cube          # type: ignore[attr-defined]
-            arm_units = np.asarray(start.arm_units, dtype=np.float32)  # type: ignore[attr-defined]
+            cube = start.cube
+            arm_units = np.asarray(start.arm_units, dtype=np.float32)
         self._plan = self._make_plan(cube, arm_units)
+        self.replans: list[int] = []
 
     @property
     def num_frames(self) -> int:
@@ -122,6 +131,37 @@ class ScriptedOperator:
     def leader_path(self) -> np.ndarray:
         """Every frame's leader position, float32 (num_frames, 6), LeRobot units."""
         return self._require_plan().path.copy()
+
+    def watch_cube(self, frame_index: int, position: np.ndarray, quaternion: np.ndarray,
+                   speed: float = 0.0) -> bool:
+        """Look at the cube before frame ``frame_index`` is played, as the person on the leader
+        does, and re-plan the rest of the episode if it was knocked away before the jaws closed
+        on it (once it has come to rest). Returns whether the plan changed; the frames already
+        played never change."""
+        plan = self._require_plan()
+        cfg = self.config
+        if (plan.cube is None or len(self.replans) >= cfg.max_replans
+                or not 1 <= frame_index < plan.phase_starts["grasp"]
+                or speed > cfg.replan_when_slower):
+            return False
+        yaw = cube_yaw(quaternion)
+        turned = abs((yaw - plan.cube.yaw + math.pi / 4) % (math.pi / 2) - math.pi / 4)
+        moved = math.hypot(position[0] - plan.cube.x, position[1] - plan.cube.y)
+        if moved < cfg.replan_distance and turned < cfg.replan_angle:
+            return False
+        cube = CubePlacement(x=float(position[0]), y=float(position[1]), yaw=yaw,
+                             z=self.scene.cube_half_size)
+        try:
+            fresh = self._make_plan(cube, plan.path[frame_index - 1], home=plan.home)
+        except SimError:
+            return False  # out of reach: carry on, the episode will record the failure
+        offset = frame_index - 1
+        self._plan = Plan(waypoints=fresh.waypoints,
+                          path=np.concatenate([plan.path[:frame_index], fresh.path[1:]]),
+                          phase_starts={k: v + offset for k, v in fresh.phase_starts.items()},
+                          cube=cube, home=plan.home)
+        self.replans.append(frame_index)
+        return True
 
     # --- planning -----------------------------------------------------------------------------
 
@@ -203,9 +243,11 @@ class ScriptedOperator:
         return [np.array([math.cos(yaw + k * math.pi / 2), math.sin(yaw + k * math.pi / 2), 0.0])
                 for k in range(4)]
 
-    def _make_plan(self, cube: CubePlacement, arm_units: np.ndarray) -> Plan:
+    def _make_plan(self, cube: CubePlacement, arm_units: np.ndarray,
+                   home: np.ndarray | None = None) -> Plan:
         cfg, scene = self.config, self.scene
         q_start = self.units.rad_from_units(arm_units.astype(np.float64))
+        home = q_start.copy() if home is None else home
         half = scene.cube_half_size
         above_cube = cube.position + np.array([0, 0, cfg.hover_above])
         at_cube = cube.position.copy()
@@ -216,7 +258,7 @@ class ScriptedOperator:
         in_bin = np.array([bx, by, scene.bin_wall_thickness + half + cfg.release_above_floor])
 
         # Of the four jaw directions that straddle the cube, take the least wrist roll.
-        q_above, jaw_dir = self._least_roll(q_start[:5], above_cube, cube.yaw, 0.0,
+        q_above, jaw_dir = self._least_roll(q_start[:5], above_cube, cube.yaw, q_start[4],
                                             "above the cube")
         q_at = self._solve(q_above, at_cube, jaw_dir, "the cube")
         q_lift = self._solve(q_at, lifted, jaw_dir, "the lift point", tilt_ok=True)
@@ -245,7 +287,7 @@ class ScriptedOperator:
             ("lower", pose(q_in, g_closed, mass), None),
             ("release", pose(q_in, g_open), cfg.release_hold),
             ("retreat", pose(q_over, g_open), None),
-            ("home", start, None),
+            ("home", home, None),
         ]
         plan = Plan()
         previous = start
@@ -259,6 +301,8 @@ class ScriptedOperator:
             plan.waypoints.append(Waypoint(name=name, command=command, duration=duration))
             previous = command
         plan.path, plan.phase_starts = self._sample(start, plan.waypoints)
+        plan.cube = cube
+        plan.home = home
         return plan
 
     def _sample(self, start: np.ndarray,
@@ -277,3 +321,13 @@ class ScriptedOperator:
         rows.extend([previous] * max(1, round(self.config.final_hold * self.fps)))
         path = self.units.units_from_rad(np.array(rows)).astype(np.float32)
         return path, phases
+
+
+def cube_yaw(quaternion: np.ndarray) -> float:
+    """Heading of a cube's side faces: the angle of whichever body axis lies most nearly flat
+    (a cube knocked onto another face is still gripped across two vertical faces)."""
+    rotation = np.zeros(9)
+    mujoco.mju_quat2Mat(rotation, np.asarray(quaternion, dtype=float))
+    axes = rotation.reshape(3, 3).T  # rows: the body's x, y, z axes in world coordinates
+    flattest = min(axes, key=lambda axis: abs(axis[2]))
+    return math.atan2(flattest[1], flattest[0])

@@ -19,14 +19,14 @@ import numpy as np
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
-from hilrec.sim.episode import (ContactTally, Push, act_and_step, outcome_of, push_schedule,
-                                 pushes_by_frame)
+from hilrec.sim.episode import (ContactTally, Push, act_and_step, operator_action, outcome_of,
+                                 push_schedule, pushes_by_frame)
 from hilrec.sim.features import sim_features
 from hilrec.sim.pipelined_sink import PipelinedSink
 from hilrec.sim.operator import OperatorConfig, ScriptedOperator
 from hilrec.sim.provenance import dataset_provenance
 from hilrec.sim.scene import CAMERA_NAMES, SceneConfig, Visual
-from hilrec.sim.twin import Twin
+from hilrec.sim.twin import EpisodeStart, Twin
 
 DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
 SOURCE = "hilrec.sim.recorder"
@@ -135,7 +135,7 @@ def record_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, s
             frame: dict[str, Any] = {STATE_KEY: observation, "task": task}
             for camera in twin.cameras:
                 frame[IMAGE_PREFIX + camera] = twin.render(camera)
-            action = operator.act(index, observation)
+            action = operator_action(twin, operator, index, observation)
             frame[ACTION_KEY] = act_and_step(twin, action, pushes_at.get(index, ()))
             sink.add_frame(frame)
             tally.add()
@@ -147,15 +147,16 @@ def record_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, s
     outcome = outcome_of(twin)
     sidecar = episode_sidecar(twin, start, seed=seed, pushes=pushes, push_rate=push_rate,
                               outcome=outcome.to_dict(), contacts=tally.summary(),
-                              phases=operator.phase_starts, clipped=twin.clipped_commands)
+                              phases=operator.phase_starts, replans=operator.replans,
+                              clipped=twin.clipped_commands)
     index = sink.save_episode(sidecar=sidecar, arrays={"initial_state": start.state})
     return EpisodeSummary(episode_index=index, seed=seed, frames=num_frames,
                           success=outcome.success)
 
 
-def episode_sidecar(twin: Twin, start: Any, *, seed: int, pushes: list[Push], push_rate: float,
+def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[Push], push_rate: float,
                     outcome: dict[str, Any], contacts: dict[str, Any],
-                    phases: dict[str, int], clipped: int) -> dict[str, Any]:
+                    phases: dict[str, int], replans: list[int], clipped: int) -> dict[str, Any]:
     """The per-episode JSON: every oracle fact about the episode (never a dataset column)."""
     return {
         "source": SOURCE,
@@ -166,6 +167,7 @@ def episode_sidecar(twin: Twin, start: Any, *, seed: int, pushes: list[Push], pu
             "physics": twin.physics_info(),
             "leader": "scripted",
             "operator_phase_starts": phases,
+            "operator_replanned_at_frames": list(replans),
             "initial_state": {"array": "initial_state", "spec": "mjSTATE_INTEGRATION",
                               "size": int(start.state.size)},
             "push_rate_hz": push_rate,

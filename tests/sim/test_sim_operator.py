@@ -56,3 +56,26 @@ def test_operator_puts_the_cube_in_the_bin(seed: int) -> None:
         outcome = outcome_of(twin)
     assert lifted > 0.05  # it was carried, not pushed
     assert outcome.success, outcome.check
+
+
+def test_operator_replans_when_the_cube_is_knocked_before_the_grasp() -> None:
+    from hilrec.sim.episode import Push, operator_action
+
+    with Twin(cameras=()) as twin:
+        start = twin.reset(0)
+        operator = ScriptedOperator(0)
+        operator.reset(start)
+        planned = operator.leader_path()
+        knock = Push(frame=1, body="cube", force=(0.0, 1.2, 0.0))
+        frame = 0
+        while frame < operator.num_frames:
+            action = operator_action(twin, operator, frame, twin.observe())
+            act_and_step(twin, action, [knock] if frame == knock.frame else [])
+            frame += 1
+        outcome = outcome_of(twin)
+    moved = np.hypot(start.cube.x - operator._require_plan().cube.x,
+                     start.cube.y - operator._require_plan().cube.y)
+    assert len(operator.replans) == 1 and moved > 0.01
+    replanned_at = operator.replans[0]
+    np.testing.assert_array_equal(operator.leader_path()[:replanned_at], planned[:replanned_at])
+    assert outcome.success, outcome.check

@@ -194,3 +194,11 @@ def test_realtime_pacer_holds_each_frame_to_the_wall_clock() -> None:
     for _ in range(20):
         pacer.wait()
     assert time.monotonic() - began >= 20 / 200
+
+
+def test_extra_features_must_be_measurable() -> None:
+    features = sim_features({}, extra={"observation.images.side": {
+        "dtype": "video", "shape": [48, 64, 3], "names": ["height", "width", "channels"]}})
+    assert "observation.images.side" in features
+    with pytest.raises(FeatureSpecError, match="cube_pos.*not measurable"):
+        sim_features({}, extra={"observation.cube_pos": {"dtype": "float32", "shape": [3]}})
