@@ -239,6 +239,8 @@ class EmulatedArm:
                     return
                 timeout = self._next_wakeup()
                 readable, _, _ = select.select([self._master, self._wake_r], [], [], timeout)
+                if not readable:
+                    self._idle_advance()
                 if self._master in readable:
                     try:
                         data = os.read(self._master, 4096)
@@ -253,10 +255,19 @@ class EmulatedArm:
             log.exception("emulated %s crashed", self.config.role)
             raise
 
+    def _idle_advance(self) -> None:
+        due = getattr(self.motion, "next_due", lambda: None)()
+        if due is not None and due <= time.monotonic():
+            with self.lock:
+                self.motion.advance(time.monotonic(), self._targets())
+
     def _next_wakeup(self) -> float:
         deadlines = [0.2 + time.monotonic()]
         if self._outgoing:
             deadlines.append(self._outgoing[0].due)
+        motion_due = getattr(self.motion, "next_due", lambda: None)()
+        if motion_due is not None:
+            deadlines.append(motion_due)
         vanish_at = self.faults.next_vanish_time()
         if vanish_at is not None:
             deadlines.append(self._started_at + vanish_at)

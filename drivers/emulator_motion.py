@@ -49,6 +49,9 @@ class ArmMotion(Protocol):
     def close(self) -> None:
         ...
 
+    # Optional: ``next_due() -> float | None``, when the model wants to advance on its own
+    # (the twin's next physics frame); the emulator calls ``advance`` then if the bus is idle.
+
 
 @dataclass(frozen=True)
 class MechanicalFrame:
@@ -199,45 +202,43 @@ class SweepPath:
 
 
 class OperatorPath:
-    """The sim's scripted operator moving the leader: its planned path for one seed after another.
+    """The sim's scripted operator moving the leader: its planned paths, one seed after another.
 
     The operator plans a whole episode open loop (``ScriptedOperator.leader_path()``, float32
-    LeRobot units at the sim fps); between two frames the path interpolates linearly, as a hand
-    moves continuously. When a plan ends, the next seed's plan starts.
+    LeRobot units at the sim fps). ``plans`` episodes are planned up front (a plan takes
+    25-150 ms, far too long to compute while a servo owes a reply), joined by ``blend_s`` of
+    linear motion from one plan's last pose to the next one's first, and played in a loop.
+    Between two frames the path interpolates linearly, as a hand moves continuously.
     """
 
-    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, fps: int = 25,
-                 operator_factory: Callable[[int], Any] | None = None) -> None:
+    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, fps: int = 25, plans: int = 6,
+                 blend_s: float = 1.0, operator_factory: Callable[[int], Any] | None = None
+                 ) -> None:
         from hilrec.sim import units
 
         if operator_factory is None:
             from hilrec.sim.operator import ScriptedOperator
 
             operator_factory = ScriptedOperator
-        self._frame = frame
-        self._units = units.default_units_map()
-        self._factory = operator_factory
-        self._seed = seed
+        umap = units.default_units_map()
+        pieces = []
+        for episode_seed in range(seed, seed + plans):
+            operator = operator_factory(episode_seed)
+            operator.reset()
+            pieces.append(np.asarray(operator.leader_path(), dtype=np.float64))
+        blend = np.linspace(0.0, 1.0, max(2, round(blend_s * fps)))[1:-1, None]
+        joined = []
+        for i, piece in enumerate(pieces):
+            following = pieces[(i + 1) % len(pieces)]
+            joined += [piece, piece[-1] + (following[0] - piece[-1]) * blend]
+        self._ticks = frame.actual_from_rad(umap.rad_from_units(np.concatenate(joined)))
         self._frame_dt = 1.0 / fps
-        self._plan_start = 0.0
-        self._load_plan()
-
-    def _load_plan(self) -> None:
-        operator = self._factory(self._seed)
-        operator.reset()
-        path = np.asarray(operator.leader_path(), dtype=np.float64)
-        self._ticks = self._frame.actual_from_rad(self._units.rad_from_units(path))
-        self._seed += 1
 
     def __call__(self, t: float) -> np.ndarray:
-        frames = (t - self._plan_start) / self._frame_dt
-        while frames >= len(self._ticks) - 1:
-            self._plan_start += (len(self._ticks) - 1) * self._frame_dt
-            self._load_plan()
-            frames = (t - self._plan_start) / self._frame_dt
+        frames = (t / self._frame_dt) % len(self._ticks)
         i = int(frames)
-        alpha = frames - i
-        return self._ticks[i] + (self._ticks[i + 1] - self._ticks[i]) * alpha
+        following = self._ticks[(i + 1) % len(self._ticks)]
+        return self._ticks[i] + (following - self._ticks[i]) * (frames - i)
 
 
 class TwinMotion:
@@ -268,6 +269,11 @@ class TwinMotion:
 
     def _ticks(self, units_values: np.ndarray) -> np.ndarray:
         return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
+
+    def next_due(self) -> float | None:
+        """When the next physics frame is due: the emulator steps it while the bus is idle, so
+        a request rarely waits for physics."""
+        return None if self._t0 is None else self._t0 + (self._frames + 1) * self._frame_dt
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
         if self._t0 is None:
