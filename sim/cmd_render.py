@@ -85,9 +85,10 @@ def render_dataset(root: Path, out: Path, *, cameras: tuple[str, ...], size: tup
     indices = [int(row["episode_index"]) for row in load_episodes(root)]
     with Twin(fps=int(info["fps"]), cameras=cameras, image_size=size, scene=scene,
               render_quality=quality) as twin:
+        # Rows are views of the recorded columns (never written) and fresh images: no copies.
         sink = PipelinedSink(DatasetWriter.create(out, fps=int(info["fps"]), features=features,
                                                   robot_type=info.get("robot_type") or ROBOT_TYPE,
-                                                  video_codec=video_codec))
+                                                  video_codec=video_codec), copy_frames=False)
         with sink:
             update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras,
                                                               size, quality))

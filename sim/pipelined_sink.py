@@ -32,8 +32,12 @@ _STOP = object()
 class PipelinedSink:
     """Wraps ``sink`` (already created); lifecycle is the sink's, plus the thread it owns."""
 
-    def __init__(self, sink: FrameSink, *, max_queued: int = 256) -> None:
+    def __init__(self, sink: FrameSink, *, max_queued: int = 256,
+                 copy_frames: bool = True) -> None:
+        """``copy_frames=False`` when the caller never touches a frame's arrays again (the twin
+        returns fresh arrays), which saves a copy of every image."""
         self._sink = sink
+        self._copy_frames = copy_frames
         self.root: Path = sink.root
         self.fps: int = sink.fps
         self.features: dict = sink.features
@@ -58,7 +62,7 @@ class PipelinedSink:
     def add_frame(self, frame: Mapping[str, Any]) -> None:
         # The caller may reuse its arrays once this returns: the sink copies only when it runs.
         snapshot = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
-                    for k, v in frame.items()}
+                    for k, v in frame.items()} if self._copy_frames else dict(frame)
         self._submit(self._sink.add_frame, snapshot)
         self._episode_open = True
 

@@ -194,8 +194,10 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
     began = time.perf_counter()
     with Twin(fps=config.fps, cameras=config.cameras, image_size=config.image_size,
               scene=config.scene, render_quality=config.render_quality) as twin:
+        # Every array in a frame is fresh (observe, command and render return new ones).
         sink = PipelinedSink(sink_factory(config.root, fps=config.fps, features=features,
-                                          robot_type=ROBOT_TYPE, video_codec=config.video_codec))
+                                          robot_type=ROBOT_TYPE, video_codec=config.video_codec),
+                             copy_frames=False)
         with sink:  # an exception discards the open episode and finalizes the saved ones
             update_dataset_sidecar(config.root, dataset_provenance(
                 scene=config.scene, physics=twin.physics_info(), operator_config=config.operator,
