@@ -130,8 +130,10 @@ class FaultyMotion:
     The emulator hands the motion the wall clock. With ``virtual_period`` the motion runs on the
     recorder's tick clock instead (:meth:`set_tick`: tick ``k`` is mid-way through frame ``k``),
     so the twin steps exactly one frame per recorded row however loaded the machine is; every
-    packet still crosses the pty and the servo registers. Without it, it remembers when the
-    emulator first advanced it, so a wall-clock recorder can put its ticks mid-frame.
+    packet still crosses the pty and the servo registers. Without it, the motion stands still
+    until :meth:`start_clock` (so opening the follower never waits for physics catching up on the
+    wall clock) and then remembers when the emulator first advanced it, so a wall-clock recorder
+    can put its ticks mid-frame.
     """
 
     def __init__(self, inner: Any, *, jam_joint: str | None = None, latency_s: float = 0.0,
@@ -147,16 +149,23 @@ class FaultyMotion:
         self._effective: list[float | None] | None = None
         self._period = virtual_period
         self._tick = 0
+        self._clock_running = virtual_period is not None
         self.first_advance: float | None = None
 
     def jam(self) -> None:
         self._jammed.set()
+
+    def start_clock(self) -> None:
+        """Wall-clock mode: let time run from the next packet on."""
+        self._clock_running = True
 
     def set_tick(self, tick: int) -> None:
         """Virtual clock: the recorder's tick about to start (before it sends any packet)."""
         self._tick = tick
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
+        if not self._clock_running:
+            return
         if self._period is not None:
             # Power-up is time 0; tick k is half a frame into frame k, far from any boundary the
             # emulator's int((now - t0) / period) could round the wrong way.
@@ -248,7 +257,9 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
     with arm as port, SO101Follower(FollowerConfig(port=port, calibration=calibration)) as follower:
         pacer = TickPacer(period, realtime=realtime)
         if realtime:
-            assert motion.first_advance is not None  # the emulator advanced it at power-up
+            motion.start_clock()
+            follower.get_observation()  # the first packet on the running clock sets its origin
+            assert motion.first_advance is not None
             now = time.monotonic()
             mid_frame = motion.first_advance + (math.floor((now - motion.first_advance) / period)
                                                 + 1.5) * period
