@@ -31,7 +31,7 @@ from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
 from hilrec.sim.render import SceneRenderer
 from hilrec.sim.scene import (ARM_BODIES, CUBE_BODY, CubePlacement, SceneConfig, Visual,
                               compile_scene, place_cube)
-from hilrec.sim.units import UnitsMap, units_map_from_ranges
+from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, units_map_from_ranges
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
 SETTLE_SECONDS = 0.3
@@ -171,8 +171,13 @@ class Twin:
     # --- the loop -----------------------------------------------------------------------------
 
     def observe(self) -> np.ndarray:
-        """Joint positions in LeRobot units, float32 (6,): what the real arm would report."""
-        return ((self._data.qpos[self._qpos_adr] - self._offset) * self._scale).astype(np.float32)
+        """Joint positions in LeRobot units, float32 (6,): what the real arm would report.
+
+        The gripper is clipped to [0, 100] as LeRobot's RANGE_0_100 clips the ticks to the
+        calibrated range (a soft joint limit lets the sim jaw pass its limit by a hair)."""
+        units = (self._data.qpos[self._qpos_adr] - self._offset) * self._scale
+        units[GRIPPER_INDEX] = min(max(units[GRIPPER_INDEX], 0.0), 100.0)
+        return units.astype(np.float32)
 
     def command(self, action: Sequence[float] | np.ndarray) -> np.ndarray:
         """Cast to float32, clip to the joint limits, write ctrl; return the executed command."""

@@ -202,3 +202,13 @@ def test_extra_features_must_be_measurable() -> None:
     assert "observation.images.side" in features
     with pytest.raises(FeatureSpecError, match="cube_pos.*not measurable"):
         sim_features({}, extra={"observation.cube_pos": {"dtype": "float32", "shape": [3]}})
+
+
+def test_gripper_observation_is_clipped_like_lerobot_range_0_100(twin: Twin) -> None:
+    state = twin.reset(8).state.copy()
+    low, high = twin.units.joint_ranges[5]
+    for past_limit, expected in ((low - 0.01, 0.0), (high + 0.01, 100.0)):
+        state[1 + 5] = past_limit  # mjSTATE_INTEGRATION: time, then qpos (gripper is joint 6)
+        twin.set_state(state)
+        assert twin.units.units_from_rad(np.full(6, past_limit))[5] != expected
+        assert twin.observe()[5] == expected
