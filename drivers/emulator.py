@@ -145,6 +145,9 @@ class EmulatedArm:
         return self.port
 
     def stop(self) -> None:
+        """Stop serving and close the pty (clients then see the port gone). Idempotent."""
+        if self._thread is None and self._master < 0 and self._wake_w < 0:
+            return
         self._running = False
         if self._wake_w >= 0:
             os.write(self._wake_w, b"x")
@@ -314,6 +317,8 @@ class EmulatedArm:
         with self.lock:
             self.packets_handled += 1
             self.faults.packet_received()
+            if self.faults.vanish_due(now - self._started_at):
+                return  # the cable is pulled as this packet arrives: the loop closes the pty
             timing = self.config.wire_timing
             rx_done = now + len(packet.raw) * self._byte_time() if timing else now
             self._line_free = max(self._line_free, rx_done)

@@ -1,7 +1,7 @@
 """Emulated SO-101 arms on real pseudo-terminals, for the driver tests.
 
-Most tests use the first-order servo model (fast to build, no MuJoCo stepping) and a short
-reply timeout so that injected timeouts cost milliseconds, not the SDK's 34 ms each.
+Most tests use the first-order servo model (fast to build, no MuJoCo stepping). Buses keep the
+SDK's reply timeout (about 34 ms at 1 Mbps): shorter ones made replies late on a loaded machine.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import pytest
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import save_calibration
 from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
-
-FAST_TIMEOUT_MS = 8.0
 
 
 @pytest.fixture
@@ -42,7 +40,7 @@ def follower_emu(emulate: Callable[..., EmulatedArm]) -> EmulatedArm:
 
 @pytest.fixture
 def bus(follower_emu: EmulatedArm) -> Iterator[FeetechBus]:
-    with FeetechBus(BusConfig(port=follower_emu.port, reply_timeout_ms=FAST_TIMEOUT_MS)) as bus:
+    with FeetechBus(BusConfig(port=follower_emu.port)) as bus:
         yield bus
 
 

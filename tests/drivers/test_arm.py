@@ -164,7 +164,7 @@ def test_missing_calibration_names_lerobots_path(follower_emu: EmulatedArm, monk
 def test_open_names_missing_servos(emulate, calibration_file: Path) -> None:
     emu = emulate("follower")
     emu.inject(Fault(kind="missing", servo_id=5))
-    config = FollowerConfig(port=emu.port, calibration=calibration_file, reply_timeout_ms=5)
+    config = FollowerConfig(port=emu.port, calibration=calibration_file)
     with pytest.raises(BusTimeoutError, match=r"servo\(s\) 5 \(wrist_roll\) do not answer"):
         SO101Follower(config).open()
 

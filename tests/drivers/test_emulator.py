@@ -154,3 +154,39 @@ def test_hilrec_emulate_command_prints_the_port_and_links_it(tmp_path: Path) -> 
         process.terminate()
         assert process.wait(timeout=10) == 0
     assert not link.exists()  # the link goes with the emulator
+
+
+def test_wire_timing_takes_the_bytes_time_at_the_servos_baud(emulate) -> None:
+    import time
+
+    from hilrec.drivers.bus import BusConfig, FeetechBus
+
+    emu = emulate("follower", wire_timing=True)
+    with FeetechBus(BusConfig(port=emu.port)) as bus:
+        def sync_read_s() -> float:
+            best = float("inf")
+            for _ in range(20):
+                start = time.perf_counter()
+                bus.sync_read("Present_Position", range(1, 7))
+                best = min(best, time.perf_counter() - start)
+            return best
+
+        assert sync_read_s() >= (14 + 6 * 8) * 10e-6  # 62 bytes at 10 us each, 1 Mbps
+        for servo_id in range(1, 7):
+            bus.set_torque([servo_id], enabled=False)
+            bus.write(servo_id, "Return_Delay_Time", 250)  # 500 us per servo before replying
+        assert sync_read_s() >= (14 + 6 * 8) * 10e-6 + 6 * 500e-6
+
+
+def test_fault_specs_are_parsed_or_refused_naming_the_key() -> None:
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.drivers.emulator_faults import Fault, parse_fault
+
+    assert parse_fault("drop:id=3,count=2") == Fault(kind="drop", servo_id=3, count=2)
+    assert parse_fault("vanish:after_s=5").after_s == 5.0
+    with pytest.raises(ConfigError, match="unknown fault 'explode'"):
+        parse_fault("explode")
+    with pytest.raises(ConfigError, match="--fault drop:id=x.*id must be a int"):
+        parse_fault("drop:id=x")
+    with pytest.raises(ConfigError, match="'missing' needs the id"):
+        parse_fault("missing")
