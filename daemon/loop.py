@@ -32,7 +32,7 @@ import numpy as np
 
 from hilrec.daemon.clock import TickPacer, TickTimes
 from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraError, CameraStalledError,
-                                  DeviceError, HilrecError, PortGoneError, WriterStalledError)
+                                  DeviceError, PortGoneError, WriterStalledError)
 from hilrec.daemon.protocol import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.session import Fault, Session
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
@@ -126,9 +126,10 @@ class ControlLoop:
         try:
             while not stop.is_set():
                 self.step()
-        except HilrecError as exc:
-            # Anything left here is not a device fault handled per tick: stop the loop, but say so
-            # and keep the saved episodes and the control server alive.
+        except Exception as exc:  # noqa: BLE001 - not handled here: the loop *stops*
+            # Device faults are handled per tick; anything reaching this point (a twin gone
+            # unstable, a bug) ends the loop. Say so, save the open episode by policy, and keep
+            # the control server and the saved episodes alive.
             self.crashed = f"{type(exc).__name__}: {exc}"
             log.exception("control loop stopped")
             self.session.raise_fault(Fault(kind="loop", device="loop", message=self.crashed,

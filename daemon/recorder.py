@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.dataset.sink import FrameSink
-from hilrec.daemon.errors import DatasetStateError, HilrecError, WriterStalledError
+from hilrec.daemon.errors import DatasetStateError, WriterStalledError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ class Recorder:
     # --- loop side (never blocks while the writer keeps up) ------------------------------------
 
     def add_frame(self, frame: Mapping[str, Any]) -> None:
+        if not self._thread.is_alive():
+            raise WriterStalledError(f"dataset writer for {self._root()} is not running")
         try:
             self._queue.put(_Op("frame", frame=frame), timeout=self._stall_s)
         except queue.Full:
@@ -170,11 +172,9 @@ class Recorder:
                 continue
             try:
                 op.future.set_result(self._apply(op))
-            except HilrecError as exc:
-                self._record_error(f"{op.kind}: {exc}")
-                op.future.set_exception(exc)
-            except OSError as exc:  # a full disk or a vanished directory: report, keep serving
-                self._record_error(f"{op.kind}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a full disk, a bug: reported via the future
+                # and status; the thread lives on so saved episodes can still be finalized.
+                self._record_error(f"{op.kind}: {type(exc).__name__}: {exc}")
                 op.future.set_exception(exc)
             finally:
                 if op.kind == "save":
@@ -187,8 +187,8 @@ class Recorder:
             return  # the episode is already broken; its stop turns into a discard
         try:
             self._sink.add_frame(op.frame)
-        except (HilrecError, OSError) as exc:
-            self._episode_error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - the episode is marked broken, never saved short
+            self._episode_error = f"{type(exc).__name__}: {exc}"
             self._record_error(f"frame refused: {exc}")
             return
         with self._lock:
