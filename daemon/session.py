@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hilrec.daemon.episode import EpisodeBuffer
-from hilrec.daemon.errors import HilrecError, RequestRefusedError
+from hilrec.daemon.errors import HilrecError, RequestRefusedError, WriterStalledError
 from hilrec.daemon.protocol import CODE_BAD_STATE, CODE_FAULT, Request
 from hilrec.daemon.recorder import Recorder
 
@@ -327,17 +327,23 @@ class Session:
                 self._state = IDLE
         result: dict[str, Any] = {"episode_index": episode.index, "frames": episode.frames,
                                   "ended_by": ended_by}
-        if save:
-            sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
-            self._saves_queued += 1
-            future = self._recorder.save(sidecar=sidecar, arrays=arrays)
-            future.add_done_callback(lambda f, ep=episode: self._on_saved(f, ep.index, ep.frames))
-            result["saving"] = True
-            self._publish_event("episode_stopped", **result)
-        else:
-            self._recorder.discard()
-            result["discarded"] = True
-            self._publish_event("episode_discarded", **result)
+        try:
+            if save:
+                sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
+                future = self._recorder.save(sidecar=sidecar, arrays=arrays)
+                self._saves_queued += 1
+                future.add_done_callback(lambda f, ep=episode: self._on_saved(f, ep.index, ep.frames))
+                result["saving"] = True
+                self._publish_event("episode_stopped", **result)
+            else:
+                self._recorder.discard()
+                result["discarded"] = True
+                self._publish_event("episode_discarded", **result)
+        except WriterStalledError as exc:
+            # The writer cannot take the request: the episode's fate is the writer's fault, said
+            # here and in status; the loop goes on.
+            result.update(saved=False, error=str(exc))
+            self._publish_event("episode_save_failed", episode_index=episode.index, error=str(exc))
         with self._lock:
             self._last_episode = dict(result)
         return result

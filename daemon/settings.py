@@ -60,7 +60,7 @@ class ZmqSettings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_leader_bytes: int = DEFAULT_MAX_LEADER_BYTES
     # How long a control request may wait for the loop to apply it (start/stop at a tick edge).
-    apply_timeout_ms: int = 1000
+    apply_timeout_ms: int = 2000
     telemetry_hwm: int = 100
     curve: CurveSettings | None = None
 

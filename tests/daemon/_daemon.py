@@ -62,8 +62,10 @@ class Daemon:
         self.control_port, self.telemetry_port, self.leader_port = free_ports(3)
         self.host = host
         self.config_path = tmp_path / f"daemon-{self.control_port}.toml"
+        # A generous apply timeout: a shared, loaded CI machine may stall a tick for a while.
         zmq_table = (f"[zmq]\nhost = \"{host}\"\ncontrol_port = {self.control_port}\n"
-                     f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n{zmq_extra}")
+                     f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n"
+                     f"apply_timeout_ms = 10000\n{zmq_extra}")
         self.config_path.write_text(config + "\n" + zmq_table)
         self.log_path = tmp_path / f"daemon-{self.control_port}.log"
         self.process: subprocess.Popen[bytes] | None = None
