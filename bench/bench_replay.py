@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "replay")
 from _recordings import RecordingSpec, make_twin, record, record_emulated, write_native  # noqa: E402
 
 from hilrec.daemon.dataset import reader  # noqa: E402
+from hilrec.daemon.errors import BusError  # noqa: E402
 from hilrec.daemon.replay_analysis import Trajectories, Verdict, analyse  # noqa: E402
 from hilrec.daemon.replay_check import check_dataset  # noqa: E402
 from hilrec.daemon.replay_engine import ReplayEngine  # noqa: E402
@@ -126,8 +127,18 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
-        episodes = [record_emulated(RecordingSpec(seed=100 + i, frames=args.frames), work,
-                                    realtime=True) for i in range(args.thresholds)]
+        episodes, failed_opens = [], 0
+        for i in range(args.thresholds):
+            for _attempt in range(3):
+                try:
+                    episodes.append(record_emulated(RecordingSpec(seed=100 + i, frames=args.frames),
+                                                    work, realtime=True))
+                    break
+                except BusError as exc:  # seen on a loaded machine while opening the follower
+                    failed_opens += 1
+                    print(f"episode {i}: recording failed ({exc}); retrying", file=sys.stderr)
+            else:
+                raise SystemExit("the emulated follower failed three times in a row")
         recorded_s = time.perf_counter() - t0
         root = write_native(work / "dataset", episodes, make_twin())
         check = check_dataset(root, settings=settings, settings_source="bench")
@@ -151,7 +162,8 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     for name, values, limit in rows:
         print(f"| {name} | {statistics.median(values):.3f} | {max(values):.3f} | {limit:g} |")
     blips = sum(j.blips for r in check.results for j in r.joints)
-    print(f"\nVerdicts: {[r.verdict.value for r in check.results]}; blips above the max: {blips}.")
+    print(f"\nVerdicts: {[r.verdict.value for r in check.results]}; blips above the max: {blips}; "
+          f"recordings retried after a bus error: {failed_opens}.")
     per_episode = [f"{r.lag.frames:+.2f}" for r in check.results if r.lag and r.lag.frames is not None]
     print(f"Lag per episode [frames]: {', '.join(per_episode)}")
     worst = max(body, key=lambda j: j.aligned_max_error)

@@ -233,7 +233,8 @@ def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int
     meaning = {"follower_failed": "the observation repeats the last good reading",
                "write_failed": "the action was not executed",
                "leader_failed": "the follower held position", "leader_stale": "the follower held position",
-               "skipped": "whole tick slots were missed, so rows are not 1/fps apart"}
+               "skipped": "whole tick slots were missed, so rows are not 1/fps apart",
+               "clamped": "max_relative_target clipped the command; the action is the clipped one"}
     for name, why in meaning.items():
         if name in result.recorder_flags:
             count, first = result.recorder_flags[name]

@@ -41,7 +41,10 @@ def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, st
     the twin's default that makes ``1 / fps`` whole is chosen (e.g. 30 fps -> 7 steps of 4.76 ms).
     """
     if sidecar:
-        for holder in (sidecar, sidecar.get("physics"), sidecar.get("twin"), sidecar.get("sim")):
+        sim = sidecar.get("sim")
+        # A sim recording keeps it in "sim"."physics" (hilrec.sim); other recorders in "physics".
+        for holder in (sidecar.get("physics"), sim.get("physics") if isinstance(sim, Mapping)
+                       else None):
             if isinstance(holder, Mapping) and isinstance(holder.get("timestep"), (int, float)):
                 return float(holder["timestep"]), "dataset metadata"
     if fps <= 0:

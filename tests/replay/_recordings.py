@@ -180,6 +180,13 @@ class FaultyMotion:
             goals[self._joint] = None
         self._inner.advance(now, goals)
 
+    def next_due(self) -> float | None:
+        """Wall-clock mode: when the emulator should step the next frame while the bus is idle
+        (as it does for its own twin motion). The tick clock never steps between packets."""
+        if self._period is not None or not self._clock_running:
+            return None
+        return getattr(self._inner, "next_due", lambda: None)()
+
     def actual(self) -> np.ndarray:
         return self._inner.actual()
 

@@ -41,7 +41,7 @@ SETTINGS = ReplaySettings()
 EMULATED = {
     "clean": RecordingSpec(seed=0, frames=100),
     "jammed": RecordingSpec(seed=10, frames=100, frozen=Frozen("elbow_flex", 60)),
-    "silent": RecordingSpec(seed=4, frames=80, unresponsive=Frozen("wrist_flex", 50)),
+    "silent": RecordingSpec(seed=4, frames=65, unresponsive=Frozen("wrist_flex", 50)),
     "latency": RecordingSpec(seed=1, frames=100, latency_ms=70.0),
 }
 SYNTHETIC = {
@@ -134,7 +134,7 @@ def test_silent_servo_diverges_from_the_silence(emulated: dict) -> None:
     # From frame 50 every read fails and the row repeats the last good one (frame 49's).
     assert 49 <= silent.divergence_onset <= 51, silent.reason
     count, first = silent.recorder_flags["follower_failed"]
-    assert (count, first) == (30, 50)
+    assert (count, first) == (15, 50)
     assert any("follower_failed" in note for note in silent.notes)
     assert abs(silent.lag.frames) < SETTINGS.lag.tolerance_frames
 
@@ -248,7 +248,7 @@ def test_cli_json_and_exit_status(emulated_root: Path, capsys: pytest.CaptureFix
                                                        "lagging"]
     assert doc["units"]["source"].startswith("dataset metadata")
     assert doc["exit_codes"] == {"consistent": 0, "lagging": 3, "diverged": 4, "not_replayable": 5}
-    assert doc["frames_replayed"] == 380
+    assert doc["frames_replayed"] == 365
 
 
 def test_cli_report_writes_plots_and_a_summary(emulated_root: Path, tmp_path: Path,

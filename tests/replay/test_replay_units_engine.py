@@ -76,6 +76,8 @@ def test_timestep_makes_whole_frames() -> None:
     step, why = timestep_for(30, None)
     assert step * 30 * 7 == pytest.approx(1.0) and "7 steps" in why
     assert timestep_for(30, {"physics": {"timestep": 0.002}}) == (0.002, "dataset metadata")
+    assert timestep_for(25, {"sim": {"physics": {"timestep": 0.004, "substeps": 10}}}) == (
+        0.004, "dataset metadata")
 
 
 def test_engine_starts_at_rest_at_the_first_recorded_state() -> None:
