@@ -337,8 +337,7 @@ class FeetechBus:
             self._sync_readers[key] = reader
         result, attempts = scs.COMM_SUCCESS, 0
         for attempts in range(1, self.config.retries + 2):
-            with self._transaction(None, reg.name) as port:
-                reader.port = port
+            with self._transaction(None, reg.name):
                 result = reader.txRxPacket()
             if result == scs.COMM_SUCCESS:
                 break
@@ -365,8 +364,7 @@ class FeetechBus:
         writer = scs.GroupSyncWrite(self._port, self._packets, reg.address, reg.size)
         for servo_id, value in values.items():
             writer.addParam(servo_id, self._encode(reg, value, servo_id))
-        with self._transaction(None, reg.name) as port:
-            writer.port = port
+        with self._transaction(None, reg.name):
             result = writer.txPacket()
         if result != scs.COMM_SUCCESS:
             raise self._comm_error(result, None, reg.name, 1)
