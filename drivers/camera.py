@@ -39,7 +39,6 @@ class CameraConfig:
     fps: float | None = None
     fourcc: str | None = None  # e.g. "MJPG": USB cameras reach full fps at 640x480 only in MJPG
     stall_timeout_s: float = 0.5
-    open_timeout_s: float = 5.0
     # Video files: pace frames at the file's fps (a file read flat out is not a camera), and
     # start over at the end (test sources that never run dry).
     realtime: bool = True
