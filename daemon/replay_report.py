@@ -168,7 +168,12 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
     units = document["units"]
     lines.append(f"- units: {units['body']} (body), {units['gripper']} (gripper), from "
                  f"{units['source']}" + (f"; calibration {units['calibration']}"
-                                         if units.get("calibration") else ""))
+                                         if units.get("calibration") else "")
+                 + (f" (overriding: {units['overridden']})" if units.get("overridden") else ""))
+    twin = document.get("twin") or {}
+    if twin:
+        lines.append(f"- twin: {twin.get('substeps')} steps of {twin.get('timestep', 0) * 1000:g} ms "
+                     f"per frame ({twin.get('timestep_source')}); {twin.get('scene')}")
     lines.append(f"- thresholds: `{document['settings_source']}`")
     counts = ", ".join(f"{n} {v}" for v, n in document["counts"].items() if n)
     lines.append(f"- result: **{document['worst_verdict']}** ({counts}); exit status "
