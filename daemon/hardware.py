@@ -215,7 +215,8 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
         follower_arm = SO101Follower(FollowerConfig(
             port=follower_port, id=settings.follower.id, calibration=follower_cal,
             body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
-            reply_timeout_ms=reply_timeout, max_relative_target=settings.follower.max_relative_target))
+            reply_timeout_ms=reply_timeout, max_relative_target=settings.follower.max_relative_target,
+            tolerated_status=settings.follower.tolerated_status))
         open_with_retries(follower_arm)
         stack.callback(follower_arm.close)
         follower = ArmFollower(follower_arm)

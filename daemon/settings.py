@@ -108,10 +108,15 @@ class FollowerSettings:
     body_mode: BodyMode = "degrees"  # LeRobot use_degrees=True
     # LeRobot's max_relative_target: per-tick clamp of the goal around the present position.
     max_relative_target: float | None = None
+    # Servo status bits that do not fail a read (e.g. 32 = overload, for a gripper squeezing
+    # an object); any other error bit is a device fault that ends the episode.
+    tolerated_status: int = 0
 
     def validate(self) -> None:
         if self.max_relative_target is not None and self.max_relative_target <= 0:
             raise ConfigError("max_relative_target", "must be positive when set")
+        if not 0 <= self.tolerated_status <= 255:
+            raise ConfigError("tolerated_status", f"must be a status byte 0..255, got {self.tolerated_status}")
 
 
 @dataclass(frozen=True, kw_only=True)
