@@ -58,6 +58,10 @@ class VideoSettings:
         options = {"g": str(self.g), "crf": str(self.crf)}
         if self.codec == "libsvtav1":
             options["preset"] = str(self.preset)
+            # With g=2 the lookahead cannot change a decision (the bitstream is byte-identical
+            # with and without it), but it holds ~20 more frames inside the encoder, which the
+            # flush in save_episode() then has to wait for.
+            options["svtav1-params"] = "lookahead=0"
         else:
             # No B-frames: pts == dts, so segments concatenate by a plain timestamp shift.
             options["bf"] = "0"
@@ -68,6 +72,7 @@ class VideoSettings:
                                "crf": self.crf, "pyav": av.__version__}
         if self.codec == "libsvtav1":
             out["preset"] = self.preset
+            out["svtav1_params"] = self.options()["svtav1-params"]
         return out
 
 
