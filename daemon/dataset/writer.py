@@ -22,6 +22,7 @@ were never committed. ``hilrec repair`` reports it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -56,6 +57,7 @@ from hilrec.daemon.errors import DatasetError, DatasetStateError, VideoEncodingE
 log = logging.getLogger(__name__)
 
 WRITER_NAME = "hilrec.native"
+EXIT_MERGE_TIMEOUT_S = 120.0
 
 
 class _OpenEpisode:
@@ -110,6 +112,8 @@ class DatasetWriter:
         self._thread = threading.Thread(target=self._consolidate_loop, name="consolidate",
                                         daemon=True)
         self._thread.start()
+        # A forgotten finalize() still leaves a dataset that loads without repair.
+        atexit.register(self._merge_at_exit)
 
     # --- construction ----------------------------------------------------------------------------
 
@@ -262,6 +266,7 @@ class DatasetWriter:
         """Wait until every saved episode is in LeRobot's files. Refuses while an episode is open."""
         if self._finalized:
             return
+        atexit.unregister(self._merge_at_exit)
         if self._episode is not None:
             raise DatasetStateError(
                 f"{self.root}: finalize() with episode {self._episode.index} open "
@@ -420,6 +425,15 @@ class DatasetWriter:
                 del self._pending[:len(batch)]
                 self._consolidating = False
                 self._cond.notify_all()
+
+    def _merge_at_exit(self) -> None:
+        if self._finalized:
+            return
+        try:
+            self.wait_consolidated(timeout=EXIT_MERGE_TIMEOUT_S)
+        except DatasetError:
+            log.exception("%s: saved episodes not merged at exit; 'hilrec repair' merges them",
+                          self.root)
 
     def _undo_failed_merge(self) -> None:
         """Put LeRobot's files back as they were before the failed batch (best effort)."""

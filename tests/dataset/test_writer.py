@@ -333,3 +333,28 @@ def test_a_failed_write_keeps_the_episode_open_for_a_retry(tmp_path: Path, file_
     data = read_data(root)
     assert np.array_equal(data["action"], np.stack([f["action"] for f in frames + small]))
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 2
+
+
+def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "ds"
+    script = (
+        "import sys, numpy as np\n"
+        "from hilrec.daemon.dataset.writer import DatasetWriter\n"
+        "from hilrec.daemon.so101 import so101_features\n"
+        "w = DatasetWriter.create(sys.argv[1], fps=25, features=so101_features({'front': (32, 48)}),\n"
+        "                         robot_type=None, video_codec='libx264')\n"
+        "for n in (6, 4):\n"
+        "    for i in range(n):\n"
+        "        w.add_frame({'action': np.full(6, i, np.float32), 'observation.state':\n"
+        "                     np.zeros(6, np.float32), 'observation.images.front':\n"
+        "                     np.full((32, 48, 3), 9 * i, np.uint8), 'task': 't'})\n"
+        "    w.save_episode()\n"
+        "# no finalize(): the interpreter exits with the merge still queued\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(root)], check=True, timeout=120)
+    info = json.loads((root / "meta/info.json").read_text())
+    assert (info["total_episodes"], info["total_frames"]) == (2, 10)
+    assert read_data(root)["frame_index"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
