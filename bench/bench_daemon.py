@@ -82,7 +82,8 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str) -> str:
+def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str,
+                stall_ms: int) -> str:
     cameras = "".join(f"""
 [cameras.{name}]
 source = "video"
@@ -90,7 +91,7 @@ path = "{video}"
 width = {W}
 height = {H}
 loop = true
-stall_ms = 500
+stall_ms = {stall_ms}
 """ for name, video in zip(("front", "wrist"), videos))
     return f"""
 mode = "emulated"
@@ -124,12 +125,12 @@ def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def run_session(duration: float, priority: int, codec: str, workdir: Path) -> dict[str, Any]:
+def run_session(duration: float, priority: int, codec: str, stall_ms: int, workdir: Path) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
-    config.write_text(config_text(root, videos, ports, priority, codec))
+    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms))
     log = (workdir / "daemon.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
                                stdout=log, stderr=subprocess.STDOUT)
@@ -242,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--codec", default="libx264", choices=("libx264", "libsvtav1"),
                         help="video codec (libsvtav1, LeRobot's default, needs ~32 ms of CPU per "
                              "640x480 frame here: 1.6 cores for two cameras at 25 Hz)")
+    parser.add_argument("--stall-ms", type=int, default=500,
+                        help="camera stall limit (LeRobot's read_latest max age is 500 ms)")
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
-        r = run_session(args.duration, args.priority, args.codec, workdir)
+        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, workdir)
         arrays = r["arrays"]
         start, deadline = arrays["tick_start"], arrays["tick_deadline"]
         jitter = np.abs(start - deadline) * 1e3

@@ -131,8 +131,6 @@ class Daemon:
             stack.callback(self.telemetry.close)
             self.recorder = Recorder(self._open_sink, queue_frames=s.dataset.writer_queue_frames,
                                      stall_s=s.dataset.writer_stall_ms / 1000.0)
-            self.recorder.start()
-            stack.callback(self.recorder.close, 30.0)
             self.session = Session(recorder=self.recorder, period_s=s.period_s,
                                    on_device_lost=s.faults.on_device_lost, context=self._episode_context(),
                                    publish_event=self.telemetry.event)
@@ -140,7 +138,12 @@ class Daemon:
             sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
             self.loop_thread = LoopThread(factory, self._make_loop, self.session,
                                           realtime_priority=s.loop.realtime_priority)
+            # Devices first: a rig that cannot start leaves no dataset behind. Nothing is handed
+            # to the writer before start_episode, which needs the control server (below).
             self.loop_thread.start()
+            stack.callback(self.loop_thread.stop, "startup failed", LOOP_STOP_TIMEOUT_S)
+            self.recorder.start()
+            stack.callback(self.recorder.close, 30.0)
             if self.loop_thread.rig is not None and self.loop_thread.rig.dataset_fields:
                 self.recorder.update_dataset_sidecar(self.loop_thread.rig.dataset_fields).result(timeout=30)
             self._install_signals()

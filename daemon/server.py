@@ -40,6 +40,15 @@ def endpoint(host: str, port: int) -> str:
     return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
+def bind(sock: zmq.Socket[Any], address: str, key: str) -> None:
+    """Bind, turning a busy or invalid address into an error that names the config key."""
+    try:
+        sock.bind(address)
+    except zmq.ZMQError as exc:
+        sock.close(linger=0)
+        raise ConfigError(key, f"cannot bind {address}: {exc}") from None
+
+
 class Security:
     """CURVE server keys plus the ZAP authenticator; a no-op on loopback without keys."""
 
@@ -103,7 +112,7 @@ class ControlServer:
         sock.setsockopt(zmq.MAXMSGSIZE, settings.max_request_bytes * 16)
         sock.setsockopt(zmq.SNDTIMEO, 1000)
         security.configure(sock)
-        sock.bind(endpoint(settings.host, settings.control_port))
+        bind(sock, endpoint(settings.host, settings.control_port), "zmq.control_port")
         self._socket = sock
 
     def serve(self, stop: threading.Event) -> None:

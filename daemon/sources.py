@@ -190,7 +190,9 @@ class RemoteLeader:
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_bytes * 4)
         if self._configure is not None:
             self._configure(sock)
-        sock.bind(self._endpoint)
+        from hilrec.daemon.server import bind
+
+        bind(sock, self._endpoint, "zmq.leader_port")
         self._socket = sock
 
     def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:

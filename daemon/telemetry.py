@@ -22,6 +22,7 @@ import cv2
 import numpy as np
 import zmq
 
+from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.protocol import TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, telemetry_header
 
 log = logging.getLogger(__name__)
@@ -91,14 +92,16 @@ class Telemetry:
     # --- the publisher thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        from hilrec.daemon.server import bind
+
         try:
             sock = self._context.socket(zmq.PUB)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, self._hwm)
             if self._configure is not None:
                 self._configure(sock)
-            sock.bind(self._endpoint)
-        except zmq.ZMQError as exc:
+            bind(sock, self._endpoint, "zmq.telemetry_port")
+        except ConfigError as exc:
             self._bind_error = exc
             self._bound.set()
             return

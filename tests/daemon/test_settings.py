@@ -89,7 +89,26 @@ def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> N
     path = tmp_path / "bad.toml"
     path.write_text(MINIMAL + "[zmq]\nleader_port = 99999\n")
     result = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60)
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert result.returncode == 2
     assert "config key 'zmq.leader_port'" in result.stderr and str(path) in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
+    import zmq
+
+    context = zmq.Context()
+    busy = context.socket(zmq.REP)
+    port = busy.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        path = tmp_path / "busy.toml"
+        path.write_text(MINIMAL + f"[zmq]\ncontrol_port = 15991\ntelemetry_port = {port}\nleader_port = 15992\n")
+        result = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        busy.close(linger=0)
+        context.term()
+    assert result.returncode == 2, result.stderr
+    assert "config key 'zmq.telemetry_port'" in result.stderr and "cannot bind" in result.stderr
     assert not (tmp_path / "data").exists()
