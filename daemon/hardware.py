@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hilrec.daemon.errors import BusPacketError, BusTimeoutError, DeviceError
+from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CameraStalledError, DeviceError
 from hilrec.daemon.loop import Mirror, Rig
 from hilrec.daemon.rigs import RigFactory, remote_leader
 from hilrec.daemon.server import Security
@@ -161,6 +161,29 @@ def _die_with_parent() -> None:
         os.nice(EMULATOR_NICE)
 
 
+FIRST_RENDER_GRACE_S = 60.0
+
+
+class FreshCamera:
+    """A camera whose frames older than ``stall_s`` count as a stall (CameraStalledError)."""
+
+    def __init__(self, camera: Any, stall_s: float) -> None:
+        self.camera = camera
+        self.name, self.height, self.width = camera.name, camera.height, camera.width
+        self.stall_s = stall_s
+
+    def read_latest(self) -> np.ndarray:
+        frame = self.camera.latest()
+        age = time.monotonic() - frame.captured_at
+        if age > self.stall_s:
+            raise CameraStalledError(f"camera '{self.name}': no new frame for {age * 1000:.0f} ms "
+                                     f"(limit {self.stall_s * 1000:.0f} ms)")
+        return frame.image  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.camera.close()
+
+
 def open_camera(name: str, cam: CameraSettings, mirror: Mirror, fps: int) -> Camera:
     """Open one camera and wait for its first frame (OpenCV's open reads one)."""
     from hilrec.drivers.camera import CameraConfig, OpenCVCamera, SimCamera
@@ -171,10 +194,12 @@ def open_camera(name: str, cam: CameraSettings, mirror: Mirror, fps: int) -> Cam
 
         renderer = Twin(fps=fps, cameras=(name,), image_size=(cam.height, cam.width),
                         scene=mirror.twin.scene)
+        # The first render builds the GL context (seconds on a loaded machine), so the driver's
+        # own freshness limit is generous and ours is applied per read.
         camera = SimCamera(name=name, snapshot=mirror.snapshot, renderer=renderer, fps=cam.fps,
-                           stall_timeout_s=stall_s)
+                           stall_timeout_s=FIRST_RENDER_GRACE_S)
         camera.open()
-        return camera
+        return FreshCamera(camera, stall_s)
     source = cam.device if cam.source == "opencv" else str(cam.path)
     opencv = OpenCVCamera(CameraConfig(
         name=name, source=source, width=cam.width, height=cam.height,
