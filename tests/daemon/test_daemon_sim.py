@@ -228,11 +228,18 @@ def test_sim_mode_may_run_faster_than_real_time_and_says_so(tmp_path: Path, daem
     root = tmp_path / "ds"
     daemon = daemons(sim_config(root, realtime=False))
     assert daemon.call("status")["loop"]["realtime"] is False
-    daemon.call("start_episode", task="fast", seed=6)
+    # Driven with the command-line client this time.
+    port = str(daemon.control_port)
+    started = run_cli("ctl", "start", "--task", "fast", "--seed", "6", "--port", port)
+    assert started.returncode == 0 and json.loads(started.stdout)["seed"] == 6, started.stderr
     daemon.wait_frames(60)
-    daemon.call("stop_episode")
-    daemon.wait_saved(1)
-    assert daemon.shutdown() == 0
+    stopped = run_cli("ctl", "stop", "--failure", "--wait", "--port", port)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert json.loads(stopped.stdout)["last_episode"]["saved"] is True
+    refused = run_cli("ctl", "discard", "--port", port)
+    assert refused.returncode == 1 and "no episode is recording" in json.loads(refused.stdout)["error"]
+    assert run_cli("ctl", "shutdown", "--port", port).returncode == 0
+    assert daemon.wait_exit() == 0
     meta, arrays = load_episode_sidecar(root, 0)
     assert meta is not None
     timing = meta["timing"]
@@ -267,6 +274,14 @@ def test_beyond_loopback_only_curve_clients_with_authorized_keys_get_answers(tmp
         assert daemon.wait_exit() == 0
     finally:
         daemon.close()
+
+
+def test_ctl_gives_up_after_its_bounded_retries_when_no_daemon_answers() -> None:
+    from _daemon import free_ports
+
+    [port] = free_ports(1)
+    result = run_cli("ctl", "status", "--port", str(port), "--timeout-ms", "200", "--retries", "2")
+    assert result.returncode == 3 and "within 200 ms, 2 attempt(s)" in result.stderr
 
 
 def _drain(telemetry) -> list[tuple[str, dict, list[bytes]]]:
