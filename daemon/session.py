@@ -117,7 +117,7 @@ class Session:
         if request.cmd == "start_episode":
             if self._episode is not None:  # refuse early rather than plan for nothing
                 raise _refused(f"episode {self._episode.index} is already recording; "
-                                     "stop or discard it first")
+                               "stop or discard it first")
             prepared = self.hooks.prepare(request.args.get("seed"))
         future: Future[dict[str, Any]] = Future()
         self._pending.put(_Pending(request, future, prepared))
@@ -188,6 +188,9 @@ class Session:
                 pending.future.set_result(self._apply(pending.request, pending.prepared))
             except (HilrecError, OSError) as exc:
                 pending.future.set_exception(exc)
+            except BaseException as exc:
+                pending.future.set_exception(exc)  # answer the request, then let the loop stop
+                raise
 
     def hand_off(self, frame: Mapping[str, Any]) -> None:
         """Give the writer this tick's frame (call only while recording)."""
