@@ -100,8 +100,9 @@ def act_and_step(twin: Twin, action: np.ndarray, pushes: Sequence[Push] = ()) ->
 def operator_action(twin: Twin, operator: Any, frame: int, observation: np.ndarray) -> np.ndarray:
     """The scripted operator's leader position for ``frame``, after it has looked at the cube
     (and re-planned if a push knocked it away before the grasp)."""
-    cube = twin.cube_state()
-    operator.watch_cube(frame, cube.position, cube.quaternion, cube.speed)
+    if operator.watching(frame):
+        cube = twin.cube_state()
+        operator.watch_cube(frame, cube.position, cube.quaternion, cube.speed)
     return operator.act(frame, observation)
 
 

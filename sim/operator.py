@@ -15,6 +15,10 @@ Planning, on a private copy of the scene model (:mod:`hilrec.sim.ik`):
    position servos sag under load, and a person on a leader compensates by eye);
 3. join the poses with minimum-jerk segments whose durations follow the largest joint move,
    stretched a little by the seed so no two episodes are timed alike.
+
+While recording, :meth:`ScriptedOperator.watch_cube` lets it look at the cube as a person does:
+if a push knocks the cube away before the jaws close on it, the rest of the path is re-planned
+from where the leader is (the frames already played never change).
 """
 
 from __future__ import annotations
@@ -107,7 +111,7 @@ class ScriptedOperator:
             cube = start.cube
             arm_units = np.asarray(start.arm_units, dtype=np.float32)
         self._plan = self._make_plan(cube, arm_units)
-        self.replans: list[int] = []
+        self.replans = []
 
     @property
     def num_frames(self) -> int:
@@ -132,6 +136,12 @@ class ScriptedOperator:
         """Every frame's leader position, float32 (num_frames, 6), LeRobot units."""
         return self._require_plan().path.copy()
 
+    def watching(self, frame_index: int) -> bool:
+        """Whether :meth:`watch_cube` could still re-plan at ``frame_index`` (before the grasp)."""
+        plan = self._require_plan()
+        return (plan.cube is not None and len(self.replans) < self.config.max_replans
+                and 1 <= frame_index < plan.phase_starts["grasp"])
+
     def watch_cube(self, frame_index: int, position: np.ndarray, quaternion: np.ndarray,
                    speed: float = 0.0) -> bool:
         """Look at the cube before frame ``frame_index`` is played, as the person on the leader
@@ -140,10 +150,9 @@ class ScriptedOperator:
         played never change."""
         plan = self._require_plan()
         cfg = self.config
-        if (plan.cube is None or len(self.replans) >= cfg.max_replans
-                or not 1 <= frame_index < plan.phase_starts["grasp"]
-                or speed > cfg.replan_when_slower):
+        if not self.watching(frame_index) or speed > cfg.replan_when_slower:
             return False
+        assert plan.cube is not None
         yaw = cube_yaw(quaternion)
         turned = abs((yaw - plan.cube.yaw + math.pi / 4) % (math.pi / 2) - math.pi / 4)
         moved = math.hypot(position[0] - plan.cube.x, position[1] - plan.cube.y)

@@ -34,7 +34,7 @@ from hilrec.sim.scene import (ARM_BODIES, CUBE_BODY, CubePlacement, SceneConfig,
 from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, units_map_from_ranges
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
-SETTLE_SECONDS = 0.3
+SETTLE_SECONDS = 0.2
 # Warnings after which the simulation state is no longer trustworthy.
 _FATAL_WARNINGS = {
     mujoco.mjtWarning.mjWARN_BADQACC: "bad qacc (simulation diverged and was reset)",
