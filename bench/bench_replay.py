@@ -151,16 +151,23 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     print("|---|---:|---:|---:|")
     c = settings.consistency
     rows = [
-        ("body joint aligned RMS error [deg]", [j.aligned_rms_error for j in body], c.body.rms),
-        ("body joint aligned max error [deg]", [j.aligned_max_error for j in body], c.body.max),
-        ("gripper aligned RMS error", [j.aligned_rms_error for j in grip], c.gripper.rms),
-        ("gripper aligned max error", [j.aligned_max_error for j in grip], c.gripper.max),
+        ("body joint aligned RMS error [deg]", [j.aligned_rms_error for j in body], None),
+        ("body joint aligned max error [deg]", [j.aligned_max_error for j in body], None),
+        ("body joint judged RMS error [deg] (+-1 frame slack)", [j.judged_rms_error for j in body],
+         c.body.rms),
+        ("body joint judged max error [deg] (+-1 frame slack)", [j.judged_max_error for j in body],
+         c.body.max),
+        ("gripper judged RMS error", [j.judged_rms_error for j in grip], c.gripper.rms),
+        ("gripper judged max error", [j.judged_max_error for j in grip], c.gripper.max),
         ("|lag| [frames]", [abs(x) for x in lags], settings.lag.tolerance_frames),
         ("body joint motion, peak to peak [deg]", [j.motion for j in body],
          settings.lag.min_motion_deg),
     ]
     for name, values, limit in rows:
-        print(f"| {name} | {statistics.median(values):.3f} | {max(values):.3f} | {limit:g} |")
+        shown = "-" if limit is None else f"{limit:g}"
+        print(f"| {name} | {statistics.median(values):.3f} | {max(values):.3f} | {shown} |")
+    stale = [len(r.stale_rows) for r in check.results]
+    print(f"\nStale rows (a reading repeating the last while the twin moved) per episode: {stale}.")
     blips = sum(j.blips for r in check.results for j in r.joints)
     print(f"\nVerdicts: {[r.verdict.value for r in check.results]}; blips above the max: {blips}; "
           f"recordings retried after a bus error: {failed_opens}.")

@@ -86,7 +86,7 @@ def _table(results: list[EpisodeResult], fps: int) -> str:
         wj = r.worst_joint()
         assert wj is not None
         rows.append((str(r.episode_index), str(r.frames), r.verdict.value, lag,
-                     f"{wj.name} rms {wj.aligned_rms_error:.2f} max {wj.aligned_max_error:.2f}",
+                     f"{wj.name} rms {wj.judged_rms_error:.2f} max {wj.judged_max_error:.2f}",
                      r.reason))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]

@@ -19,7 +19,8 @@ import numpy as np
 
 from hilrec.daemon.replay_metrics import Excursion, ShiftFit, fit_shift, shift_by
 
-ExcursionFinder = Callable[[np.ndarray], dict[int, Excursion]]  # aligned replay -> joint -> excursion
+# (aligned replay, lag) -> joint -> its sustained excursion
+ExcursionFinder = Callable[[np.ndarray, float], dict[int, Excursion]]
 MAX_CANDIDATES = 8
 
 
@@ -55,11 +56,11 @@ def align(recorded: np.ndarray, replayed: np.ndarray, moving: Sequence[int], *,
         fit = fit_shift(recorded[:window, list(joints)], replayed[:window, list(joints)],
                         min_shift=min_shift, max_shift=max_shift)
         aligned = shift_by(replayed, fit.lag)
-        return Alignment(fit, joints, window, aligned, find_excursions(aligned))
+        return Alignment(fit, joints, window, aligned, find_excursions(aligned, fit.lag))
 
     if not moving:
-        return Alignment(None, (), n, replayed.copy(), find_excursions(replayed))
-    unaligned = find_excursions(replayed)
+        return Alignment(None, (), n, replayed.copy(), find_excursions(replayed, 0.0))
+    unaligned = find_excursions(replayed, 0.0)
     pending: list[tuple[tuple[int, ...], int]] = [(tuple(moving), n)]
     first_onset = min((e.onset for e in unaligned.values()), default=n)
     if min_window <= first_onset < n:

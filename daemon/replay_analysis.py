@@ -9,6 +9,11 @@ Verdicts, worst first: ``not_replayable`` (the check could not run; never a pass
 error is over the limit), ``lagging`` (aligned, it tracks; but the recording trails the twin by
 more than the tolerance), ``consistent``.
 
+The error judged is the aligned one with a timing slack: each row may match the replay up to
+``timing_slack_frames`` whole frames either side of the lag. Hardware reads a servo at a time of
+its own, so single rows a frame early or late are timing (their share is what a fractional lag
+measures), while a joint that does something else stays far from the replay at every shift.
+
 A gripper closed on an object reads more open than commanded while the twin, which has no object
 in its hand, closes fully. Those frames (on either side) are grasps, reported as gripper
 behaviour and left out of the gripper's error judgement.
@@ -33,6 +38,8 @@ from hilrec.daemon.replay_metrics import (
     limit_hits,
     response_lag,
     runs,
+    slack_error,
+    stale_rows,
     sustained_excursion,
 )
 from hilrec.daemon.replay_settings import ErrorLimits, ReplaySettings
@@ -82,6 +89,8 @@ class JointResult:
     max_error: float
     aligned_rms_error: float  # after shifting the replay by the episode's lag
     aligned_max_error: float
+    judged_rms_error: float  # aligned, with the timing slack: what the verdict is based on
+    judged_max_error: float
     lag_frames: float | None  # this joint's own best shift (None if it barely moved or diverged)
     limits: ErrorLimits  # what its errors are judged against (degrees, or 0..100 for the gripper)
     divergence: Excursion | None = None
@@ -131,6 +140,8 @@ class EpisodeResult:
     divergence_onset: int | None = None
     trajectories: Trajectories | None = None
     aligned_replay: np.ndarray | None = None
+    judged_error: np.ndarray | None = None  # (n, 6) |error| with the timing slack
+    stale_rows: list[int] = field(default_factory=list)  # rows repeating the last while the twin moved
     notes: list[str] = field(default_factory=list)
     # What the recorder itself flagged per frame (hilrec's frame_flags): name -> (frames, first)
     recorder_flags: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -147,7 +158,7 @@ class EpisodeResult:
     def worst_joint(self) -> JointResult | None:
         """The joint closest to (or furthest past) its limits, body and gripper alike."""
         return max(self.joints, default=None, key=lambda j: max(
-            j.aligned_rms_error / j.limits.rms, j.aligned_max_error / j.limits.max))
+            j.judged_rms_error / j.limits.rms, j.judged_max_error / j.limits.max))
 
 
 def analyse(episode_index: int, traj: Trajectories, *, fps: int,
@@ -175,13 +186,16 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
     def limits_of(j: int) -> ErrorLimits:
         return cons.gripper if j == GRIPPER else cons.body
 
-    def excursions(aligned: np.ndarray) -> dict[int, Excursion]:
+    def judged(aligned: np.ndarray, lag: float) -> np.ndarray:
+        return slack_error(rec, rep, aligned, lag, cons.timing_slack_frames)
+
+    def excursions(aligned: np.ndarray, lag: float) -> dict[int, Excursion]:
+        error = judged(aligned, lag)
         found = {}
         for j in range(rec.shape[1]):
             lim = limits_of(j)
-            exc = sustained_excursion(rec[:, j] - aligned[:, j], limit=lim.max,
-                                      min_frames=min_frames, floor=lim.floor,
-                                      valid=valid[:, j])
+            exc = sustained_excursion(error[:, j], limit=lim.max, min_frames=min_frames,
+                                      floor=lim.floor, valid=valid[:, j])
             if exc is not None:
                 found[j] = exc
         return found
@@ -210,6 +224,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
 
     raw_err = rec - rep
     al_err = rec - aligned
+    judged_err = judged(aligned, lag)
     sat = settings.saturation
     margin = np.full(rec.shape[1], sat.limit_margin_deg)
     margin[GRIPPER] = sat.gripper_margin
@@ -222,6 +237,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
         ok = valid[:, j]
         raw_j = raw_err[ok, j] if ok.any() else np.zeros(1)
         al_j = al_err[ok, j] if ok.any() else np.zeros(1)
+        judged_j = judged_err[ok, j] if ok.any() else np.zeros(1)
         own_lag = None
         if j in moving and j not in exc:
             own_lag = fit_shift(rec[:, [j]], rep[:, [j]], min_shift=lag_cfg.min_shift_frames,
@@ -232,10 +248,11 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
             motion=float(motion[j]),
             rms_error=_rms(raw_j), max_error=float(np.max(np.abs(raw_j))),
             aligned_rms_error=_rms(al_j), aligned_max_error=float(np.max(np.abs(al_j))),
+            judged_rms_error=_rms(judged_j), judged_max_error=float(np.max(judged_j)),
             lag_frames=own_lag,
             limits=lim,
             divergence=exc.get(j),
-            blips=count_blips(al_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
+            blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
             stalls=[] if j == GRIPPER else find_stalls(
                 rec[:, j], rep[:, j], still=stall_cfg.still_deg, min_frames=stall_frames,
                 min_motion=stall_cfg.min_command_motion_deg),
@@ -249,7 +266,8 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
     result = EpisodeResult(episode_index=episode_index, verdict=Verdict.CONSISTENT, reason="",
                            frames=n, fps=fps, lag=lag_result, joints=joints,
                            gripper=_gripper(act, rec, rep, grasp_rec, grasp_rep),
-                           trajectories=traj, aligned_replay=aligned)
+                           trajectories=traj, aligned_replay=aligned, judged_error=judged_err,
+                           stale_rows=stale_rows(rec, rep, moved=stall_cfg.still_deg).tolist())
     _judge(result, settings)
     return result
 
@@ -301,8 +319,8 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
     else:
         over = []
         for j in result.joints:
-            if j.aligned_rms_error > j.limits.rms:
-                over.append(f"{j.name} RMS error {j.aligned_rms_error:.2f} > {j.limits.rms:g}")
+            if j.judged_rms_error > j.limits.rms:
+                over.append(f"{j.name} RMS error {j.judged_rms_error:.2f} > {j.limits.rms:g}")
         if over:
             result.verdict = Verdict.DIVERGED
             result.reason = "no single departure, but " + "; ".join(over)
@@ -326,6 +344,10 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
             result.notes.append(
                 f"cross-correlation puts the extra action->state delay at {extra:.2f} frames, "
                 f"the alignment at {lag.frames:.2f}")
+    if result.stale_rows:
+        result.notes.append(
+            f"{len(result.stale_rows)} row(s) repeat the previous reading while the twin moved, "
+            f"from frame {result.stale_rows[0]}: read before the follower updated")
     for j in result.joints:
         if j.beyond_range_frames:
             result.notes.append(f"{j.name}: {j.beyond_range_frames} commands beyond the joint "

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 # before any clamp (NaN where there was none) and the per-frame flags (FrameFlag bits).
 LEADER_ARRAY = "leader"
 FLAGS_ARRAY = "frame_flags"
+SLOTS_ARRAY = "tick_slot"  # the pacer's slot of each row: rows are (slot difference) / fps apart
 
 EngineFactory = Callable[[int, Any, ReplaySettings], ReplayEngine]
 
@@ -202,21 +203,36 @@ def _check_episode(root: Path, index: int, length: int, *, fps: int, units: Colu
             frames=n, fps=fps)
     action_t, state_t = units.to_twin(action), units.to_twin(state)
     try:
-        replayed = engine.replay(state_t[0], action_t)
-    except ReplayError as exc:
-        return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
-    try:
         _, arrays = load_episode_sidecar(root, index)
     except HilrecError as exc:
         log.warning("episode %d: cannot read its sidecar arrays: %s", index, exc)
         arrays = {}
+    gaps = _frames_between(arrays.get(SLOTS_ARRAY), n)
+    try:
+        replayed = engine.replay(state_t[0], action_t, gaps)
+    except ReplayError as exc:
+        return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
     leader = arrays.get(LEADER_ARRAY)  # joint order, the action's units
     leader = units.to_twin(leader) if leader is not None and leader.shape == action.shape else None
     traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits,
                         leader=leader)
     result = analyse(index, traj, fps=fps, settings=settings)
     _note_recorder_flags(result, arrays.get(FLAGS_ARRAY), n)
+    if gaps is not None:
+        result.notes.append(f"replayed on the recorded tick slots: {int(gaps.sum()) - (n - 1)} "
+                            f"missed slot(s) held the last command, as the follower did")
     return result
+
+
+def _frames_between(slots: np.ndarray | None, n: int) -> np.ndarray | None:
+    """Frames between consecutive rows from the recorder's tick slots; None when all are one."""
+    if slots is None or slots.shape != (n,) or n < 2:
+        return None
+    gaps = np.diff(slots.astype(np.int64))
+    if np.any(gaps < 1):  # not a monotonic slot count: do not trust it
+        log.warning("tick_slot is not increasing; replaying one frame per row")
+        return None
+    return gaps if np.any(gaps > 1) else None
 
 
 def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int) -> None:

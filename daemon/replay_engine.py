@@ -107,12 +107,22 @@ class ReplayEngine:
             goal = goal + (target - rest)
         return rest
 
-    def replay(self, first_state: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """The twin's ``(n, 6)`` float64 states, driven by ``actions`` from ``first_state``."""
+    def replay(self, first_state: np.ndarray, actions: np.ndarray,
+               frames_between: np.ndarray | None = None) -> np.ndarray:
+        """The twin's ``(n, 6)`` float64 states, driven by ``actions`` from ``first_state``.
+
+        ``frames_between[t]`` (default 1) is how many frames of the dataset's rate passed between
+        rows ``t`` and ``t + 1`` as recorded: a recorder that missed tick slots held the last
+        command meanwhile, and so does the replay.
+        """
         actions = np.asarray(actions, dtype=np.float32)
         n = actions.shape[0]
         if actions.ndim != 2 or actions.shape[1] != NUM_JOINTS:
             raise ReplayError(f"the action column has shape {actions.shape}, expected (n, {NUM_JOINTS})")
+        steps = np.ones(max(n - 1, 0), dtype=np.int64) if frames_between is None else (
+            np.asarray(frames_between, dtype=np.int64))
+        if steps.shape != (max(n - 1, 0),) or np.any(steps < 1):
+            raise ReplayError(f"frames between rows must be {n - 1} counts >= 1, got {steps!r}")
         out = np.empty((n, NUM_JOINTS), dtype=np.float64)
         twin = self._twin
         frame = 0
@@ -121,7 +131,8 @@ class ReplayEngine:
             out[0] = twin.observe()
             for frame in range(n - 1):
                 twin.command(actions[frame])
-                twin.step_frame()
+                for _ in range(int(steps[frame])):
+                    twin.step_frame()
                 out[frame + 1] = twin.observe()
         except HilrecError as exc:  # a SimError (the physics blew up) or a refused command
             raise ReplayError(f"the twin could not replay frame {frame}: {exc}") from exc

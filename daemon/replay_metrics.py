@@ -89,6 +89,32 @@ def shift_by(series: np.ndarray, lag: float) -> np.ndarray:
     return np.stack([np.interp(t - lag, t, series[:, j]) for j in range(series.shape[1])], axis=1)
 
 
+def shift_whole(series: np.ndarray, k: int) -> np.ndarray:
+    """``series`` delayed by a whole ``k`` frames, edges held: ``out[t] = s[clip(t - k)]``."""
+    index = np.clip(np.arange(series.shape[0]) - k, 0, series.shape[0] - 1)
+    return series[index]
+
+
+def slack_error(recorded: np.ndarray, replayed: np.ndarray, aligned: np.ndarray, lag: float,
+                slack: int) -> np.ndarray:
+    """Per frame and joint, the smallest ``|recorded - replay|`` over the aligned replay and the
+    whole shifts within ``slack`` frames of the lag: an error that a timing slip of up to
+    ``slack`` frames explains is not counted."""
+    error = np.abs(recorded - aligned)
+    centre = int(round(lag))
+    for k in range(centre - slack, centre + slack + 1):
+        np.minimum(error, np.abs(recorded - shift_whole(replayed, k)), out=error)
+    return error
+
+
+def stale_rows(recorded: np.ndarray, replayed: np.ndarray, *, moved: float) -> np.ndarray:
+    """Rows that repeat the previous row exactly (every joint) while the twin moved more than
+    ``moved``: a reading taken before the follower updated. Returns their indices."""
+    same = np.all(recorded[1:] == recorded[:-1], axis=1)
+    moving = np.max(np.abs(replayed[1:] - replayed[:-1]), axis=1) > moved
+    return np.flatnonzero(same & moving) + 1
+
+
 def response_lag(command: np.ndarray, response: np.ndarray, max_lag: int) -> float | None:
     """Frames by which ``response`` follows ``command``, from the cross-correlation of their steps.
 

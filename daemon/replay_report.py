@@ -43,7 +43,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
 
     traj = result.trajectories
     lag = result.lag
-    if traj is None or lag is None or result.aligned_replay is None:
+    if traj is None or lag is None or result.aligned_replay is None or result.judged_error is None:
         raise ValueError(f"episode {result.episode_index} has no trajectories to plot")
     fps = result.fps
     t = np.arange(result.frames) / fps
@@ -81,14 +81,14 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
         limits = joint.limits
         ex.plot(t, traj.recorded[:, j] - traj.replayed[:, j], color=_COLOURS["raw"], lw=0.8,
                 label="error, as recorded")
-        ex.plot(t, traj.recorded[:, j] - result.aligned_replay[:, j], color=_COLOURS["aligned"],
-                lw=1.0, label="error, lag removed")
+        judged = result.judged_error[:, j] * np.sign(traj.recorded[:, j] - result.aligned_replay[:, j])
+        ex.plot(t, judged, color=_COLOURS["aligned"], lw=1.0, label="error judged (lag removed)")
         for sign in (-1, 1):
             ex.axhline(sign * limits.max, color=_COLOURS["limit"], lw=0.8, ls=":")
         if j == GRIPPER and result.gripper is not None:  # grasps are not judged as errors
             for a, b in result.gripper.grasps:
                 ex.axvspan(a / fps, b / fps, color="#9467bd", alpha=0.15, lw=0)
-        ex.set_title(f"RMS {joint.aligned_rms_error:.2f}  max {joint.aligned_max_error:.2f}  "
+        ex.set_title(f"RMS {joint.judged_rms_error:.2f}  max {joint.judged_max_error:.2f}  "
                      f"lag {_fmt(joint.lag_frames)} fr", fontsize=8)
         ex.tick_params(labelsize=7, labelbottom=j == last_row)
         if j == 0:
@@ -179,7 +179,7 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
     lines.append(f"- result: **{document['worst_verdict']}** ({counts}); exit status "
                  f"{document['exit_status']}")
     lines += ["", "| episode | frames | verdict | lag [frames] | lag [ms] | worst joint | "
-              "aligned RMS / max | reason |", "|---:|---:|---|---:|---:|---|---|---|"]
+              "judged RMS / max | reason |", "|---:|---:|---|---:|---:|---|---|---|"]
     for r in results:
         if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
             lines.append(f"| {r.episode_index} | {r.frames} | {_VERDICT_MARK[r.verdict]} "
@@ -191,7 +191,7 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
             f"| [{r.episode_index}](#episode-{r.episode_index}) | {r.frames} | "
             f"{_VERDICT_MARK[r.verdict]} {r.verdict.value} | {_fmt(r.lag.frames)} | "
             f"{_fmt(r.ms(r.lag.frames), 0)} | {worst_joint.name} | "
-            f"{worst_joint.aligned_rms_error:.2f} / {worst_joint.aligned_max_error:.2f} | "
+            f"{worst_joint.judged_rms_error:.2f} / {worst_joint.judged_max_error:.2f} | "
             f"{_cell(r.reason)} |")
     for r in results:
         if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
@@ -200,12 +200,13 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
                   f"**{r.verdict.value}**: {r.reason}", ""]
         for note in r.notes:
             lines.append(f"- {note}")
-        lines += ["", "| joint | motion | RMS | max | aligned RMS | aligned max | lag [frames] | "
-                  "blips | stalls | cmd at limit | cmd beyond |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "| joint | motion | RMS | max | aligned RMS | aligned max | judged RMS | "
+                  "judged max | lag [frames] | blips | stalls | cmd at limit | cmd beyond |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for j in r.joints:
             lines.append(f"| {j.name} | {j.motion:.1f} | {j.rms_error:.2f} | {j.max_error:.2f} | "
                          f"{j.aligned_rms_error:.2f} | {j.aligned_max_error:.2f} | "
+                         f"{j.judged_rms_error:.2f} | {j.judged_max_error:.2f} | "
                          f"{_fmt(j.lag_frames)} | {j.blips} | {len(j.stalls)} | "
                          f"{j.at_limit_frames} | {j.beyond_range_frames} |")
         g = r.gripper
@@ -269,6 +270,7 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
         "frames": result.frames,
         "fps": fps,
         "notes": list(result.notes),
+        "stale_rows": list(result.stale_rows),
         "recorder_flags": {name: {"frames": n, "first_frame": first}
                            for name, (n, first) in result.recorder_flags.items()},
     }
@@ -294,6 +296,8 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
             "motion": num(j.motion), "rms_error": num(j.rms_error), "max_error": num(j.max_error),
             "aligned_rms_error": num(j.aligned_rms_error),
             "aligned_max_error": num(j.aligned_max_error),
+            "judged_rms_error": num(j.judged_rms_error),
+            "judged_max_error": num(j.judged_max_error),
             "lag_frames": num(j.lag_frames), "lag_ms": num(result.ms(j.lag_frames)),
             "divergence": None if j.divergence is None else {
                 "onset_frame": j.divergence.onset, "first_over_frame": j.divergence.first_over,

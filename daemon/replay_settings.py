@@ -79,10 +79,17 @@ class ConsistencySettings:
     body: ErrorLimits = field(default_factory=lambda: ErrorLimits(rms=2.0, max=6.0, floor=0.25))
     gripper: ErrorLimits = field(default_factory=lambda: ErrorLimits(rms=6.0, max=20.0, floor=1.0))
     min_duration_s: float = 0.2  # an excursion shorter than this is a blip (bus glitch), not divergence
+    # A row may match the replay up to this many frames either side of the episode's lag when its
+    # error is judged: a reading taken just before (or after) the follower's update is a timing
+    # matter, which the lag reports, not a divergence. 0 judges the aligned error strictly.
+    timing_slack_frames: int = 1
 
     def validate(self) -> None:
         if self.min_duration_s < 0.0:
             raise ConfigError("min_duration_s", f"must be >= 0, got {self.min_duration_s}")
+        if not 0 <= self.timing_slack_frames <= 3:
+            raise ConfigError("timing_slack_frames",
+                              f"must be in 0..3, got {self.timing_slack_frames}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,8 @@ class RecordingSpec:
     obs_shift_frames: int = 0
     frozen: Frozen | None = None  # the servo stops following its goal (reading truthful)
     unresponsive: Frozen | None = None  # emulated path: the servo stops answering on the bus
+    missed_slots: tuple[tuple[int, int], ...] = ()  # (row, tick slots the recorder missed before it)
+    keep_slots: bool = True  # write the tick slots beside the episode, as hilrec's daemon does
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Episode:
     action: np.ndarray  # float32 (n, 6), degrees / 0..100
     state: np.ndarray  # float32 (n, 6)
     frame_flags: np.ndarray | None = None  # uint32 (n,), hilrec's FrameFlag bits
+    tick_slot: np.ndarray | None = None  # int64 (n,), the pacer slot of each row
 
 
 def leader_path(seed: int, frames: int, fps: int = FPS) -> np.ndarray:
@@ -94,13 +97,24 @@ def make_twin(fps: int = FPS) -> Any:
 
 
 def record(spec: RecordingSpec, twin: Any) -> Episode:
-    """One episode on ``twin`` as a hardware recorder would have written it."""
+    """One episode on ``twin`` as a hardware recorder would have written it.
+
+    A missed tick slot (the recorder was late by a whole period) is physics without a row: the
+    follower holds the last goal for that frame, and the row after it says which slot it is.
+    """
     leader = leader_path(spec.seed, spec.frames, twin.fps)
     twin.reset(spec.seed, arm_units=leader[0])
     frozen_index = JOINT_NAMES.index(spec.frozen.joint) if spec.frozen else None
     held: np.ndarray | None = None
-    states, actions = [], []
+    missed = dict(spec.missed_slots)
+    states, actions, slots = [], [], []
+    slot = -1
     for t in range(spec.frames):
+        for _ in range(missed.get(t, 0)):
+            twin.step_frame()
+            slot += 1
+        slot += 1
+        slots.append(slot)
         state = twin.observe()
         action = leader[t]
         goal = leader[max(0, t - spec.latency_frames)].copy()
@@ -116,7 +130,8 @@ def record(spec: RecordingSpec, twin: Any) -> Episode:
     if spec.obs_shift_frames:
         k = spec.obs_shift_frames
         state_col = np.concatenate([np.repeat(state_col[:1], k, axis=0), state_col[:-k]])
-    return Episode(spec=spec, action=np.array(actions, dtype=np.float32), state=state_col)
+    return Episode(spec=spec, action=np.array(actions, dtype=np.float32), state=state_col,
+                   tick_slot=np.array(slots, dtype=np.int64) if spec.keep_slots else None)
 
 
 class FaultyMotion:
@@ -348,8 +363,10 @@ def write_native(root: Path, episodes: Sequence[Episode], twin: Any, *, fps: int
         for ep in episodes:
             for a, s in zip(ep.action, ep.state):
                 writer.add_frame({ACTION_KEY: a, STATE_KEY: s, "task": TASK})
-            arrays = {"frame_flags": ep.frame_flags} if ep.frame_flags is not None else None
-            writer.save_episode(sidecar={"recording": _describe(ep.spec)}, arrays=arrays)
+            arrays = {name: value for name, value in (("frame_flags", ep.frame_flags),
+                                                      ("tick_slot", ep.tick_slot))
+                      if value is not None}
+            writer.save_episode(sidecar={"recording": _describe(ep.spec)}, arrays=arrays or None)
     add_hilrec_metadata(root, twin)
     return root
 

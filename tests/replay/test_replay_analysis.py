@@ -89,7 +89,8 @@ def test_a_frozen_servo_diverges_from_the_frame_it_froze() -> None:
     result = judge(rec, rep, act)
     assert result.verdict is Verdict.DIVERGED
     assert result.divergence_joint == "shoulder_lift"
-    assert result.divergence_onset in (150, 151)  # frame 150 still matches; 151 is the first off
+    # Frame 150 still matches; 151 is the first off, and the one-frame timing slack may date it 152.
+    assert result.divergence_onset in (151, 152)
     lift = result.joints[1]
     assert lift.stalls and lift.stalls[0].start == 150
     assert "servo stalled or not responding" in result.reason

@@ -49,6 +49,10 @@ SYNTHETIC = {
     "obs_late": RecordingSpec(seed=1, frames=200, obs_shift_frames=1),
     "latency": RecordingSpec(seed=2, frames=200, latency_frames=3),
     "frozen": RecordingSpec(seed=3, frames=200, frozen=Frozen("shoulder_lift", 120)),
+    # The recorder missed whole tick slots (a loaded machine): 3 before row 50, 2 before row 120.
+    "missed": RecordingSpec(seed=8, frames=200, missed_slots=((50, 3), (120, 2))),
+    "missed_unknown": RecordingSpec(seed=8, frames=200, missed_slots=((50, 3), (120, 2)),
+                                    keep_slots=False),
 }
 # A follower calibration unlike the emulated one: narrower and wider ranges, one inverted joint.
 ARM_CALIBRATION = {
@@ -176,6 +180,20 @@ def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict) -> None:
     assert frozen.verdict is Verdict.DIVERGED
     assert frozen.divergence_joint == "shoulder_lift"
     assert 120 <= frozen.divergence_onset <= 123
+
+
+def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict) -> None:
+    # With the slots beside the episode the replay holds the command through the missed frames,
+    # as the follower did, and matches exactly; without them the rows look 1/fps apart and the
+    # recording jumps ahead of the replay at the missed slots (a transient the servo recovers).
+    missed = synthetic["missed"]
+    assert missed.verdict is Verdict.CONSISTENT, missed.reason
+    assert max(j.max_error for j in missed.joints) < 1e-3
+    assert any("5 missed slot(s)" in note for note in missed.notes)
+    unknown = synthetic["missed_unknown"]
+    traj = unknown.trajectories
+    off = np.flatnonzero(np.abs(traj.recorded - traj.replayed).max(axis=1) > 0.5)
+    assert off.size and off[0] == 50
 
 
 def test_a_grasp_is_reported_and_not_judged(synthetic: dict) -> None:
