@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+os.environ.setdefault("LP_NUM_THREADS", "1")  # as hilrec.sim.render sets it, for every row
 
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
@@ -61,11 +62,34 @@ def sim_loop(seeds: range, push_rate: float = 0.0) -> tuple[list[float], int, in
     return speeds, successes, frames
 
 
-def bench_record(workdir: Path, episodes: int, cameras: tuple[str, ...]) -> tuple[Path, float, int]:
+def bench_record(workdir: Path, episodes: int, cameras: tuple[str, ...]
+                 ) -> tuple[Path, float, float, list[int]]:
+    """(root, wall s, CPU s of every thread, frames per episode) of one ``record`` run."""
     root = workdir / f"rec-{'-'.join(cameras) or 'none'}"
+    cpu = time.process_time()
     summary = record(RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras),
                      progress=False)
-    return root, summary.wall_seconds, summary.frames
+    return (root, summary.wall_seconds, time.process_time() - cpu,
+            [e.frames for e in summary.episodes])
+
+
+def bench_writer_alone(workdir: Path, lengths: list[int]) -> tuple[float, float]:
+    """(wall s, CPU s) of the native writer taking the same episodes' rows, nothing else."""
+    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.so101 import ROBOT_TYPE
+    from hilrec.sim.features import sim_features
+
+    row_values = np.zeros(6, dtype=np.float32)
+    began, cpu = time.perf_counter(), time.process_time()
+    with DatasetWriter.create(workdir / "writer-alone", fps=25, features=sim_features({}),
+                              robot_type=ROBOT_TYPE) as writer:
+        for length in lengths:
+            for _ in range(length):
+                writer.add_frame({"action": row_values, "observation.state": row_values,
+                                  "task": "t"})
+            writer.save_episode(sidecar={"sim": {}},
+                                arrays={"initial_state": np.zeros(110)})
+    return time.perf_counter() - began, time.process_time() - cpu
 
 
 def render_times(model: mujoco.MjModel, state: np.ndarray, *, shadows: bool, frames: int = 30
@@ -127,10 +151,14 @@ def main() -> int:
         row("sim loop, no cameras, no writer (twin + operator)",
             f"{statistics.median(speeds):.0f}x real time (median of {len(speeds)} episodes)")
 
-        root, seconds, frames = bench_record(workdir, args.episodes, ())
+        root, seconds, cpu, lengths = bench_record(workdir, args.episodes, ())
+        frames = sum(lengths)
         row("hilrec record --sim --cameras none (writer included)",
-            f"{frames / 25 / seconds:.0f}x real time ({frames} frames in {seconds:.1f} s)",
-            ">= 100x real time")
+            f"{frames / 25 / seconds:.0f}x real time ({frames} frames in {seconds:.1f} s, "
+            f"CPU {cpu:.1f} s)", ">= 100x real time")
+        seconds, cpu = bench_writer_alone(workdir, lengths)
+        row("  of which: native DatasetWriter alone on the same rows",
+            f"{seconds:.1f} s (CPU {cpu:.1f} s) = {frames / 25 / seconds:.0f}x real time")
 
         began = time.perf_counter()
         report = replay_check(root)
@@ -141,10 +169,11 @@ def main() -> int:
             ">= 2000 frames/s")
 
         bench_render()
-        _, seconds, frames = bench_record(workdir, args.camera_episodes, ("front",))
+        _, seconds, cpu, lengths = bench_record(workdir, args.camera_episodes, ("front",))
+        frames = sum(lengths)
         row("hilrec record --sim --cameras front 640x480 (render + encode + write)",
-            f"{frames / seconds:.1f} frames/s ({frames} frames in {seconds:.1f} s)",
-            ">= 25 frames/s")
+            f"{frames / seconds:.1f} frames/s ({frames} frames in {seconds:.1f} s, "
+            f"CPU {cpu:.1f} s)", ">= 25 frames/s")
 
         _, successes, _ = sim_loop(range(args.seeds))
         row(f"scripted operator success, seeds 0..{args.seeds - 1}",
@@ -154,6 +183,8 @@ def main() -> int:
             f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f} (2 CPUs shared with other work)",
+          file=sys.stderr)
 
     width = max(len(name) for name, _, _ in ROWS)
     value_width = max(len(value) for _, value, _ in ROWS)

@@ -22,12 +22,12 @@ import numpy as np
 
 from hilrec.daemon.dataset.reader import load_episodes, load_info, load_tasks, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ReplayError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
 from hilrec.sim.cmd_record import parse_cameras, parse_size
 from hilrec.sim.episode import Push
 from hilrec.sim.features import sim_features
-from hilrec.sim.pipelined_sink import PipelinedSink
 from hilrec.sim.provenance import SIDECAR_KEY, scene_from_sidecar
 from hilrec.sim.replay import run_actions
 from hilrec.sim.twin import Twin
@@ -85,10 +85,9 @@ def render_dataset(root: Path, out: Path, *, cameras: tuple[str, ...], size: tup
     indices = [int(row["episode_index"]) for row in load_episodes(root)]
     with Twin(fps=int(info["fps"]), cameras=cameras, image_size=size, scene=scene,
               render_quality=quality) as twin:
-        # Rows are views of the recorded columns (never written) and fresh images: no copies.
-        sink = PipelinedSink(DatasetWriter.create(out, fps=int(info["fps"]), features=features,
-                                                  robot_type=info.get("robot_type") or ROBOT_TYPE,
-                                                  video_codec=video_codec), copy_frames=False)
+        sink = DatasetWriter.create(out, fps=int(info["fps"]), features=features,
+                                    robot_type=info.get("robot_type") or ROBOT_TYPE,
+                                    video_codec=video_codec)
         with sink:
             update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras,
                                                               size, quality))
@@ -109,7 +108,7 @@ def _new_dataset_sidecar(original: dict[str, Any], root: Path, cameras: tuple[st
     return fields
 
 
-def _render_episode(root: Path, index: int, twin: Twin, sink: PipelinedSink,
+def _render_episode(root: Path, index: int, twin: Twin, sink: FrameSink,
                     tasks: dict[int, str]) -> int:
     where = f"{root} episode {index}"
     meta, arrays = load_episode_sidecar(root, index)

@@ -111,22 +111,30 @@ class ContactTally:
 
     def __init__(self, twin: Twin) -> None:
         self._twin = twin
-        self._frames: dict[tuple[str, str], int] = defaultdict(int)
+        names = twin.geom_names
+        count = len(names)
+        self._frames = np.zeros((count, count), dtype=np.int64)
+        self._touching = np.zeros((count, count), dtype=bool)
+        cube = names.index(CUBE_GEOM)
+        self._pads = [tuple(sorted((cube, names.index(pad)))) for pad in JAW_PADS]
         self.grasp_frames = 0
         self.frames = 0
 
     def add(self) -> None:
-        pairs = set(self._twin.contact_pairs())
-        for pair in pairs:
-            self._frames[pair] += 1
-        touching_cube = {a if b == CUBE_GEOM else b for a, b in pairs if CUBE_GEOM in (a, b)}
-        self.grasp_frames += all(pad in touching_cube for pad in JAW_PADS)
+        pairs = self._twin.contact_geom_ids()
+        self._touching[:] = False
+        self._touching[pairs[:, 0], pairs[:, 1]] = True  # a pair counts once per frame
+        self._frames += self._touching
+        self.grasp_frames += all(self._touching[a, b] for a, b in self._pads)
         self.frames += 1
 
     def summary(self) -> dict[str, Any]:
+        names = self._twin.geom_names
+        touched = {"|".join(sorted((names[a], names[b]))): int(self._frames[a, b])
+                   for a, b in zip(*np.nonzero(self._frames))}
         return {"frames": self.frames,
                 "frames_cube_between_both_jaw_pads": self.grasp_frames,
-                "frames_in_contact": {f"{a}|{b}": n for (a, b), n in sorted(self._frames.items())}}
+                "frames_in_contact": dict(sorted(touched.items()))}
 
 
 @dataclass(frozen=True, kw_only=True)

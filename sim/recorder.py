@@ -22,7 +22,6 @@ from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
 from hilrec.sim.episode import (ContactTally, Push, act_and_step, operator_action, outcome_of,
                                  push_schedule, pushes_by_frame)
 from hilrec.sim.features import sim_features
-from hilrec.sim.pipelined_sink import PipelinedSink
 from hilrec.sim.operator import OperatorConfig, ScriptedOperator
 from hilrec.sim.provenance import dataset_provenance
 from hilrec.sim.scene import CAMERA_NAMES, SceneConfig, Visual
@@ -194,10 +193,10 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
     began = time.perf_counter()
     with Twin(fps=config.fps, cameras=config.cameras, image_size=config.image_size,
               scene=config.scene, render_quality=config.render_quality) as twin:
-        # Every array in a frame is fresh (observe, command and render return new ones).
-        sink = PipelinedSink(sink_factory(config.root, fps=config.fps, features=features,
-                                          robot_type=ROBOT_TYPE, video_codec=config.video_codec),
-                             copy_frames=False)
+        # The writer runs in line: a writer thread measured no faster (the GIL serialises the
+        # Python work of both), and in line save_episode returns only once the episode is durable.
+        sink = sink_factory(config.root, fps=config.fps, features=features, robot_type=ROBOT_TYPE,
+                            video_codec=config.video_codec)
         with sink:  # an exception discards the open episode and finalizes the saved ones
             update_dataset_sidecar(config.root, dataset_provenance(
                 scene=config.scene, physics=twin.physics_info(), operator_config=config.operator,

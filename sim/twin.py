@@ -119,6 +119,8 @@ class Twin:
         self._cube_dof = int(cube_joint.dofadr[0])
         self._push_bodies = {name: self._model.body(name).id for name in (CUBE_BODY, *ARM_BODIES)}
         self._state_size = mujoco.mj_stateSize(self._model, STATE_SPEC)
+        self.geom_names: tuple[str, ...] = tuple(self._model.geom(i).name
+                                                 for i in range(self._model.ngeom))
         self._warnings_seen = np.zeros(len(self._data.warning), dtype=np.int64)
         self.cameras = tuple(cameras)
         self.image_size = tuple(image_size)
@@ -258,12 +260,11 @@ class Twin:
 
     def contact_pairs(self) -> list[tuple[str, str]]:
         """Names of the geom pairs in contact after the last step (sorted within a pair)."""
-        pairs = []
-        for i in range(self._data.ncon):
-            contact = self._data.contact[i]
-            names = sorted((self._model.geom(contact.geom1).name, self._model.geom(contact.geom2).name))
-            pairs.append((names[0], names[1]))
-        return pairs
+        return [(self.geom_names[a], self.geom_names[b]) for a, b in self.contact_geom_ids()]
+
+    def contact_geom_ids(self) -> np.ndarray:
+        """(ncon, 2) geom ids of the contacts after the last step, each row sorted (a copy)."""
+        return np.sort(self._data.contact.geom, axis=1)
 
     def physics_info(self) -> dict[str, Any]:
         opt = self._model.opt
