@@ -63,6 +63,9 @@ def parse_size(text: str, key: str = "size") -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.root.exists() and (not args.root.is_dir() or any(args.root.iterdir())):
+        raise ConfigError("root", f"{args.root} already exists and is not empty; "
+                                  "record into a new directory")
     config = RecordConfig(root=args.root, episodes=args.episodes, seed=args.seed,
                           cameras=parse_cameras(args.cameras), image_size=parse_size(args.size),
                           push_rate=args.pushes, task=args.task, fps=args.fps,

@@ -175,3 +175,12 @@ def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path,
                                          "observation.images.wrist")).num_frames
     assert frames == total  # one file holds both episodes, frame for row
     assert replay_check(out).passed
+
+
+def test_record_refuses_an_existing_dataset(recorded: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    before = load_info(recorded)["total_episodes"]
+    assert main(["record", "--sim", "--root", str(recorded), "--episodes", "1",
+                 "--cameras", "none", "--no-progress"]) == 2
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert load_info(recorded)["total_episodes"] == before
