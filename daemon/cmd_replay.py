@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(_table(check.results, check.fps))
+        for r in check.results:
+            for note in r.notes:
+                print(f"  episode {r.episode_index}: {note}")
         counts = ", ".join(f"{n} {v}" for v, n in document["counts"].items() if n)
         frames = document["frames_replayed"]
         rate = frames / check.seconds if check.seconds > 0 else 0.0

@@ -346,8 +346,8 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
                 f"the alignment at {lag.frames:.2f}")
     if result.stale_rows:
         result.notes.append(
-            f"{len(result.stale_rows)} row(s) repeat the previous reading while the twin moved, "
-            f"from frame {result.stale_rows[0]}: read before the follower updated")
+            f"{len(result.stale_rows)} row(s) repeat the previous reading exactly while the twin "
+            f"moved, from frame {result.stale_rows[0]}: a stale or held observation")
     for j in result.joints:
         if j.beyond_range_frames:
             result.notes.append(f"{j.name}: {j.beyond_range_frames} commands beyond the joint "
