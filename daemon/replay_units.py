@@ -15,6 +15,12 @@ With neither the sidecar nor ``--units`` the columns' meaning is unknown, and ev
 reported not replayable with that reason, never guessed from the values.
 
 A flag given for a dataset that does have the sidecar overrides it, and the report says so.
+
+What the mapping assumes of a real arm: 0 deg (the calibrated middle of a joint's range) is the
+twin's zero angle, and the gripper's 0..100 spans the twin's jaw range (closed..open). Both hold by
+construction for hilrec's emulated arm (:func:`hilrec.sim.units.emulated_calibration`); for a real
+arm they hold as far as its calibration put the middle where the model's zero is. A middle that is
+off shows as a steady offset against gravity (the twin sags differently) and as range clamping.
 """
 
 from __future__ import annotations
