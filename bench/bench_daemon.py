@@ -1,7 +1,7 @@
 """Daemon benchmark: an emulated session at 25 Hz with two 640x480 video-file cameras encoding.
 
 ``hilrec daemon`` runs as a subprocess in emulated mode (two ``hilrec emulate`` children at 1 Mbps
-wire timing, the follower on MuJoCo physics, the leader moved by the scripted operator), records
+wire timing, the follower on MuJoCo physics, the leader's hand a smooth wave by default), records
 one episode of ``--duration`` seconds (default 120) with both cameras encoded (``--codec``,
 default libx264: LeRobot's default libsvtav1 costs ~32 ms of CPU per 640x480 frame on this
 machine, 1.6 cores for two cameras at 25 Hz, more than a 2-core machine has to spare), and is
@@ -83,7 +83,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str,
-                stall_ms: int) -> str:
+                stall_ms: int, emulator_priority: int, leader_motion: str) -> str:
     cameras = "".join(f"""
 [cameras.{name}]
 source = "video"
@@ -110,8 +110,9 @@ realtime_priority = {priority}
 [telemetry]
 preview_hz = 2.0
 [emulated]
-leader_motion = "operator"
+leader_motion = "{leader_motion}"
 wire_timing = true
+realtime_priority = {emulator_priority}
 {cameras}
 """
 
@@ -125,12 +126,14 @@ def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def run_session(duration: float, priority: int, codec: str, stall_ms: int, workdir: Path) -> dict[str, Any]:
+def run_session(duration: float, priority: int, codec: str, stall_ms: int, emulator_priority: int,
+                leader_motion: str, workdir: Path) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
-    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms))
+    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, emulator_priority,
+                                  leader_motion))
     log = (workdir / "daemon.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
                                stdout=log, stderr=subprocess.STDOUT)
@@ -240,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=120.0, help="episode length in seconds")
     parser.add_argument("--priority", type=int, default=10,
                         help="SCHED_FIFO priority of the loop thread (0 = normal scheduling)")
+    parser.add_argument("--leader-motion", default="wave", choices=("wave", "operator"),
+                        help="the emulated leader's hand: a smooth wave, or the scripted operator "
+                             "(which re-plans inside the emulator's serving thread at every "
+                             "episode boundary, leaving the leader silent for ~0.5 s every 20 s)")
+    parser.add_argument("--emulator-priority", type=int, default=0,
+                        help="SCHED_FIFO priority of the emulated arms (0 = nice -10)")
     parser.add_argument("--codec", default="libx264", choices=("libx264", "libsvtav1"),
                         help="video codec (libsvtav1, LeRobot's default, needs ~32 ms of CPU per "
                              "640x480 frame here: 1.6 cores for two cameras at 25 Hz)")
@@ -251,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
-        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, workdir)
+        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, args.emulator_priority,
+                        args.leader_motion, workdir)
         arrays = r["arrays"]
         start, deadline = arrays["tick_start"], arrays["tick_deadline"]
         jitter = np.abs(start - deadline) * 1e3
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = r["meta"]["frame_flags"]["counts"]
         print(f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
               f"video-file cameras encoded ({args.codec}), 1 Mbps wire timing")
-        print(f"loop priority: {r['priority']}; load average before {r['load_before'][0]:.2f}, "
+        print(f"loop priority: {r['priority']}; leader motion: {args.leader_motion}; emulated arms: "
+              f"{'SCHED_FIFO ' + str(args.emulator_priority) if args.emulator_priority else 'nice -10'}; load average before {r['load_before'][0]:.2f}, "
               f"after {r['load_after'][0]:.2f} ({os.cpu_count()} CPUs); frames {r['frames']}; "
               f"hilrec check: {r['check']}")
         print()

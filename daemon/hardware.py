@@ -88,7 +88,7 @@ class EmulatorProcess:
     """One ``hilrec emulate ROLE`` child; ``port`` is its pty, read from its first stdout line."""
 
     def __init__(self, role: str, *, calibration_out: Path, wire_timing: bool, motion: str,
-                 seed: int, faults: tuple[str, ...], timeout_s: float) -> None:
+                 seed: int, faults: tuple[str, ...], timeout_s: float, realtime_priority: int = 0) -> None:
         command = [sys.executable, "-m", "hilrec.daemon.cli", "emulate", role,
                    "--write-calibration", str(calibration_out), "--seed", str(seed)]
         if motion != "auto":
@@ -99,7 +99,7 @@ class EmulatorProcess:
             command += ["--fault", fault]
         self.role = role
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_die_with_parent)
+                                        preexec_fn=lambda: _child_setup(realtime_priority))
         self.port = self._first_line(timeout_s)
 
     def _first_line(self, timeout_s: float) -> str:
@@ -152,13 +152,17 @@ def open_with_retries(arm: Any) -> None:
 EMULATOR_NICE = -10
 
 
-def _die_with_parent() -> None:
+def _child_setup(realtime_priority: int) -> None:
+    """In the emulator child before exec: die with the daemon, and get the CPU promptly."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     # Emulated servos stand in for hardware, which does not wait for the host's CPU: ask for a
     # better share of it (refused without CAP_SYS_NICE, which only costs their timing).
     with contextlib.suppress(OSError):
-        os.nice(EMULATOR_NICE)
+        if realtime_priority > 0:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
+        else:
+            os.nice(EMULATOR_NICE)
 
 
 FIRST_RENDER_GRACE_S = 60.0
@@ -224,7 +228,8 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
             follower_cal = workdir / "follower.json"
             follower_emu = EmulatorProcess("follower", calibration_out=follower_cal,
                                            wire_timing=emu.wire_timing, motion="twin", seed=emu.seed,
-                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s)
+                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s,
+                                           realtime_priority=emu.realtime_priority)
             stack.callback(follower_emu.stop)
             follower_port = follower_emu.port
             devices["follower"] = {"emulator_pid": follower_emu.process.pid}
@@ -233,7 +238,8 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
                 motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
                 leader_emu = EmulatorProcess("leader", calibration_out=leader_cal,
                                              wire_timing=emu.wire_timing, motion=motion, seed=emu.seed,
-                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s)
+                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s,
+                                             realtime_priority=emu.realtime_priority)
                 stack.callback(leader_emu.stop)
                 leader_port = leader_emu.port
                 devices["leader"] = {"emulator_pid": leader_emu.process.pid}
