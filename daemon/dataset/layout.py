@@ -135,8 +135,11 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> int:
 
 
 def read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
+    # One file through ParquetFile, not pq.read_table: that goes through pyarrow.dataset, whose
+    # import pulls in pandas (half a second holding the GIL, in the middle of a recording).
     try:
-        return pq.read_table(path, columns=list(columns) if columns is not None else None)
+        with pq.ParquetFile(path) as parquet:
+            return parquet.read(columns=list(columns) if columns is not None else None)
     except (OSError, pa.ArrowException) as exc:
         raise CorruptDatasetError(str(path), f"cannot read parquet: {exc}") from exc
 
@@ -177,13 +180,35 @@ def episode_data_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> 
 
 
 def _primitive_array(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
-    # From the buffer directly: pa.array() on numpy imports pandas when it is installed, which
-    # costs seconds and holds the GIL in the middle of a recording.
+    # From the buffer directly: pa.array() (on numpy or on lists) imports pandas when it is
+    # installed, which costs half a second and holds the GIL in the middle of a recording.
     if pa.types.is_boolean(arrow_type):
         bits = np.packbits(values.astype(bool), bitorder="little")
         return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(bits)])
     data = np.ascontiguousarray(values, dtype=arrow_type.to_pandas_dtype())
     return pa.Array.from_buffers(arrow_type, len(data), [None, pa.py_buffer(data)])
+
+
+def arrow_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
+    """An arrow array of ``arrow_type`` from Python values (numbers, strings, nested lists or
+    numpy arrays), built from buffers as :func:`_primitive_array` is. No nulls."""
+    if pa.types.is_list(arrow_type):
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        flat: list[Any] = []
+        for i, value in enumerate(values):
+            if value is None:
+                raise ValueError(f"a null in a column of {arrow_type}")
+            flat.extend(value)
+            offsets[i + 1] = len(flat)
+        return pa.ListArray.from_arrays(_primitive_array(offsets, pa.int32()),
+                                        arrow_array(flat, arrow_type.value_type), type=arrow_type)
+    if pa.types.is_string(arrow_type):
+        encoded = [value.encode() for value in values]
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+        np.cumsum([len(data) for data in encoded], out=offsets[1:])
+        return pa.Array.from_buffers(arrow_type, len(encoded),
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+    return _primitive_array(np.asarray(values, dtype=arrow_type.to_pandas_dtype()), arrow_type)
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -237,18 +262,10 @@ def _stat_type(spec: Mapping[str, Any], name: str) -> pa.DataType:
 
 def episodes_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, Mapping[str, Any]],
                    ) -> pa.Table:
-    """Arrow table of episode rows. Stats columns may be numpy arrays; they become lists."""
+    """Arrow table of episode rows. Stats columns may be numpy arrays or lists."""
     schema = episodes_schema(features)
-    columns: dict[str, list[Any]] = {field.name: [] for field in schema}
-    for row in rows:
-        for field in schema:
-            value = row[field.name]
-            if isinstance(value, np.ndarray):
-                value = value.tolist()
-            elif isinstance(value, np.generic):
-                value = value.item()
-            columns[field.name].append(value)
-    return pa.Table.from_pydict(columns, schema=schema)
+    return pa.Table.from_arrays([arrow_array([row[field.name] for row in rows], field.type)
+                                 for field in schema], schema=schema)
 
 
 # --- meta/tasks.parquet --------------------------------------------------------------------------
@@ -272,8 +289,8 @@ def tasks_table(tasks: Sequence[str]) -> pa.Table:
     }
     schema = pa.schema([pa.field("task_index", pa.int64()), pa.field(TASK_INDEX_COLUMN, pa.string())],
                        metadata={b"pandas": json.dumps(pandas_meta).encode()})
-    return pa.Table.from_pydict({"task_index": list(range(len(tasks))),
-                                 TASK_INDEX_COLUMN: list(tasks)}, schema=schema)
+    return pa.Table.from_arrays([arrow_array(range(len(tasks)), pa.int64()),
+                                 arrow_array(list(tasks), pa.string())], schema=schema)
 
 
 def read_tasks(root: Path) -> list[str]:

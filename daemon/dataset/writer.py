@@ -32,7 +32,6 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
@@ -95,9 +94,6 @@ class DatasetWriter:
         self._numeric_keys = [k for k in self._validator.expected if not is_video(self.features[k])]
         self._video_keys = video_keys(self.features)
         self._schema = data_schema(self.features)
-        # pyarrow imports pandas (when installed) on its first pa.array() call: seconds of import
-        # holding the GIL. Pay it here, before recording, not in the middle of an episode.
-        pa.array([0])
         self._episode: _OpenEpisode | None = None
         self._tasks: list[str] = list(state.tasks)
         self._num_episodes = len(state.episodes)

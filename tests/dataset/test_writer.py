@@ -358,3 +358,63 @@ def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) 
     info = json.loads((root / "meta/info.json").read_text())
     assert (info["total_episodes"], info["total_frames"]) == (2, 10)
     assert read_data(root)["frame_index"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+
+
+def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
+    # pyarrow imports pandas behind pa.array() and pyarrow.dataset: half a second holding the GIL,
+    # which a recording must not pay. Two tasks, two episodes, reopened: every merge path runs.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np\n"
+        "from hilrec.daemon.dataset.writer import DatasetWriter\n"
+        "from hilrec.daemon.so101 import so101_features\n"
+        "w = DatasetWriter.create(sys.argv[1], fps=25, features=so101_features({}), robot_type=None)\n"
+        "for n, task in ((5, 'a'), (3, 'b')):\n"
+        "    for i in range(n):\n"
+        "        w.add_frame({'action': np.full(6, i, np.float32),\n"
+        "                     'observation.state': np.zeros(6, np.float32), 'task': task})\n"
+        "    w.save_episode(sidecar={'n': n}, arrays={'x': np.arange(n)})\n"
+        "w.finalize()\n"
+        "with DatasetWriter.open(sys.argv[1]) as w:\n"
+        "    w.add_frame({'action': np.ones(6, np.float32),\n"
+        "                 'observation.state': np.zeros(6, np.float32), 'task': 'c'})\n"
+        "    w.save_episode()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ds")], check=True,
+                          timeout=120, capture_output=True, text=True)
+    assert done.stdout.strip() == "[]"
+    assert read_tasks(tmp_path / "ds") == ["a", "b", "c"]
+    assert [r["length"] for r in episode_rows(tmp_path / "ds")] == [5, 3, 1]
+
+
+def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path: Path) -> None:
+    from hilrec.daemon.dataset.features import validate_features
+    from hilrec.daemon.dataset.layout import episodes_schema, episodes_table, tasks_table
+
+    features = validate_features(so101_features({"front": (H, W)}))
+    schema = episodes_schema(features)
+    rng = np.random.default_rng(3)
+
+    def value(field: pa.Field) -> object:
+        if not pa.types.is_list(field.type):
+            return int(rng.integers(0, 1000)) if field.type == pa.int64() else float(rng.random())
+        inner = field.type.value_type
+        if pa.types.is_list(inner):
+            return rng.random((3, 1, 1))           # image stats, as numpy
+        if pa.types.is_string(inner):
+            return ["pick", "plàce"]
+        return (np.arange(6) if inner == pa.int64() else rng.random(6)).tolist()
+
+    rows = [{field.name: value(field) for field in schema} for _ in range(4)]
+    as_lists = {field.name: [r[field.name].tolist() if isinstance(r[field.name], np.ndarray)
+                             else r[field.name] for r in rows] for field in schema}
+    expected = pa.Table.from_pydict(as_lists, schema=schema)
+    assert episodes_table(rows, features).equals(expected, check_metadata=True)
+    tasks = ["pick up the cube", "Würfel in die Schale", ""]
+    table = tasks_table(tasks)
+    assert table.equals(pa.Table.from_pydict({"task_index": [0, 1, 2],
+                                              "__index_level_0__": tasks}, schema=table.schema),
+                        check_metadata=True)
