@@ -8,8 +8,11 @@ initial state (npz), success and its criterion, disturbances, final cube pose, c
 
 from __future__ import annotations
 
+import functools
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,9 @@ from hilrec.sim.twin import EpisodeStart, Twin
 
 DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
 SOURCE = "hilrec.sim.recorder"
+# Saved episodes wait in the writer's journal (durable) up to this long before they are merged
+# into LeRobot's files: one merge per interval, not one per episode, when episodes take ~50 ms.
+MERGE_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +124,24 @@ class Pacer:
             time.sleep(delay)
 
 
-def record_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed: int,
-                   task: str, push_rate: float, pacer: Pacer | None = None) -> EpisodeSummary:
+@dataclass(frozen=True, kw_only=True)
+class RecordedEpisode:
+    """An episode whose frames are in the sink, with what its save needs."""
+
+    seed: int
+    frames: int
+    success: bool
+    sidecar: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def summary(self, episode_index: int) -> EpisodeSummary:
+        return EpisodeSummary(episode_index=episode_index, seed=self.seed, frames=self.frames,
+                              success=self.success)
+
+
+def run_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed: int,
+                task: str, push_rate: float, pacer: Pacer | None = None) -> RecordedEpisode:
+    """Play one episode into ``sink`` (frames added, not saved; discarded on an exception)."""
     start = twin.reset(seed)
     operator.reset(start)
     num_frames = operator.num_frames
@@ -148,9 +170,8 @@ def record_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, s
                               outcome=outcome.to_dict(), contacts=tally.summary(),
                               phases=operator.phase_starts, replans=operator.replans,
                               clipped=twin.clipped_commands)
-    index = sink.save_episode(sidecar=sidecar, arrays={"initial_state": start.state})
-    return EpisodeSummary(episode_index=index, seed=seed, frames=num_frames,
-                          success=outcome.success)
+    return RecordedEpisode(seed=seed, frames=num_frames, success=outcome.success, sidecar=sidecar,
+                           arrays={"initial_state": start.state})
 
 
 def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[Push], push_rate: float,
@@ -180,21 +201,25 @@ def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[
 
 def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | None = None,
            progress: bool = True) -> RecordSummary:
-    """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize."""
+    """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize.
+
+    An episode is counted (summary, progress bar) once its save is durable. With the native
+    writer the save's file writes and fsyncs run on the writer's commit thread while the next
+    episode is simulated (they hold no GIL), and saved episodes are merged into LeRobot's files
+    every few seconds instead of after each one.
+    """
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
 
     if sink_factory is None:
         from hilrec.daemon.dataset.writer import DatasetWriter
 
-        sink_factory = DatasetWriter.create
+        sink_factory = functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S)
     cameras = {name: config.image_size for name in config.cameras}
     features = sim_features(cameras)
     summary = RecordSummary(root=config.root, fps=config.fps)
     began = time.perf_counter()
     with Twin(fps=config.fps, cameras=config.cameras, image_size=config.image_size,
               scene=config.scene, render_quality=config.render_quality) as twin:
-        # The writer runs in line: a writer thread measured no faster (the GIL serialises the
-        # Python work of both), and in line save_episode returns only once the episode is durable.
         sink = sink_factory(config.root, fps=config.fps, features=features, robot_type=ROBOT_TYPE,
                             video_codec=config.video_codec)
         with sink:  # an exception discards the open episode and finalizes the saved ones
@@ -204,16 +229,31 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
                 push_rate=config.push_rate))
             pacer = Pacer(config.fps) if config.realtime else None
             bar = _progress(config.episodes, enabled=progress)
+            save_nowait = getattr(sink, "save_episode_nowait", None)
+            saving: deque[tuple[RecordedEpisode, Future[int]]] = deque()
+
+            def count(episode: RecordedEpisode, index: int) -> None:
+                summary.episodes.append(episode.summary(index))
+                bar.update(1)
+                bar.set_postfix(successes=summary.successes, frames=summary.frames)
+
             try:
                 for number in range(config.episodes):
                     seed = config.seed + number
                     operator = ScriptedOperator(seed, fps=config.fps, scene=config.scene,
                                                 config=config.operator, units=twin.units)
-                    episode = record_episode(twin, operator, sink, seed=seed, task=config.task,
-                                             push_rate=config.push_rate, pacer=pacer)
-                    summary.episodes.append(episode)
-                    bar.update(1)
-                    bar.set_postfix(successes=summary.successes, frames=summary.frames)
+                    episode = run_episode(twin, operator, sink, seed=seed, task=config.task,
+                                          push_rate=config.push_rate, pacer=pacer)
+                    if save_nowait is None:
+                        count(episode, sink.save_episode(sidecar=episode.sidecar,
+                                                         arrays=episode.arrays))
+                        continue
+                    saving.append((episode, save_nowait(sidecar=episode.sidecar,
+                                                        arrays=episode.arrays)))
+                    while saving and saving[0][1].done():
+                        count(saving[0][0], saving.popleft()[1].result())
+                while saving:
+                    count(saving[0][0], saving.popleft()[1].result())
             finally:
                 bar.close()
     summary.wall_seconds = time.perf_counter() - began

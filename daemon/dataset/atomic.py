@@ -35,14 +35,24 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """The bytes :func:`atomic_write_json` writes (indented, numpy values as plain JSON)."""
+    return (json.dumps(obj, indent=2, default=_json_default) + "\n").encode()
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """The bytes :func:`atomic_write_npz` writes (``np.savez``, uncompressed)."""
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_json_default) + "\n").encode())
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def atomic_write_npz(path: str | os.PathLike[str], arrays: dict[str, np.ndarray]) -> None:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, npz_bytes(arrays))
 
 
 def atomic_replace(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:

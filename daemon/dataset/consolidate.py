@@ -4,6 +4,7 @@ Files grow like LeRobot's: an episode goes into the current data file unless tha
 ``data_files_size_in_mb`` (then the next file; a new chunk after ``chunks_size`` files), and the
 same for videos with ``video_files_size_in_mb``. Unlike LeRobot, a file is never appended in place:
 its new version is written beside it and renamed over it (see :mod:`journal`), with info.json last.
+:class:`BackgroundMerger` runs the merges on a thread of their own, in batches.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -263,3 +266,107 @@ def pending_episodes(root: Path, state: ConsolidatedState) -> list[int]:
         pending.append(index)
         expected += 1
     return pending
+
+
+class BackgroundMerger:
+    """Merges committed journal episodes into LeRobot's files on one background thread.
+
+    A merge takes every episode pending when it starts. With ``interval_s`` > 0 a merge starts at
+    most once per interval (and at once on :meth:`wait`), so a producer that saves many episodes
+    a second pays one merge per interval instead of one per episode; the episodes waiting meanwhile
+    are safe in the journal. After a failed merge nothing is retried until :meth:`add` or
+    :meth:`wait` asks again.
+    """
+
+    def __init__(self, state: ConsolidatedState, *, hook: Hook = None,
+                 interval_s: float = 0.0) -> None:
+        self.state = state
+        self._hook = hook
+        self._interval = interval_s
+        self._pending: list[int] = []
+        self._cond = threading.Condition()
+        self._merging = False
+        self._error: BaseException | None = None
+        self._flush = False
+        self._stop = False
+        self._last_start = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="consolidate", daemon=True)
+        self._thread.start()
+
+    def add(self, episode_index: int) -> None:
+        with self._cond:
+            self._pending.append(episode_index)
+            self._error = None  # a new episode is also a retry of a failed merge
+            self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Merge what is pending now and block until done; DatasetError if the merge failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        root = self.state.root
+        with self._cond:
+            self._flush = True
+            self._cond.notify_all()
+            while (self._pending or self._merging) and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise DatasetError(f"{root}: merge not done within {timeout} s")
+                self._cond.wait(remaining)
+            self._flush = False
+            if self._error is not None:
+                raise DatasetError(
+                    f"{root}: merging saved episodes into LeRobot's files failed ({self._error}); "
+                    f"they are safe in {journal.JOURNAL_DIR}, run 'hilrec repair'") from self._error
+
+    def retry(self) -> None:
+        with self._cond:
+            self._error = None
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread (after :meth:`wait`; what is still pending stays in the journal)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _next_batch(self) -> list[int] | None:
+        with self._cond:
+            while True:
+                ready = bool(self._pending) and self._error is None
+                if self._stop and not (ready and self._flush):
+                    return None
+                due = self._last_start + self._interval - time.monotonic()
+                if ready and (self._flush or due <= 0):
+                    self._merging = True
+                    self._last_start = time.monotonic()
+                    return list(self._pending)
+                self._cond.wait(due if ready else None)
+
+    def _loop(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            try:
+                self.state = consolidate(self.state, batch, hook=self._hook)
+            except BaseException as exc:  # noqa: BLE001 - reported by wait()
+                log.exception("%s: merging episodes %s failed; they stay in the journal",
+                              self.state.root, batch)
+                _undo_failed_merge(self.state.root)
+                with self._cond:
+                    self._error = exc
+                    self._merging = False
+                    self._cond.notify_all()
+                continue
+            with self._cond:
+                del self._pending[:len(batch)]
+                self._merging = False
+                self._cond.notify_all()
+
+
+def _undo_failed_merge(root: Path) -> None:
+    """Put LeRobot's files back as they were before the failed batch (best effort)."""
+    try:
+        journal.recover_intent(root)
+        for path in journal.orphan_files(root):
+            if path.name.endswith(journal.NEW_SUFFIX):
+                path.unlink()
+    except OSError:
+        log.exception("%s: cleaning up after a failed merge", root)

@@ -2,8 +2,9 @@
 
 An episode is written into ``hilrec/journal/.episode-NNNNNN.tmp/`` while it is recorded (its mp4
 streams there). ``save_episode`` adds ``data.parquet`` (the episode's rows, final columns) and
-``episode.json`` (length, tasks, stats, video frame counts), fsyncs every file and the directory,
-and renames it to ``episode-NNNNNN/``. That rename is the commit: once it is fsynced, the episode
+``episode.json`` (length, tasks, stats, video frame counts) and the episode's sidecar files, fsyncs
+every file once and every directory that gained an entry once, and renames it to
+``episode-NNNNNN/``. That rename is the commit: once it is fsynced, the episode
 is durable whatever happens next. A ``.tmp`` directory found later is an episode that was never
 saved; it is dropped.
 
@@ -26,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -69,26 +70,59 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def write_episode_meta(directory: Path, meta: dict[str, Any]) -> None:
+def episode_meta_bytes(meta: dict[str, Any]) -> bytes:
     payload = dict(meta)
     payload["format"] = JOURNAL_FORMAT
-    path = directory / EPISODE_META
-    with open(path, "w") as fh:
-        json.dump(payload, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
+    return json.dumps(payload).encode()
 
 
-def commit_episode(root: Path, episode_index: int) -> Path:
-    """Make the open episode directory durable and rename it to its committed name."""
+def write_episode_meta(directory: Path, meta: dict[str, Any]) -> None:
+    _write_durably(directory / EPISODE_META, episode_meta_bytes(meta))
+
+
+def commit_episode(root: Path, episode_index: int, *, files: Mapping[str, bytes] | None = None,
+                   beside: Mapping[Path, bytes] | None = None, hook: Any = None) -> Path:
+    """Make the open episode durable and rename it to its committed name.
+
+    ``files`` (name -> bytes) are written into the open directory, next to what is there already
+    (the staged videos); ``beside`` (path -> bytes) are the episode's files outside the journal
+    (its sidecar), each published by a rename, in the given order. Every file is fsynced once and
+    every directory that gained an entry once; then the rename is the commit, and the journal
+    directory's fsync makes it durable.
+    """
     src = open_episode_dir(root, episode_index)
     dst = episode_dir(root, episode_index)
+    written = set()
+    for name, content in (files or {}).items():
+        _write_durably(src / name, content)
+        written.add(name)
     for child in src.iterdir():
-        fsync_file(child)
-    fsync_dir(src)
+        if child.name not in written:
+            fsync_file(child)
+    directories: dict[Path, None] = {}
+    for path, content in (beside or {}).items():
+        if not path.parent.is_dir():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            directories[path.parent.parent] = None  # the new directory's own entry
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        _write_durably(tmp, content)
+        os.replace(tmp, path)
+        directories[path.parent] = None
+    directories[src] = None
+    for directory in directories:
+        fsync_dir(directory)
+    if hook is not None:
+        hook("episode-written")
     os.replace(src, dst)
     fsync_dir(dst.parent)
     return dst
+
+
+def _write_durably(path: Path, content: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(content)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def committed_episodes(root: Path) -> list[int]:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.atomic import atomic_write_json, atomic_write_npz
+from hilrec.daemon.dataset.atomic import (atomic_write_bytes, atomic_write_json, json_bytes,
+                                          npz_bytes)
 from hilrec.daemon.errors import CorruptDatasetError
 
 SIDECAR_DIR = "hilrec"
@@ -62,14 +63,24 @@ def load_dataset_sidecar(root: str | os.PathLike[str]) -> dict[str, Any] | None:
 def write_episode_sidecar(root: str | os.PathLike[str], episode_index: int,
                           data: Mapping[str, Any] | None,
                           arrays: Mapping[str, np.ndarray] | None = None) -> None:
+    for path, content in episode_sidecar_files(root, episode_index, data, arrays).items():
+        atomic_write_bytes(path, content)
+
+
+def episode_sidecar_files(root: str | os.PathLike[str], episode_index: int,
+                          data: Mapping[str, Any] | None,
+                          arrays: Mapping[str, np.ndarray] | None = None) -> dict[Path, bytes]:
+    """The episode's sidecar files and their bytes, in the order they must be published: the
+    JSON goes last, its presence says the episode's sidecar is complete."""
+    files: dict[Path, bytes] = {}
     if arrays:
-        atomic_write_npz(episode_npz_path(root, episode_index),
-                         {k: np.asarray(v) for k, v in arrays.items()})
-    # The JSON goes last: its presence says the episode's sidecar is complete.
+        files[episode_npz_path(root, episode_index)] = npz_bytes(
+            {k: np.asarray(v) for k, v in arrays.items()})
     payload = dict(data or {})
     payload["episode_index"] = episode_index
     payload["has_arrays"] = bool(arrays)
-    atomic_write_json(episode_json_path(root, episode_index), payload)
+    files[episode_json_path(root, episode_index)] = json_bytes(payload)
+    return files
 
 
 def load_episode_sidecar(root: str | os.PathLike[str],

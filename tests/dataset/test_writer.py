@@ -418,3 +418,48 @@ def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path:
     assert table.equals(pa.Table.from_pydict({"task_index": [0, 1, 2],
                                               "__index_level_0__": tasks}, schema=table.schema),
                         check_metadata=True)
+
+
+def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_keeps_those_before(
+        tmp_path: Path, file_size_limit) -> None:
+    rng = np.random.default_rng(5)
+    root = tmp_path / "ds"
+    features = so101_features()
+    episodes = [[{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)]
+                for n in (4, 3, 3000)]
+    # A long merge interval: the saved episodes wait in the journal until finalize() merges them.
+    writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type=None,
+                                  merge_interval_s=600)
+    futures = []
+    for number, frames in enumerate(episodes[:2]):
+        for frame in frames:
+            writer.add_frame(frame)
+        futures.append(writer.save_episode_nowait(sidecar={"n": number},
+                                                  arrays={"x": np.arange(3)}))
+    assert [f.result(timeout=60) for f in futures] == [0, 1]
+    assert writer.num_episodes == 2
+    assert sorted(p.name for p in (root / "hilrec/journal").iterdir()) == ["episode-000000",
+                                                                          "episode-000001"]
+    assert load_episode_sidecar(root, 1)[0]["n"] == 1
+    assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 0
+    for frame in episodes[2]:
+        writer.add_frame(frame)
+    file_size_limit(4096)
+    try:
+        failed = writer.save_episode_nowait()
+        with pytest.raises(DatasetError, match="episode 2 failed .* frames are lost"):
+            failed.result(timeout=60)
+    finally:
+        file_size_limit(None)
+    with pytest.raises(DatasetError, match="an earlier save failed"):
+        writer.add_frame(episodes[0][0])
+    with pytest.raises(DatasetError, match="episode 2 failed"):
+        writer.finalize()
+    info = json.loads((root / "meta/info.json").read_text())
+    assert (info["total_episodes"], info["total_frames"]) == (2, 7)
+    data = read_data(root)
+    assert np.array_equal(data["action"], np.stack([f["action"] for f in episodes[0] + episodes[1]]))
+    assert not list((root / "hilrec/journal").glob(".episode-*"))
+    with DatasetWriter.open(root) as reopened:
+        reopened.add_frame(episodes[0][0])
+        assert reopened.save_episode() == 2
