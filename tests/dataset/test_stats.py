@@ -100,3 +100,37 @@ def test_a_single_frame_has_quantiles_equal_to_the_mean() -> None:
     stats = compute_episode_stats({"action": np.ones((1, 6), np.float32)}, FEATURES)
     for name in ("q01", "q50", "q99"):
         assert stats["action"][name] == pytest.approx(stats["action"]["mean"])
+
+
+def _histogram_quantiles(column: np.ndarray) -> np.ndarray:
+    """LeRobot's estimate done the long way: the 5000-bin histogram, then interpolation."""
+    low, high = float(column.min()), float(column.max())
+    edges = np.linspace(low - 1e-10, high + 1e-10, 5001)
+    cumulative = np.cumsum(np.histogram(column.astype(np.float64), bins=edges)[0])
+    out = []
+    for q in (0.01, 0.10, 0.50, 0.90, 0.99):
+        target = q * len(column)
+        idx = int(np.searchsorted(cumulative, target))
+        if idx == 0:
+            out.append(edges[0])
+            continue
+        before = float(cumulative[idx - 1])
+        in_bin = float(cumulative[idx]) - before
+        out.append(edges[idx] + (target - before) / in_bin * (edges[idx + 1] - edges[idx]))
+    return np.array(out)
+
+
+def test_quantiles_equal_the_histogram_estimate_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    columns = [rng.normal(size=(123, 6)).astype(np.float32),
+               (rng.normal(size=(40, 3)) * 1e4).astype(np.float32),
+               np.full((17, 2), 3.25, dtype=np.float32),           # constant: all in one bin
+               rng.integers(0, 4, (300, 2)).astype(np.int64),      # many ties
+               (np.arange(2) + 10**9).reshape(2, 1).astype(np.int64),
+               rng.choice([-1.5, 0.0, 2.25, 1e6], size=(64, 1)),   # far apart, few values
+               (np.arange(250) / 25).astype(np.float32).reshape(-1, 1)]
+    for table in columns:
+        stats = compute_episode_stats({"x": table}, {"x": {"dtype": str(table.dtype)}})["x"]
+        for column in range(table.shape[1]):
+            got = np.array([stats[key][column] for key in ("q01", "q10", "q50", "q90", "q99")])
+            assert np.array_equal(got, _histogram_quantiles(table[:, column])), table.dtype
