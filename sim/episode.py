@@ -16,7 +16,7 @@ the episode starts, so they happen at known frames and are recorded beside the d
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,26 +112,23 @@ class ContactTally:
     def __init__(self, twin: Twin) -> None:
         self._twin = twin
         names = twin.geom_names
-        count = len(names)
-        self._frames = np.zeros((count, count), dtype=np.int64)
-        self._touching = np.zeros((count, count), dtype=bool)
+        self._frames: Counter[tuple[int, int]] = Counter()
         cube = names.index(CUBE_GEOM)
-        self._pads = [tuple(sorted((cube, names.index(pad)))) for pad in JAW_PADS]
+        self._pads = {(min(cube, names.index(pad)), max(cube, names.index(pad)))
+                      for pad in JAW_PADS}
         self.grasp_frames = 0
         self.frames = 0
 
     def add(self) -> None:
-        pairs = self._twin.contact_geom_ids()
-        self._touching[:] = False
-        self._touching[pairs[:, 0], pairs[:, 1]] = True  # a pair counts once per frame
-        self._frames += self._touching
-        self.grasp_frames += all(self._touching[a, b] for a, b in self._pads)
+        touching = self._twin.contact_id_pairs()  # a pair counts once per frame
+        self._frames.update(touching)
+        self.grasp_frames += self._pads <= touching
         self.frames += 1
 
     def summary(self) -> dict[str, Any]:
         names = self._twin.geom_names
-        touched = {"|".join(sorted((names[a], names[b]))): int(self._frames[a, b])
-                   for a, b in zip(*np.nonzero(self._frames))}
+        touched = {"|".join(sorted((names[a], names[b]))): count
+                   for (a, b), count in self._frames.items()}
         return {"frames": self.frames,
                 "frames_cube_between_both_jaw_pads": self.grasp_frames,
                 "frames_in_contact": dict(sorted(touched.items()))}

@@ -121,7 +121,14 @@ class Twin:
         self._state_size = mujoco.mj_stateSize(self._model, STATE_SPEC)
         self.geom_names: tuple[str, ...] = tuple(self._model.geom(i).name
                                                  for i in range(self._model.ngeom))
-        self._warnings_seen = np.zeros(len(self._data.warning), dtype=np.int64)
+        # Views into MjData's buffers, which stay where they are for its lifetime: the per-frame
+        # calls skip the bindings' attribute lookups.
+        self._qpos = self._data.qpos
+        self._ctrl = self._data.ctrl
+        self._xfrc_applied = self._data.xfrc_applied
+        self._warning_counts = self._data.warning.number
+        self._warnings_seen = np.zeros(len(self._warning_counts), dtype=np.int64)
+        self._warning_bytes = self._warning_counts.tobytes()
         self.cameras = tuple(cameras)
         self.image_size = tuple(image_size)
         self._render_quality = render_quality
@@ -154,6 +161,7 @@ class Twin:
                                  dtype=np.float32)
         mujoco.mj_resetData(self._model, self._data)
         self._warnings_seen[:] = 0
+        self._warning_bytes = self._warning_counts.tobytes()
         self._data.qpos[self._qpos_adr] = self.units.rad_from_units(start_units)
         self._data.qpos[self._cube_qpos:self._cube_qpos + 3] = placement.position
         self._data.qpos[self._cube_qpos + 3:self._cube_qpos + 7] = placement.quaternion
@@ -177,7 +185,7 @@ class Twin:
 
         The gripper is clipped to [0, 100] as LeRobot's RANGE_0_100 clips the ticks to the
         calibrated range (a soft joint limit lets the sim jaw pass its limit by a hair)."""
-        units = (self._data.qpos[self._qpos_adr] - self._offset) * self._scale
+        units = (self._qpos[self._qpos_adr] - self._offset) * self._scale
         units[GRIPPER_INDEX] = min(max(units[GRIPPER_INDEX], 0.0), 100.0)
         return units.astype(np.float32)
 
@@ -187,24 +195,25 @@ class Twin:
         if values.shape != (NUM_JOINTS,):
             raise FrameError("action", f"expected shape ({NUM_JOINTS},), got {values.shape}")
         executed = values.astype(np.float32)
-        if not np.isfinite(executed).all():
-            bad = ~np.isfinite(executed)
-            raise FrameError("action", f"non-finite command for "
-                                       f"{', '.join(np.array(JOINT_NAMES)[bad])}: {values.tolist()}")
-        if (executed < self._command_low).any() or (executed > self._command_high).any():
+        # One test for the usual case: in range (NaN compares false, so it takes the long way).
+        if not ((executed >= self._command_low) & (executed <= self._command_high)).all():
+            if not np.isfinite(executed).all():
+                bad = ~np.isfinite(executed)
+                raise FrameError("action", f"non-finite command for "
+                                           f"{', '.join(np.array(JOINT_NAMES)[bad])}: {values.tolist()}")
             np.clip(executed, self._command_low, self._command_high, out=executed)
             self.clipped_commands += 1
         # float32 -> float64 is exact, so ctrl is a function of the recorded number alone.
-        self._data.ctrl[self._actuator_ids] = executed / self._scale + self._offset
+        self._ctrl[self._actuator_ids] = executed / self._scale + self._offset
         return executed
 
     def step_frame(self) -> None:
         """Exactly ``substeps`` physics steps; applied pushes last for this frame only."""
         mujoco.mj_step(self._model, self._data, nstep=self.substeps)
         if self._pushed:
-            self._data.xfrc_applied[:] = 0.0
+            self._xfrc_applied[:] = 0.0
             self._pushed = False
-        if (self._data.warning.number > self._warnings_seen).any():
+        if self._warning_counts.tobytes() != self._warning_bytes:  # a count went up
             self._check_warnings(f"frame {self.frame_index}")
         self.frame_index += 1
 
@@ -262,6 +271,10 @@ class Twin:
         """Names of the geom pairs in contact after the last step (sorted within a pair)."""
         return [(self.geom_names[a], self.geom_names[b]) for a, b in self.contact_geom_ids()]
 
+    def contact_id_pairs(self) -> set[tuple[int, int]]:
+        """The (low, high) geom id pairs in contact after the last step, each pair once."""
+        return {(a, b) if a < b else (b, a) for a, b in self._data.contact.geom.tolist()}
+
     def contact_geom_ids(self) -> np.ndarray:
         """(ncon, 2) geom ids of the contacts after the last step, each row sorted (a copy)."""
         return np.sort(self._data.contact.geom, axis=1)
@@ -311,9 +324,10 @@ class Twin:
         return low, high
 
     def _check_warnings(self, where: str) -> None:
-        counts = self._data.warning.number.astype(np.int64)
+        counts = self._warning_counts.astype(np.int64)
         fresh = np.nonzero(counts > self._warnings_seen)[0]
         self._warnings_seen = counts
+        self._warning_bytes = self._warning_counts.tobytes()
         for index in fresh:
             problem = _FATAL_WARNINGS.get(mujoco.mjtWarning(index))
             if problem is not None:

@@ -19,6 +19,7 @@ Every refusal is a :class:`FrameError` or :class:`FeatureSpecError` naming the k
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -154,9 +155,18 @@ class FrameValidator:
             spec = features[key]
             np_dtype = None if is_video(spec) else np.dtype(spec["dtype"])
             self._specs[key] = (spec["dtype"], tuple(spec["shape"]), np_dtype)
+        self._frame_keys = frozenset(self.expected) | {TASK_KEY}
+        self._last_task: str | None = None
+        # (key, dtype or None for video, shape, finiteness checked on a list of a few floats)
+        self._plain = [(key, np_dtype or np.dtype(np.uint8), shape,
+                        np_dtype is not None and np_dtype.kind == "f" and math.prod(shape) <= 32)
+                       for key, (_, shape, np_dtype) in self._specs.items()]
 
     def validate(self, frame: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], str]:
         """Return (values by key, task). Values are the caller's arrays, not copies."""
+        accepted = self._accept_plain(frame)
+        if accepted is not None:
+            return accepted
         if not isinstance(frame, Mapping):
             raise FrameError("<frame>", f"a frame must be a mapping, got {type(frame).__name__}")
         keys = set(frame)
@@ -176,6 +186,31 @@ class FrameValidator:
         values: dict[str, np.ndarray] = {}
         for key in self.expected:
             values[key] = self._check_value(key, frame[key])
+        return values, task
+
+    def _accept_plain(self, frame: Any) -> tuple[dict[str, np.ndarray], str] | None:
+        """The common case, checked in a few microseconds: a dict with exactly the declared keys
+        and task, every value an array of exactly the declared dtype and shape, floats finite.
+        None means "not plainly valid": :meth:`validate` then checks it the long way, and finds
+        either what is wrong or an accepted variant (a numpy scalar, a 0-d array for [1])."""
+        if type(frame) is not dict or frame.keys() != self._frame_keys:
+            return None
+        task = frame[TASK_KEY]
+        if task is not self._last_task:
+            if type(task) is not str or not task.strip():
+                return None
+            self._last_task = task
+        values = {}
+        for key, np_dtype, shape, small_float in self._plain:
+            value = frame[key]
+            if type(value) is not np.ndarray or value.dtype is not np_dtype or value.shape != shape:
+                return None
+            if small_float:
+                if not all(map(math.isfinite, value.tolist())):
+                    return None
+            elif np_dtype.kind == "f" and not np.isfinite(value).all():
+                return None
+            values[key] = value
         return values, task
 
     def _check_value(self, key: str, value: Any) -> np.ndarray:
