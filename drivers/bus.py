@@ -8,7 +8,14 @@ The SDK frames packets and computes checksums; this class adds what it lacks (se
   every transaction runs under this bus's lock; the SDK's ``is_using`` flag is not a lock.
 - **No stale replies**: the input buffer is discarded before every transaction. A reply that
   arrived after its timeout would otherwise be taken as the answer to the next read, and every
-  later read would stay one behind.
+  later read would stay one behind. A flush only discards what has already arrived, though: a
+  late reply can land after it (a loaded machine holds tty bytes for hundreds of ms in the
+  kernel's flip-buffer worker, then delivers a retried request's answers all at once). So a reply
+  is accepted only if its id *and* length fit the request (the SDK checks the id alone, and took
+  a late PING acknowledgement for a READ's data), and after any reply went missing the next
+  transaction first sends a *fence*: a READ whose reply length nothing else uses. Replies leave
+  a serial line in order, so everything before the fence's reply answers an earlier request and
+  is skipped, including late replies that look exactly like the one awaited.
 - **No spinning**: the SDK opens the port with ``timeout=0`` and busy-polls; here reads block
   in ``select()`` for at most ``wait_slice_s`` at a time. Timeouts use the monotonic clock.
 - **Status bits surfaced**: the SDK's GroupSyncRead throws each servo's ERROR byte away; the
@@ -16,7 +23,9 @@ The SDK frames packets and computes checksums; this class adds what it lacks (se
 - **TX echo tolerated**: an adapter that echoes what it sends makes the SDK accept our own
   instruction as the reply (for READ, as "angle sensor error" with the address as data). A
   reply identical to what was sent is skipped and the real one awaited.
-- **Bounded retries** for timeouts and corrupt packets; errors name the port, servo and register.
+- **Bounded retries** for timeouts and corrupt packets, within one transaction and without a
+  flush in between (a late answer to an earlier attempt answers the same question); errors name
+  the port, servo and register.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import logging
 import termios
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -54,7 +63,12 @@ from hilrec.drivers.tables import (
 
 log = logging.getLogger(__name__)
 
-_ID, _LENGTH, _INSTRUCTION, _PARAM0 = scs.PKT_ID, scs.PKT_LENGTH, scs.PKT_INSTRUCTION, scs.PKT_PARAMETER0
+_ID, _LENGTH, _ERROR, _PARAM0 = scs.PKT_ID, scs.PKT_LENGTH, scs.PKT_ERROR, scs.PKT_PARAMETER0
+_ACK_LENGTH = 2  # LENGTH of a status packet without data: ERROR + checksum
+# A fence reads from address 0 (firmware version, model: readable on every STS3215) a length no
+# register read uses; it rotates, so a new fence never waits for an older one's reply.
+_FENCE_ADDRESS = 0
+_FENCE_LENGTHS = (3, 4, 5, 6, 7)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +80,12 @@ class BusConfig:
     # (2 x 16 ms latency timer + 2 ms: about 34 ms at 1 Mbps).
     reply_timeout_ms: float | None = None
     wait_slice_s: float = 0.001  # a waiting read sleeps in select() this long at most; 0 = spin
+    # A ping, read or write (set-up: opening, configuring, calibrating) whose attempts all timed
+    # out keeps listening, without resending, until this long after its first send: a loaded
+    # host can hold tty bytes for 100-700 ms (measured on a busy 2-core machine), and failing an
+    # arm's open over that helps nobody. Sync reads (the loop's per-tick read) stay bounded by
+    # ``retries`` and the reply timeout.
+    patience_ms: float = 1000.0
     flush_input: bool = True  # False only to measure what the stale-reply guard costs
 
 
@@ -74,6 +94,9 @@ class BusStats:
     transactions: int = 0
     retries: int = 0
     echoes_skipped: int = 0
+    stale_skipped: int = 0  # status packets that answered another request
+    fences: int = 0
+    late_replies: int = 0  # answers taken while waiting out patience_ms
 
 
 @dataclass(frozen=True)
@@ -122,8 +145,17 @@ class _ExclusivePort(scs.PortHandler):
         return time.monotonic() * 1000.0  # the SDK uses time.time(): wall clock steps
 
 
+Receive = Callable[[_ExclusivePort, int, int], tuple[list[int], int]]
+
+
 class _StatusSyncRead(scs.GroupSyncRead):
-    """GroupSyncRead that keeps every servo's ERROR byte and remembers which servo failed."""
+    """GroupSyncRead that keeps every servo's ERROR byte, remembers which servo failed, and takes
+    each reply through the bus's matching ``receive`` (id and length)."""
+
+    def __init__(self, port: _ExclusivePort, packets: scs.PacketHandler, address: int,
+                 length: int, receive: Receive) -> None:
+        super().__init__(port, packets, address, length)
+        self._receive = receive
 
     def rxPacket(self) -> int:  # noqa: N802 (SDK name)
         self.last_result = False
@@ -132,14 +164,12 @@ class _StatusSyncRead(scs.GroupSyncRead):
         if not self.data_dict:
             return scs.COMM_NOT_AVAILABLE
         for servo_id in self.data_dict:
-            data, result, error = self.ph.readRx(self.port, servo_id, self.data_length)
-            if result == scs.COMM_SUCCESS and len(data) != self.data_length:
-                result = scs.COMM_RX_CORRUPT
+            rx, result = self._receive(self.port, servo_id, self.data_length + 2)
             if result != scs.COMM_SUCCESS:
                 self.failed_id = servo_id
                 return result
-            self.data_dict[servo_id] = data
-            self.status[servo_id] = error
+            self.data_dict[servo_id] = rx[_PARAM0:_PARAM0 + self.data_length]
+            self.status[servo_id] = rx[_ERROR]
         self.last_result = True
         return scs.COMM_SUCCESS
 
@@ -154,6 +184,10 @@ class FeetechBus:
         self._port: _ExclusivePort | None = None
         self._packets = scs.PacketHandler(0)  # protocol_end 0: STS/SMS, little-endian words
         self._sync_readers: dict[tuple[int, int, tuple[int, ...]], _StatusSyncRead] = {}
+        # A reply may still be on its way (an attempt failed): fence before the next exchange.
+        self._unsettled = False
+        self._fence: tuple[int, int] | None = None  # (id, LENGTH) of the fence reply awaited
+        self._fence_turn = 0
 
     @property
     def port_name(self) -> str:
@@ -182,6 +216,8 @@ class FeetechBus:
             raise PortGoneError(f"cannot open: {exc}", port=self.port_name) from exc
         self._port = port
         self._sync_readers.clear()
+        # The port's previous owner may have left a request unanswered: its reply can still land.
+        self._unsettled, self._fence = True, None
 
     def close(self) -> None:
         port, self._port = self._port, None
@@ -219,30 +255,91 @@ class FeetechBus:
                                     f"unplugged", port=self.port_name, servo_id=servo_id,
                                     register=what) from exc
 
-    def _exchange(self, port: _ExclusivePort, tx: list[int]) -> tuple[list[int], int, int]:
-        rx, result, error = self._packets.txRxPacket(port, tx)
-        while result == scs.COMM_SUCCESS and rx == tx:  # our own instruction, echoed back
-            self.stats.echoes_skipped += 1
-            rx, result = self._packets.rxPacket(port)
-            while result == scs.COMM_SUCCESS and rx[_ID] != tx[_ID]:
-                rx, result = self._packets.rxPacket(port)
-            error = rx[4] if result == scs.COMM_SUCCESS else 0
-        return rx, result, error
+    def _send(self, port: _ExclusivePort, tx: list[int], reply_bytes: int) -> int:
+        """Transmit ``tx`` (the SDK fills header and checksum in) and start the reply timeout."""
+        result = self._packets.txPacket(port, tx)
+        if result == scs.COMM_SUCCESS:
+            port.setPacketTimeout(reply_bytes)
+        return result
 
-    def _unicast(self, servo_id: int, instruction: int, params: list[int],
-                 what: str) -> tuple[list[int], int]:
-        """Send one instruction to one servo and return (reply, error byte), with retries."""
+    def _receive(self, port: _ExclusivePort, servo_id: int, length: int,
+                 tx: list[int] | None = None) -> tuple[list[int], int]:
+        """The first status packet from ``servo_id`` whose LENGTH is ``length``, before the
+        reply timeout. Everything else answers another request and is skipped: ``tx`` echoed
+        back, a late reply of another shape, and, while a fence is pending, all up to its reply.
+        """
+        while True:
+            rx, result = self._packets.rxPacket(port)
+            if result == scs.COMM_RX_CORRUPT and self._fence is not None and len(rx) > _LENGTH \
+                    and (rx[_ID], rx[_LENGTH]) == self._fence:
+                self._fence = None  # the fence's reply arrived garbled: the line is in order
+                continue
+            if result != scs.COMM_SUCCESS:
+                return rx, result
+            if rx == tx:
+                self.stats.echoes_skipped += 1
+                continue
+            shape = (rx[_ID], rx[_LENGTH])
+            if self._fence is not None:
+                if shape != self._fence:
+                    self.stats.stale_skipped += 1
+                    continue
+                self._fence = None
+                if shape == (servo_id, length):
+                    return rx, result  # the fence itself was awaited
+                continue
+            if shape == (servo_id, length):
+                return rx, result
+            self.stats.stale_skipped += 1
+
+    def _settle(self, port: _ExclusivePort, servo_id: int, length: int) -> None:
+        """If a reply went missing, fence: READ from ``servo_id`` a length neither the coming
+        reply (``length``) nor a pending fence has, and skip everything up to its reply. A fence
+        that times out stays pending; the transaction then skips up to its reply instead."""
+        if not self._unsettled and self._fence is None:
+            return
+        taken = {length, self._fence[1] if self._fence else 0}
+        for _ in _FENCE_LENGTHS:
+            self._fence_turn = (self._fence_turn + 1) % len(_FENCE_LENGTHS)
+            size = _FENCE_LENGTHS[self._fence_turn]
+            if size + 2 not in taken:
+                break
+        tx = [0, 0, servo_id, 4, Instruction.READ, _FENCE_ADDRESS, size, 0]
+        if self._send(port, tx, size + 6) != scs.COMM_SUCCESS:
+            return
+        self.stats.fences += 1
+        self._unsettled, self._fence = False, (servo_id, size + 2)
+        self._receive(port, servo_id, size + 2, tx)
+
+    def _unicast(self, servo_id: int, instruction: int, params: list[int], what: str,
+                 reply_length: int) -> tuple[list[int], int]:
+        """Send one instruction to one servo and return (reply, error byte), with retries.
+
+        ``reply_length`` is the LENGTH field of the status packet that answers it."""
+        reply_bytes = reply_length + 4
         result = scs.COMM_SUCCESS
-        for attempt in range(self.config.retries + 1):
-            tx = [0, 0, servo_id, len(params) + 2, instruction, *params, 0]
-            with self._transaction(servo_id, what) as port:
-                rx, result, error = self._exchange(port, tx)
-            if result == scs.COMM_SUCCESS:
-                return rx, error
-            if attempt < self.config.retries:
-                self.stats.retries += 1
-                log.debug("port %s id %d %s: %s, retrying", self.port_name, servo_id, what,
-                          self._packets.getTxRxResult(result))
+        with self._transaction(servo_id, what) as port:
+            self._settle(port, servo_id, reply_length)
+            first_sent = time.monotonic()
+            for attempt in range(self.config.retries + 1):
+                tx = [0, 0, servo_id, len(params) + 2, instruction, *params, 0]
+                result = self._send(port, tx, reply_bytes)
+                if result == scs.COMM_SUCCESS:
+                    rx, result = self._receive(port, servo_id, reply_length, tx)
+                if result == scs.COMM_SUCCESS:
+                    return rx, rx[_ERROR]
+                self._unsettled = True
+                if attempt < self.config.retries:
+                    self.stats.retries += 1
+                    log.debug("port %s id %d %s: %s, retrying", self.port_name, servo_id, what,
+                              self._packets.getTxRxResult(result))
+            left_ms = self.config.patience_ms - (time.monotonic() - first_sent) * 1000.0
+            if result == scs.COMM_RX_TIMEOUT and left_ms > 0:
+                port.setPacketTimeoutMillis(left_ms)
+                rx, result = self._receive(port, servo_id, reply_length, tx)
+                if result == scs.COMM_SUCCESS:
+                    self.stats.late_replies += 1
+                    return rx, rx[_ERROR]
         raise self._comm_error(result, servo_id, what, self.config.retries + 1)
 
     def _comm_error(self, result: int, servo_id: int | None, what: str,
@@ -268,7 +365,7 @@ class FeetechBus:
 
     def ping(self, servo_id: int) -> int:
         """Ping a servo and return its model number (777 for an STS3215)."""
-        _, error = self._unicast(servo_id, Instruction.PING, [], "PING")
+        _, error = self._unicast(servo_id, Instruction.PING, [], "PING", _ACK_LENGTH)
         self._check_status(servo_id, "PING", error)
         return self.read(servo_id, "Model_Number")
 
@@ -276,7 +373,7 @@ class FeetechBus:
                   check_status: bool = True) -> tuple[bytes, int]:
         """Read ``length`` bytes from ``address``; returns (data, status byte)."""
         what = describe_span(address, length)
-        rx, error = self._unicast(servo_id, Instruction.READ, [address, length], what)
+        rx, error = self._unicast(servo_id, Instruction.READ, [address, length], what, length + 2)
         data = bytes(rx[_PARAM0:_PARAM0 + length])
         if len(data) != length:
             raise BusPacketError(f"status packet carries {len(data)} bytes, expected {length}",
@@ -294,7 +391,8 @@ class FeetechBus:
         """Write a register and wait for the servo's acknowledgement (Response_Status_Level 1)."""
         reg = register(name)
         data = self._encode(reg, value, servo_id)
-        _, error = self._unicast(servo_id, Instruction.WRITE, [reg.address, *data], reg.name)
+        _, error = self._unicast(servo_id, Instruction.WRITE, [reg.address, *data], reg.name,
+                                 _ACK_LENGTH)
         self._check_status(servo_id, reg.name, error)
 
     def _encode(self, reg: Register, value: int, servo_id: int | None) -> list[int]:
@@ -331,18 +429,22 @@ class FeetechBus:
         key = (reg.address, reg.size, ids)
         reader = self._sync_readers.get(key)
         if reader is None:
-            reader = _StatusSyncRead(self._port, self._packets, reg.address, reg.size)
+            reader = _StatusSyncRead(self._port, self._packets, reg.address, reg.size,
+                                     self._receive)
             for servo_id in ids:
                 reader.addParam(servo_id)
             self._sync_readers[key] = reader
         result, attempts = scs.COMM_SUCCESS, 0
-        for attempts in range(1, self.config.retries + 2):
-            with self._transaction(None, reg.name):
+        with self._transaction(None, reg.name) as port:
+            if ids:
+                self._settle(port, ids[0], reg.size + 2)
+            for attempts in range(1, self.config.retries + 2):
                 result = reader.txRxPacket()
-            if result == scs.COMM_SUCCESS:
-                break
-            if attempts <= self.config.retries:
-                self.stats.retries += 1
+                if result == scs.COMM_SUCCESS:
+                    break
+                self._unsettled = True
+                if attempts <= self.config.retries:
+                    self.stats.retries += 1
         if result != scs.COMM_SUCCESS:
             raise self._comm_error(result, getattr(reader, "failed_id", None), reg.name, attempts)
         values = {sid: decode_value(reg, from_bytes(reader.data_dict[sid])) for sid in ids}

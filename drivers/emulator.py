@@ -111,6 +111,7 @@ class EmulatedArm:
         self._outgoing: list[_Outgoing] = []
         self._seq = 0
         self._line_free = 0.0
+        self._last_due = 0.0
         self._master = self._slave = -1
         self._wake_r = self._wake_w = -1
         self._thread: threading.Thread | None = None
@@ -295,8 +296,10 @@ class EmulatedArm:
             link.unlink()
 
     def _schedule(self, due: float, data: bytes, *, late: bool = False) -> None:
+        # One wire: nothing overtakes a late reply (the host receives the line's bytes in order).
+        self._last_due = max(due, self._last_due)
         self._seq += 1
-        heapq.heappush(self._outgoing, _Outgoing(due, self._seq, data, late))
+        heapq.heappush(self._outgoing, _Outgoing(self._last_due, self._seq, data, late))
 
     def _flush_due(self, now: float) -> None:
         while self._outgoing and self._outgoing[0].due <= now:

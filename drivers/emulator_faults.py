@@ -4,7 +4,8 @@ Event faults act on single replies or packets:
 
 - ``drop``: a servo does not answer (the client times out);
 - ``corrupt``: a reply's checksum is wrong (the SDK reports "Incorrect status packet");
-- ``late``: a reply leaves ``delay_ms`` late, after the client gave up, and lands in its buffer;
+- ``late``: a reply leaves ``delay_ms`` late, after the client gave up, and lands in its buffer
+  (what a loaded host does to a reply; the replies after it on the line wait behind it);
 - ``echo``: the adapter echoes every instruction back, as some half-duplex adapters do.
 
 Conditions hold from when they start until cleared:
