@@ -10,7 +10,8 @@ Image stats are the one place where the data itself is lossy: the writer compute
 frames it was given, the checker can only see them after compression. So they are checked for
 shape, range [0, 1] and order (min <= q01 <= ... <= q99 <= max), and against the decoded sample
 with tolerances a lossy codec stays inside: mean 0.03 (about 8 levels of 255), q10/q50/q90 0.06,
-q01/q99 0.1. Min and max are not compared (compression moves extremes), and neither is std:
+q01/q99 0.15 (tails sit on edges the codec smears: 0.11 was seen on a 48x64 sawtooth pattern).
+Min and max are not compared (compression moves extremes), and neither is std:
 LeRobot 0.4.4 squares uint8 pixels in uint8, so the std it stores for images is meaningless and
 must still be accepted.
 """
@@ -33,7 +34,7 @@ from hilrec.daemon.errors import CorruptDatasetError
 
 TOLERANCE_S: Final[float] = 1e-4
 IMAGE_TOLERANCES: Final[dict[str, float]] = {
-    "mean": 0.03, "q10": 0.06, "q50": 0.06, "q90": 0.06, "q01": 0.1, "q99": 0.1,
+    "mean": 0.03, "q10": 0.06, "q50": 0.06, "q90": 0.06, "q01": 0.15, "q99": 0.15,
 }
 ORDER: Final[tuple[str, ...]] = ("min", *QUANTILE_KEYS, "max")
 ORDER_SLACK: Final[float] = 1e-6
