@@ -161,22 +161,35 @@ class Daemon:
             self.process.wait(10)
 
 
+def check_passes(root: Path) -> None:
+    """``hilrec check``'s checks, in this process (the CLI adds only printing and the exit code)."""
+    from hilrec.daemon.dataset.checker import check_dataset
+
+    report = check_dataset(root)
+    assert report.passed, report.format_text()
+
+
 def run_cli(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True,
                           text=True, timeout=timeout_s)
 
 
 def write_test_video(path: Path, *, frames: int, size: tuple[int, int] = (48, 64), fps: int = 25) -> Path:
-    """A small MPEG-4 file of a moving bar (a video-file camera source)."""
+    """A small MPEG-4 file of a drifting smooth gradient (a video-file camera source).
+
+    Smooth content keeps the lossy round trip's pixel statistics close to the recorded ones, as
+    a camera image does; a thin bright line would put quantiles on a compression edge."""
     import cv2
     import numpy as np
 
     height, width = size
+    yy, xx = np.mgrid[0:height, 0:width]
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
     for i in range(frames):
-        image = np.zeros((height, width, 3), np.uint8)
-        image[:, (i * 3) % width] = 255
-        image[..., 1] = (i * 5) % 256
+        # A triangle wave, not a sawtooth: a wrap from 255 to 0 is a hard edge the codec smears.
+        phase = (xx * 2 + yy + i * 3) % 510
+        base = np.where(phase < 255, phase, 510 - phase)
+        image = np.stack([base, (base + 85) % 256 // 2 + 64, 255 - base], axis=-1).astype(np.uint8)
         writer.write(image)
     writer.release()
     return path

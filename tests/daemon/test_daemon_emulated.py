@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _daemon import Daemon, emulated_config, run_cli, write_test_video
+from _daemon import Daemon, check_passes, emulated_config, write_test_video
 from hilrec.daemon.dataset.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.protocol import FrameFlag
@@ -65,8 +65,7 @@ loop = true
     assert not status["faults"]
     assert daemon.shutdown() == 0
 
-    check = run_cli("check", str(root))
-    assert check.returncode == 0, check.stdout
+    check_passes(root)
     [episode] = load_episodes(root)
     meta, arrays = load_episode_sidecar(root, 0)
     assert meta is not None and meta["mode"] == "emulated" and meta["seed"] == 11
@@ -119,7 +118,7 @@ def test_a_vanished_port_ends_the_open_episode_by_policy_and_is_reported(tmp_pat
         assert last.get("saved") is True and len(episodes) == 1 and episodes[0]["length"] >= 25
         meta, _ = load_episode_sidecar(root, 0)
         assert meta is not None and meta["faults"][0]["device"] == device
-        assert run_cli("check", str(root)).returncode == 0
+        check_passes(root)
     else:
         assert last.get("discarded") is True and episodes == []
 
@@ -150,7 +149,7 @@ stall_ms = 300
     telemetry.close()
     daemon.wait_saved(1)
     assert daemon.shutdown() == 0
-    assert run_cli("check", str(root)).returncode == 0
+    check_passes(root)
     [episode] = load_episodes(root)
     meta, _ = load_episode_sidecar(root, 0)
     assert meta is not None and meta["ended_by"] == "fault:camera_stalled:camera.side"
