@@ -27,7 +27,7 @@ import select
 import threading
 import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,8 +94,12 @@ class EmulatedArm:
     """Six emulated STS3215 (ids 1..6) on a pty; ``start()``/``stop()`` or a context manager."""
 
     def __init__(self, config: EmulatorConfig, *, motion: ArmMotion | None = None,
-                 frame: MechanicalFrame | None = None) -> None:
+                 frame: MechanicalFrame | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        # The time the arm's motion runs on (monotonic seconds); replies and wire timing always
+        # use the real monotonic clock. Tests inject a clock they set by hand.
+        self.clock = clock
         self.frame = frame or _frame_for(config)
         self.servos = [EmulatedServo(servo_id) for servo_id in MOTOR_IDS]
         if not config.factory_fresh:
@@ -223,7 +227,7 @@ class EmulatedArm:
 
     def _power_up(self) -> None:
         """Servos power up holding where they stand, torque on (as reported for the STS3215)."""
-        self.motion.advance(self._started_at, [None] * len(self.servos))
+        self.motion.advance(self.clock(), [None] * len(self.servos))
         for servo, actual in zip(self.servos, self.motion.actual(), strict=True):
             servo.set("Goal_Position", servo.present_from_actual(float(actual)))
             servo.set("Torque_Enable", 1)
@@ -259,23 +263,29 @@ class EmulatedArm:
             log.exception("emulated %s crashed", self.config.role)
             raise
 
+    def _motion_due(self) -> float | None:
+        return getattr(self.motion, "next_due", lambda: None)()
+
     def _idle_advance(self) -> None:
-        due = getattr(self.motion, "next_due", lambda: None)()
-        if due is not None and due <= time.monotonic():
+        """While the bus is idle, keep the motion up with the clock: a request then rarely
+        waits for physics (it catches up on its own before any packet is handled)."""
+        due = self._motion_due()
+        if due is not None and due <= self.clock():
             with self.lock:
-                self.motion.advance(time.monotonic(), self._targets())
+                self.motion.advance(self.clock(), self._targets())
 
     def _next_wakeup(self) -> float:
-        deadlines = [0.2 + time.monotonic()]
+        now = time.monotonic()
+        waits = [0.2]
         if self._outgoing:
-            deadlines.append(self._outgoing[0].due)
-        motion_due = getattr(self.motion, "next_due", lambda: None)()
+            waits.append(self._outgoing[0].due - now)
+        motion_due = self._motion_due()
         if motion_due is not None:
-            deadlines.append(motion_due)
+            waits.append(motion_due - self.clock())
         vanish_at = self.faults.next_vanish_time()
         if vanish_at is not None:
-            deadlines.append(self._started_at + vanish_at)
-        return max(0.0, min(deadlines) - time.monotonic())
+            waits.append(self._started_at + vanish_at - now)
+        return max(0.0, min(waits))
 
     def _check_vanish(self) -> bool:
         if not self.faults.vanish_due(time.monotonic() - self._started_at):
@@ -327,7 +337,9 @@ class EmulatedArm:
             self._line_free = max(self._line_free, rx_done)
             if self.faults.echo():
                 self._schedule(rx_done, packet.raw)
-            self.motion.advance(now, self._targets())
+            # Physics up to this instant under the goals in force until now, before the packet
+            # reads a Present_* register or writes a goal: a goal acts from the current substep.
+            self.motion.advance(self.clock(), self._targets())
             for servo in self.servos:
                 servo.apply_faults(self.faults.condition_bits(servo.servo_id))
             for servo, reply_id, data in self._execute(packet):

@@ -9,8 +9,9 @@ reason a LeRobot client reading the emulator sees exactly the twin's units.
 
 - :class:`ServoMotion`: a first-order position servo with a speed limit; joints without torque
   follow a "hand" path (the person moving a leader) or stay put.
-- :class:`TwinMotion`: the follower is the MuJoCo twin: goals become actuator targets (in
-  LeRobot units, through the calibration), encoder readings come from the joint angles.
+- :class:`TwinMotion`: the follower is the MuJoCo twin, stepped 5 ms at a time up to the
+  current instant: goals become actuator targets (in LeRobot units, through the calibration),
+  encoder readings come from the joint angles.
 - Hand paths: :func:`wave_path` (smooth sines), :class:`SweepPath` (a person calibrating:
   holds the middle until the homing offsets are written, then sweeps every range) and
   :class:`OperatorPath` (the sim's scripted operator's planned leader path, seed after seed).
@@ -50,7 +51,7 @@ class ArmMotion(Protocol):
         ...
 
     # Optional: ``next_due() -> float | None``, when the model wants to advance on its own
-    # (the twin's next physics frame); the emulator calls ``advance`` then if the bus is idle.
+    # (the twin's next physics step); the emulator calls ``advance`` then if the bus is idle.
 
 
 @dataclass(frozen=True)
@@ -242,28 +243,40 @@ class OperatorPath:
 
 
 class TwinMotion:
-    """The follower is the MuJoCo twin, stepped a frame at a time to keep up with the wall clock.
+    """The follower is the MuJoCo twin, stepped one physics step (its timestep, 5 ms) at a time.
 
-    A servo with torque on drives its joint's actuator to its goal (converted to LeRobot units
-    through the calibration); a servo without torque holds its joint where it is.
+    The emulator advances it lazily to the current instant before it handles any packet (so
+    before a Present_* register is read and before a goal is applied) and while the bus is
+    idle. A goal written at time t therefore drives the joint from the physics step under way
+    at t: it acts within one step of t whatever the phase of the write, as a real servo responds
+    continuously. (Stepped in whole frames on its own clock, a goal written just after a frame
+    boundary waited for the next one: up to a frame of lag, random from one recording to the
+    next.) A servo with torque on drives its joint's actuator to its goal (converted to LeRobot
+    units through the calibration); a servo without torque holds its joint where it is.
+
+    A twin given with several physics steps per frame is re-made at one (same scene, same
+    state); ``self.twin`` is the one stepped.
     """
 
     def __init__(self, frame: MechanicalFrame, *, twin: Any | None = None, seed: int = 0,
-                 max_catch_up_frames: int = 50) -> None:
+                 max_catch_up_s: float = 2.0) -> None:
         from hilrec.sim import units
 
         if twin is None:
+            from hilrec.sim.scene import SceneConfig
             from hilrec.sim.twin import Twin
 
-            twin = Twin(cameras=())
+            twin = Twin(fps=round(1.0 / SceneConfig().timestep), cameras=())
             twin.reset(seed)
+        elif twin.substeps != 1:
+            twin = _one_step_twin(twin)
         self.twin = twin
         self._frame = frame
         self._units = getattr(twin, "units", None) or units.default_units_map()
-        self._frame_dt = 1.0 / twin.fps
-        self._max_catch_up = max_catch_up_frames
+        self._step_s = 1.0 / twin.fps  # one physics step
+        self._max_catch_up = max(1, round(max_catch_up_s / self._step_s))
         self._t0: float | None = None
-        self._frames = 0
+        self._steps = 0
         self._pos = self._ticks(twin.observe())
         self._vel = np.zeros(NUM_JOINTS)
 
@@ -271,27 +284,26 @@ class TwinMotion:
         return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
 
     def next_due(self) -> float | None:
-        """When the next physics frame is due: the emulator steps it while the bus is idle, so
-        a request rarely waits for physics."""
-        return None if self._t0 is None else self._t0 + (self._frames + 1) * self._frame_dt
+        """When the next physics step is due (the emulator steps it if the bus is idle)."""
+        return None if self._t0 is None else self._t0 + (self._steps + 1) * self._step_s
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
         if self._t0 is None:
             self._t0 = now
-        wanted = int((now - self._t0) / self._frame_dt)
-        if wanted <= self._frames:
+        # A step ending exactly at ``now`` is due: float error must not hold it back a step.
+        wanted = math.floor((now - self._t0) / self._step_s + 1e-9)
+        if wanted <= self._steps:
             return
         # A stalled client must not make the next request pay for minutes of physics.
-        self._frames = max(self._frames, wanted - self._max_catch_up)
+        self._steps = max(self._steps, wanted - self._max_catch_up)
         goal = np.array([self._pos[i] if t is None else t for i, t in enumerate(targets)])
-        command = self._units.units_from_rad(self._frame.rad_from_actual(goal))
-        previous, stepped = self._pos, wanted - self._frames
-        while self._frames < wanted:
-            self.twin.command(command)
+        previous, stepped = self._pos, wanted - self._steps
+        self.twin.command(self._units.units_from_rad(self._frame.rad_from_actual(goal)))
+        while self._steps < wanted:
             self.twin.step_frame()
-            self._frames += 1
+            self._steps += 1
         self._pos = self._ticks(self.twin.observe())
-        self._vel = (self._pos - previous) / (stepped * self._frame_dt)
+        self._vel = (self._pos - previous) / (stepped * self._step_s)
 
     def actual(self) -> np.ndarray:
         return self._pos.copy()
@@ -303,3 +315,14 @@ class TwinMotion:
         close = getattr(self.twin, "close", None)
         if callable(close):
             close()
+
+
+def _one_step_twin(twin: Any) -> Any:
+    """``twin`` re-made stepping one physics step per frame, in the same scene and state."""
+    from hilrec.sim.twin import Twin
+
+    single = Twin(fps=round(1.0 / twin.timestep), cameras=twin.cameras,
+                  image_size=twin.image_size, scene=twin.scene)
+    single.set_state(twin.get_state())
+    twin.close()
+    return single

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
+from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
 from hilrec.drivers.camera import SimCamera
 from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
@@ -104,3 +105,44 @@ def test_sim_camera_renders_the_emulated_followers_twin(twin_follower: EmulatedA
         assert first.image.std() > 1.0  # a scene, not a blank frame
         newer = camera.wait_newer(first.index, timeout=10)
         assert newer.index > first.index and newer.captured_at > first.captured_at
+
+
+class ManualClock:
+    """Monotonic seconds that move only when the test moves them."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_goal_acts_within_a_physics_step_whatever_its_phase() -> None:
+    """A goal written at any instant moves the joint at the next 5 ms physics step. Stepped in
+    whole 40 ms frames on its own clock, the twin made a goal act up to a frame late depending
+    on where the write fell between two frame boundaries (a random lag per recording)."""
+    clock = ManualClock(1000.0)  # the motion's time origin: power-up
+    emu = EmulatedArm(EmulatorConfig(role="follower", motion="twin"), clock=clock)
+    step = emu.motion.twin.timestep  # type: ignore[attr-defined]
+    frame, poll = 1 / 25, 0.0005
+    delays_ms = {}
+    with emu, FeetechBus(BusConfig(port=emu.port)) as bus:
+        home = bus.sync_read("Present_Position", [1]).values[1]
+        # 16 phases across a 25 Hz frame (2.66 ms apart: each at another point of its 5 ms step).
+        for trial, phase in enumerate(np.arange(16) * frame * 17 / 256):
+            write_at = 1000.0 + (trial + 1) * 25 * frame + phase  # whole frames, then the phase
+            clock.now = write_at - 2 * step  # the last goal has long been reached
+            before = bus.sync_read("Present_Position", [1]).values[1]
+            clock.now = write_at
+            assert bus.sync_read("Present_Position", [1]).values[1] == before  # at rest
+            handled = emu.packets_handled
+            bus.sync_write("Goal_Position", {1: home + 230 if trial % 2 == 0 else home})  # ~20 deg
+            assert emu.wait_handled(handled + 1)
+            while clock.now < write_at + 2 * frame:
+                clock.now += poll
+                if bus.sync_read("Present_Position", [1]).values[1] != before:
+                    break
+            delays_ms[round(float(phase) * 1000, 1)] = round(float(clock.now - write_at) * 1000, 1)
+    assert all(delay < 2 * step * 1000 for delay in delays_ms.values()), \
+        f"delay (ms) from a goal write to the first Present_Position change, by phase: {delays_ms}"
+    assert max(delays_ms.values()) - min(delays_ms.values()) <= step * 1000 + poll * 1000
