@@ -127,20 +127,18 @@ def test_a_goal_acts_within_a_physics_step_whatever_its_phase() -> None:
     frame, poll = 1 / 25, 0.0005
     delays_ms = {}
     with emu, FeetechBus(BusConfig(port=emu.port)) as bus:
-        home = bus.sync_read("Present_Position", [1]).values[1]
+        home = bus.read(1, "Present_Position")
         # 16 phases across a 25 Hz frame (2.66 ms apart: each at another point of its 5 ms step).
         for trial, phase in enumerate(np.arange(16) * frame * 17 / 256):
             write_at = 1000.0 + (trial + 1) * 25 * frame + phase  # whole frames, then the phase
             clock.now = write_at - 2 * step  # the last goal has long been reached
-            before = bus.sync_read("Present_Position", [1]).values[1]
+            before = bus.read(1, "Present_Position")
             clock.now = write_at
-            assert bus.sync_read("Present_Position", [1]).values[1] == before  # at rest
-            handled = emu.packets_handled
-            bus.sync_write("Goal_Position", {1: home + 230 if trial % 2 == 0 else home})  # ~20 deg
-            assert emu.wait_handled(handled + 1)
+            assert bus.read(1, "Present_Position") == before  # at rest
+            bus.write(1, "Goal_Position", home + 230 if trial % 2 == 0 else home)  # ~20 deg
             while clock.now < write_at + 2 * frame:
                 clock.now += poll
-                if bus.sync_read("Present_Position", [1]).values[1] != before:
+                if bus.read(1, "Present_Position") != before:
                     break
             delays_ms[round(float(phase) * 1000, 1)] = round(float(clock.now - write_at) * 1000, 1)
     assert all(delay < 2 * step * 1000 for delay in delays_ms.values()), \
