@@ -109,6 +109,7 @@ class Daemon:
         self._stop = threading.Event()
         self._stop_reason = "shutdown"
         self.started_wall = time.time()
+        self.control_priority = "normal"
 
     # --- the process -------------------------------------------------------------------------
 
@@ -151,6 +152,8 @@ class Daemon:
                      s.mode, endpoint(s.zmq.host, s.zmq.control_port),
                      endpoint(s.zmq.host, s.zmq.telemetry_port), s.dataset.root)
             self.telemetry.event("daemon_started", mode=s.mode, root=str(s.dataset.root))
+            # Last, so that no thread this one starts inherits the policy.
+            self.control_priority = _raise_priority(s.loop.control_priority)
             server.serve(self._stop)
             return self._shut_down()
         return 1  # unreachable: the with block returns; kept for type checkers
@@ -259,7 +262,8 @@ class Daemon:
             "mode": s.mode,
             "fps": s.fps,
             "uptime_s": time.time() - self.started_wall,
-            "loop": {**loop.stats(), "priority": self.loop_thread.priority} if loop is not None else None,
+            "loop": {**loop.stats(), "priority": self.loop_thread.priority,
+                     "control_priority": self.control_priority} if loop is not None else None,
             "leader": rig.leader.status() if rig is not None else None,
             "follower": rig.follower.description if rig is not None else None,
             "cameras": sorted(s.cameras),

@@ -206,6 +206,9 @@ class LoopSettings:
     # CAP_SYS_NICE (or root); refused -> a warning in the log and in status, and the loop runs
     # at normal priority.
     realtime_priority: int = 0
+    # SCHED_FIFO priority of the control server thread (keep it below the loop's); 0: normal.
+    # A request then waits for the CPU no longer than for the GIL.
+    control_priority: int = 0
     # Python's GIL switch interval: how long another thread may keep the GIL once the loop
     # wants it. The default 5 ms would be the loop's jitter floor.
     switch_interval_ms: float = 0.5
@@ -215,6 +218,8 @@ class LoopSettings:
     def validate(self) -> None:
         if not 0 <= self.realtime_priority <= 99:
             raise ConfigError("realtime_priority", f"must be in 0..99, got {self.realtime_priority}")
+        if not 0 <= self.control_priority <= 99:
+            raise ConfigError("control_priority", f"must be in 0..99, got {self.control_priority}")
         if not 0.05 <= self.switch_interval_ms <= 10:
             raise ConfigError("switch_interval_ms", f"must be in 0.05..10, got {self.switch_interval_ms}")
         if not 0 <= self.spin_us <= 5000:
