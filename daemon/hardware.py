@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CameraStalledError, DeviceError
+from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraStalledError, ConfigError,
+                                  DeviceError)
 from hilrec.daemon.loop import Mirror, Rig
 from hilrec.daemon.rigs import RigFactory, remote_leader
 from hilrec.daemon.server import Security
@@ -188,7 +189,7 @@ class FreshCamera:
         self.camera.close()
 
 
-def open_camera(name: str, cam: CameraSettings, mirror: Mirror, fps: int) -> Camera:
+def open_camera(name: str, cam: CameraSettings, mirror: Mirror | None, fps: int) -> Camera:
     """Open one camera and wait for its first frame (OpenCV's open reads one)."""
     from hilrec.drivers.camera import CameraConfig, OpenCVCamera, SimCamera
 
@@ -196,6 +197,9 @@ def open_camera(name: str, cam: CameraSettings, mirror: Mirror, fps: int) -> Cam
     if cam.source == "twin":
         from hilrec.sim.twin import Twin
 
+        if mirror is None:
+            raise ConfigError(f"cameras.{name}.source", "a 'twin' camera films the mirroring twin; "
+                                                        "it needs twin.mirror = true")
         renderer = Twin(fps=fps, cameras=(name,), image_size=(cam.height, cam.width),
                         scene=mirror.twin.scene)
         # The first render builds the GL context (seconds on a loaded machine), so the driver's
@@ -266,7 +270,7 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
             leader = remote
         from hilrec.sim.twin import Twin
 
-        mirror = Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=())))
+        mirror = Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=()))) if settings.twin.mirror else None
         cameras: dict[str, Camera] = {}
         for name, cam in settings.cameras.items():
             camera = open_camera(name, cam, mirror, settings.fps)

@@ -227,6 +227,14 @@ class LoopSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TwinSettings:
+    # hil/emulated: a MuJoCo twin follows the follower's measured joints and the divergence is
+    # published and summarised per episode. It steps whole physics steps, so it needs an fps
+    # the scene's timestep divides; false drops the mirror (and that constraint).
+    mirror: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimSettings:
     # False: sim mode ticks as fast as it can (timing is still recorded, so nothing claims 25 Hz).
     realtime: bool = True
@@ -275,6 +283,7 @@ class DaemonSettings:
     faults: FaultSettings = field(default_factory=FaultSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     loop: LoopSettings = field(default_factory=LoopSettings)
+    twin: TwinSettings = field(default_factory=TwinSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
 
@@ -285,6 +294,8 @@ class DaemonSettings:
     def validate(self) -> None:
         if not 1 <= self.fps <= 1000:
             raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
+        if self.mode == "sim" or self.twin.mirror:
+            self._check_twin_rate()
         for name, cam in self.cameras.items():
             key = f"cameras.{name}.source"
             if not name.isidentifier():
@@ -319,6 +330,21 @@ class DaemonSettings:
                                                "scripted operator: emulated.leader_motion)")
         if self.mode != "sim" and not self.sim.realtime:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
+
+
+    def _check_twin_rate(self) -> None:
+        from hilrec.sim.scene import SceneConfig
+        from hilrec.sim.twin import valid_frame_rates
+
+        timestep = SceneConfig().timestep
+        valid = valid_frame_rates(timestep)
+        if self.fps not in valid:
+            near = sorted(sorted(valid, key=lambda rate: abs(rate - self.fps))[:4])
+            why = ("the twin" if self.mode == "sim" else
+                   "the mirroring twin (set twin.mirror = false to record without it)")
+            raise ConfigError("fps", f"{self.fps} fps is not a whole number of {timestep * 1000:g} ms "
+                                     f"physics steps, which {why} needs; valid rates near it: "
+                                     f"{', '.join(map(str, near))}")
 
 
 def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:

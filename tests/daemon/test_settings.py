@@ -112,3 +112,19 @@ def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "config key 'zmq.telemetry_port'" in result.stderr and "cannot bind" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_frame_rate_the_twin_cannot_step_is_refused_unless_the_mirror_is_off(tmp_path: Path) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text("fps = 30\n" + MINIMAL)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.key == "fps" and "valid rates near it:" in info.value.problem
+    assert "20, 25, 40" in info.value.problem
+    hil = ('fps = 30\nmode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n'
+           '[leader]\nsource = "serial"\nport = "/dev/b"\n')
+    path.write_text(hil)
+    with pytest.raises(ConfigError, match="twin.mirror = false"):
+        load_settings(path)
+    path.write_text(hil + "[twin]\nmirror = false\n")
+    assert load_settings(path).fps == 30
