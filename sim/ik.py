@@ -51,16 +51,23 @@ class ArmKinematics:
         self.ranges = np.array([j.range for j in joints])
         self._jacp = np.zeros((3, self.model.nv))
         self._jacr = np.zeros((3, self.model.nv))
+        # Views into MjData (its buffers never move): the solver loop reads them every iteration.
+        self._qpos = self.data.qpos
+        self._body_xpos = self.data.xpos[self.body]
+        self._body_xmat = self.data.xmat[self.body].reshape(3, 3)
+        first = int(self.dof_adr[0])
+        # The arm's dofs are consecutive: Jacobian columns by slice, not by fancy index.
+        self._dofs_consecutive = bool(np.array_equal(self.dof_adr[:5], np.arange(first, first + 5)))
 
     def set_joints(self, q: np.ndarray) -> None:
         """Set the first len(q) of the six joints (arm, then gripper) and update kinematics."""
-        self.data.qpos[self.qpos_adr[:len(q)]] = q
+        self._qpos[self.qpos_adr[:len(q)]] = q
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_comPos(self.model, self.data)  # mj_jac needs the com-based dof frames
 
     def body_frame(self) -> tuple[np.ndarray, np.ndarray]:
         """World position and rotation matrix of the gripper body at the current joints."""
-        return self.data.xpos[self.body].copy(), self.data.xmat[self.body].reshape(3, 3).copy()
+        return self._body_xpos.copy(), self._body_xmat.copy()
 
     def point_in_body(self, world_point: np.ndarray) -> np.ndarray:
         position, rotation = self.body_frame()
@@ -78,7 +85,8 @@ class ArmKinematics:
         low, high = self.ranges[:5, 0].copy(), self.ranges[:5, 1].copy()
         q = np.clip(np.asarray(q_init, dtype=float), low, high)
         low[moving:] = high[moving:] = q[moving:]
-        dofs = self.dof_adr[:moving]
+        dofs: slice | np.ndarray = (slice(int(self.dof_adr[0]), int(self.dof_adr[0]) + moving)
+                                    if self._dofs_consecutive else self.dof_adr[:moving])
         regulariser = 1e-3 * np.eye(6)
         err = np.empty(6)
         jac = np.zeros((6, 5))
@@ -86,16 +94,16 @@ class ArmKinematics:
         # iterations sooner than tighter bounds.
         close_enough, aligned = 5e-5 ** 2, math.cos(5e-4)
         it = 0
+        rotation = self._body_xmat
         for it in range(1, iterations + 1):
             self.set_joints(q)
-            rotation = self.data.xmat[self.body].reshape(3, 3)
-            world_point = self.data.xpos[self.body] + rotation @ point
+            world_point = self._body_xpos + rotation @ point
             err[:3] = target - world_point
             e_rot = np.zeros(3)
             worst = 1.0
             for axis, direction in zip(axes, directions):
                 current = rotation @ axis
-                e_rot += _cross(current, direction)
+                e_rot += cross3(current, direction)
                 worst = min(worst, float(current @ direction))
             err[3:] = angle_weight * e_rot
             if err[:3] @ err[:3] < close_enough and worst > aligned:
@@ -104,8 +112,8 @@ class ArmKinematics:
             jac[:3, :moving] = self._jacp[:, dofs]
             jac[3:, :moving] = angle_weight * self._jacr[:, dofs]
             step = jac.T @ np.linalg.solve(jac @ jac.T + regulariser, err)
-            q_next = np.clip(q + step, low, high)
-            if np.max(np.abs(q_next - q)) < 1e-7:
+            q_next = np.minimum(np.maximum(q + step, low), high)  # np.clip, without its wrapper
+            if np.abs(q_next - q).max() < 1e-7:
                 break
             q = q_next
         return self._result(q, point, target, axes, directions, it)
@@ -138,6 +146,10 @@ class ArmKinematics:
         return torque
 
 
-def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    # np.cross costs ~20 us of argument handling per call; this runs thousands of times a plan.
-    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+def cross3(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a x b of two 3-vectors, bit-equal to np.cross (the same products and differences)."""
+    # np.cross costs ~20 us of argument handling per call, numpy scalars ~100 ns an operation;
+    # Python floats do the same IEEE products and differences. This runs thousands of times a plan.
+    a0, a1, a2 = a.tolist()
+    b0, b1, b2 = b.tolist()
+    return np.array([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0])

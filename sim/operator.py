@@ -24,6 +24,7 @@ from where the leader is (the frames already played never change).
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 import mujoco
@@ -31,7 +32,7 @@ import numpy as np
 
 from hilrec.daemon.errors import SimError
 from hilrec.daemon.so101 import NUM_JOINTS
-from hilrec.sim.ik import ArmKinematics
+from hilrec.sim.ik import ArmKinematics, cross3
 from hilrec.sim.scene import JAW_PADS, GRIPPER_SITE, CubePlacement, SceneConfig, place_cube
 from hilrec.sim.twin import EpisodeStart
 from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, default_units_map
@@ -89,11 +90,14 @@ class ScriptedOperator:
         self.scene = scene or SceneConfig()
         self.config = config or OperatorConfig()
         self.units = units or default_units_map()
-        self._kin = ArmKinematics(self.scene)
+        self._kin = shared_kinematics(self.scene)
         self._rng = np.random.default_rng([seed, 0x0BE7])
         self._plan: Plan | None = None
         self.replans: list[int] = []
         self._grasp_point, self._approach_axis, self._jaw_axis = self._gripper_geometry()
+        # The solver's starting data is part of what decides a plan (the last bits of the IK):
+        # this operator's own, kept across plans as if it had the kinematics to itself.
+        self._kin_qpos = self._kin.data.qpos.copy()
         self._roll_axis = self._kin.model.jnt_axis[self._kin.model.joint("wrist_roll").id].copy()
         actuators = [self._kin.model.actuator(i) for i in range(self._kin.model.nu)]
         self._kp = np.array([a.gainprm[0] for a in actuators])
@@ -110,7 +114,7 @@ class ScriptedOperator:
         else:
             cube = start.cube
             arm_units = np.asarray(start.arm_units, dtype=np.float32)
-        self._plan = self._make_plan(cube, arm_units)
+        self._plan = self._planned(cube, arm_units)
         self.replans = []
 
     @property
@@ -161,7 +165,7 @@ class ScriptedOperator:
         cube = CubePlacement(x=float(position[0]), y=float(position[1]), yaw=yaw,
                              z=self.scene.cube_half_size)
         try:
-            fresh = self._make_plan(cube, plan.path[frame_index - 1], home=plan.home)
+            fresh = self._planned(cube, plan.path[frame_index - 1], home=plan.home)
         except SimError:
             return False  # out of reach: carry on, the episode will record the failure
         offset = frame_index - 1
@@ -233,7 +237,7 @@ class ScriptedOperator:
         low, high = kin.ranges[4]
         options = []
         for direction in self._jaw_directions(yaw):
-            turn = math.atan2(float(np.cross(jaw_now, direction) @ roll_axis),
+            turn = math.atan2(float(cross3(jaw_now, direction) @ roll_axis),
                               float(jaw_now @ direction))
             if low <= roll + turn <= high:
                 options.append((abs(turn), roll + turn, direction))
@@ -251,6 +255,14 @@ class ScriptedOperator:
     def _jaw_directions(yaw: float) -> list[np.ndarray]:
         return [np.array([math.cos(yaw + k * math.pi / 2), math.sin(yaw + k * math.pi / 2), 0.0])
                 for k in range(4)]
+
+    def _planned(self, cube: CubePlacement, arm_units: np.ndarray,
+                 home: np.ndarray | None = None) -> Plan:
+        self._kin.data.qpos[:] = self._kin_qpos
+        try:
+            return self._make_plan(cube, arm_units, home)
+        finally:
+            self._kin_qpos = self._kin.data.qpos.copy()
 
     def _make_plan(self, cube: CubePlacement, arm_units: np.ndarray,
                    home: np.ndarray | None = None) -> Plan:
@@ -316,20 +328,35 @@ class ScriptedOperator:
 
     def _sample(self, start: np.ndarray,
                 waypoints: list[Waypoint]) -> tuple[np.ndarray, dict[str, int]]:
-        rows = [start]
+        segments = [start[np.newaxis]]
         phases: dict[str, int] = {}
+        count = 1
         previous = start
         for waypoint in waypoints:
-            phases[waypoint.name] = len(rows)
+            phases[waypoint.name] = count
             frames = max(1, round(waypoint.duration * self.fps))
             tau = np.arange(1, frames + 1) / frames
             blend = 10 * tau**3 - 15 * tau**4 + 6 * tau**5
-            rows.extend(previous + blend[:, None] * (waypoint.command - previous))
+            segments.append(previous + blend[:, None] * (waypoint.command - previous))
+            count += frames
             previous = waypoint.command
-        phases["settle"] = len(rows)
-        rows.extend([previous] * max(1, round(self.config.final_hold * self.fps)))
-        path = self.units.units_from_rad(np.array(rows)).astype(np.float32)
+        phases["settle"] = count
+        hold = max(1, round(self.config.final_hold * self.fps))
+        segments.append(np.broadcast_to(previous, (hold, len(previous))))
+        path = self.units.units_from_rad(np.concatenate(segments)).astype(np.float32)
         return path, phases
+
+
+_SHARED = threading.local()
+
+
+def shared_kinematics(scene: SceneConfig) -> ArmKinematics:
+    """This thread's kinematics of ``scene``: a model copy and its data, made once rather than
+    per episode (each operator restores its own solver data before planning)."""
+    by_scene: dict[SceneConfig, ArmKinematics] = _SHARED.__dict__.setdefault("by_scene", {})
+    if scene not in by_scene:
+        by_scene[scene] = ArmKinematics(scene)
+    return by_scene[scene]
 
 
 def cube_yaw(quaternion: np.ndarray) -> float:

@@ -7,7 +7,7 @@ import pytest
 
 from hilrec.daemon.errors import SimError
 from hilrec.sim.episode import act_and_step, outcome_of
-from hilrec.sim.operator import ScriptedOperator
+from hilrec.sim.operator import ScriptedOperator, shared_kinematics
 from hilrec.sim.twin import Twin
 
 
@@ -79,3 +79,37 @@ def test_operator_replans_when_the_cube_is_knocked_before_the_grasp() -> None:
     replanned_at = operator.replans[0]
     np.testing.assert_array_equal(operator.leader_path()[:replanned_at], planned[:replanned_at])
     assert outcome.success, outcome.check
+
+
+def test_operators_sharing_a_thread_plan_as_each_would_alone() -> None:
+    # Operators of one thread share the IK's model copy and data; a plan must not depend on what
+    # another operator (or anyone) left in that data: interleaving changes nothing, to the bit.
+    import threading
+
+    with Twin(cameras=()) as twin:
+        starts = {seed: twin.reset(seed) for seed in (4, 5)}
+
+    def knocked(seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+        cube = starts[seed].cube
+        return cube.position + np.array([0.02, -0.015, 0.0]), cube.quaternion, 0.0
+
+    def alone(seed: int, out: dict[int, np.ndarray]) -> None:
+        operator = ScriptedOperator(seed)
+        operator.reset(starts[seed])
+        assert operator.watch_cube(5, *knocked(seed))
+        out[seed] = operator.leader_path()
+
+    reference: dict[int, np.ndarray] = {}
+    for seed in (4, 5):  # each on a fresh thread: kinematics of its own
+        worker = threading.Thread(target=alone, args=(seed, reference))
+        worker.start()
+        worker.join()
+    first, second = ScriptedOperator(4), ScriptedOperator(5)
+    first.reset(starts[4])
+    shared = shared_kinematics(first.scene)  # whatever another user left in the shared data
+    shared.data.qpos[:] = np.random.default_rng(0).uniform(-1, 1, shared.model.nq)
+    second.reset(starts[5])
+    assert second.watch_cube(5, *knocked(5))
+    assert first.watch_cube(5, *knocked(4))
+    np.testing.assert_array_equal(first.leader_path(), reference[4])
+    np.testing.assert_array_equal(second.leader_path(), reference[5])
