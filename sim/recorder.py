@@ -141,7 +141,8 @@ class RecordedEpisode:
 
 def run_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed: int,
                 task: str, push_rate: float, pacer: Pacer | None = None) -> RecordedEpisode:
-    """Play one episode into ``sink`` (frames added, not saved; discarded on an exception)."""
+    """Reset, plan and play one episode into ``sink`` (frames added, not saved; the episode is
+    discarded on an exception)."""
     start = twin.reset(seed)
     operator.reset(start)
     num_frames = operator.num_frames
@@ -205,8 +206,9 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
 
     An episode is counted (summary, progress bar) once its save is durable. With the native
     writer the save's file writes and fsyncs run on the writer's commit thread while the next
-    episode is simulated (they hold no GIL), and saved episodes are merged into LeRobot's files
-    every few seconds instead of after each one.
+    episode plays (they wait on the disk, not on the GIL), and saved episodes are merged into
+    LeRobot's files every few seconds, not after each one. Planning stays in line: on a thread
+    it measured slower, the GIL changing hands at every MuJoCo call of the IK.
     """
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
 
@@ -227,37 +229,40 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
                 scene=config.scene, physics=twin.physics_info(), operator_config=config.operator,
                 cameras=cameras, render_quality=config.render_quality,
                 push_rate=config.push_rate))
-            pacer = Pacer(config.fps) if config.realtime else None
             bar = _progress(config.episodes, enabled=progress)
-            save_nowait = getattr(sink, "save_episode_nowait", None)
-            saving: deque[tuple[RecordedEpisode, Future[int]]] = deque()
-
-            def count(episode: RecordedEpisode, index: int) -> None:
-                summary.episodes.append(episode.summary(index))
-                bar.update(1)
-                bar.set_postfix(successes=summary.successes, frames=summary.frames)
-
             try:
-                for number in range(config.episodes):
-                    seed = config.seed + number
-                    operator = ScriptedOperator(seed, fps=config.fps, scene=config.scene,
-                                                config=config.operator, units=twin.units)
-                    episode = run_episode(twin, operator, sink, seed=seed, task=config.task,
-                                          push_rate=config.push_rate, pacer=pacer)
-                    if save_nowait is None:
-                        count(episode, sink.save_episode(sidecar=episode.sidecar,
-                                                         arrays=episode.arrays))
-                        continue
-                    saving.append((episode, save_nowait(sidecar=episode.sidecar,
-                                                        arrays=episode.arrays)))
-                    while saving and saving[0][1].done():
-                        count(saving[0][0], saving.popleft()[1].result())
-                while saving:
-                    count(saving[0][0], saving.popleft()[1].result())
+                _record_episodes(config, twin, sink, summary, bar)
             finally:
                 bar.close()
     summary.wall_seconds = time.perf_counter() - began
     return summary
+
+
+def _record_episodes(config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary,
+                     bar: Any) -> None:
+    pacer = Pacer(config.fps) if config.realtime else None
+    save_nowait = getattr(sink, "save_episode_nowait", None)
+    saving: deque[tuple[RecordedEpisode, Future[int]]] = deque()
+
+    def count(episode: RecordedEpisode, index: int) -> None:
+        summary.episodes.append(episode.summary(index))
+        bar.update(1)
+        bar.set_postfix(successes=summary.successes, frames=summary.frames)
+
+    for number in range(config.episodes):
+        seed = config.seed + number
+        operator = ScriptedOperator(seed, fps=config.fps, scene=config.scene,
+                                    config=config.operator, units=twin.units)
+        episode = run_episode(twin, operator, sink, seed=seed, task=config.task,
+                              push_rate=config.push_rate, pacer=pacer)
+        if save_nowait is None:
+            count(episode, sink.save_episode(sidecar=episode.sidecar, arrays=episode.arrays))
+            continue
+        saving.append((episode, save_nowait(sidecar=episode.sidecar, arrays=episode.arrays)))
+        while saving and saving[0][1].done():
+            count(saving[0][0], saving.popleft()[1].result())
+    while saving:
+        count(saving[0][0], saving.popleft()[1].result())
 
 
 def _progress(total: int, *, enabled: bool) -> Any:
