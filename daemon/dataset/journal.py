@@ -196,19 +196,28 @@ def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str],
     _write_intent(root, {"episodes": list(episodes), "state": "renaming",
                          "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
     _hook(hook, "intent-written")
-    for target in plan:
+    synced: set[Path] = set()
+    for number, target in enumerate(plan):
         path = root / target.path
+        if number == len(plan) - 1:
+            # Every earlier rename is durable before the last one (info.json) is made.
+            for directory in dict.fromkeys((root / t.path).parent for t in plan[:-1]):
+                fsync_dir(directory)
+                synced.add(directory)
         if target.existed and not old_path(path).exists():
             os.link(path, old_path(path))
         os.replace(new_path(path), path)
-        fsync_dir(path.parent)
         _hook(hook, f"renamed {target.path}")
-    # A batch can create directories (a new chunk, a new video key): make their entries durable.
-    ancestors = {parent for t in plan for parent in (root / t.path).parents
-                 if parent != root and root in parent.parents}
-    for directory in sorted(ancestors, key=lambda d: len(d.parts), reverse=True):
-        fsync_dir(directory)
-    fsync_dir(root)
+    # A new file can come with new directories (a new chunk, a new video key): their entries,
+    # up to the root. Each directory once, the deepest first.
+    directories = {(root / plan[-1].path).parent} if plan else set()
+    for target in plan:
+        if not target.existed:
+            directories.update(p for p in (root / target.path).parents
+                               if p == root or root in p.parents)
+    for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
+        if directory not in synced or directory == (root / plan[-1].path).parent:
+            fsync_dir(directory)
     _write_intent(root, {"episodes": list(episodes), "state": "done",
                          "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
     _hook(hook, "intent-done")

@@ -99,6 +99,7 @@ class _Save:
         # save_episode() keeps a failed episode open for a retry; save_episode_nowait() cannot.
         self.keep_on_failure = keep_on_failure
         self.kept = False
+        self.skipped = False  # not attempted: an earlier save had failed
         self.future: Future[int] = Future()
 
 
@@ -259,7 +260,7 @@ class DatasetWriter:
         try:
             return save.future.result()
         except Exception:
-            if not save.future.done():
+            if not save.future.done() or save.skipped:
                 raise
             # Nothing was queued after it (this call waited): undo its place in the counts, and
             # take the episode back if its frames are to be kept for a retry.
@@ -462,6 +463,7 @@ class DatasetWriter:
         episode = save.episode
         if self._save_error is not None:  # never commit past a failed episode: no gaps
             journal.remove_dir(episode.directory)
+            save.skipped = True
             save.future.set_exception(self._save_error)
             return
         try:

@@ -107,13 +107,15 @@ def run_child(root: Path, codec: str, stall_at: str, kill_after_s: float | None,
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    if kill_after_s is None:
-        assert stalled.wait(60), f"child never reached {stall_at}: {lines[-5:]}"
-    else:
-        stalled.wait(kill_after_s)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    thread.join(30)
+    try:
+        if kill_after_s is None:
+            assert stalled.wait(60), f"child never reached {stall_at}: {lines[-5:]}"
+        else:
+            stalled.wait(kill_after_s)
+    finally:  # never leave a child behind, even when the test fails
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        thread.join(30)
     saved = [int(line.split()[1]) for line in lines if line.startswith("SAVED")]
     return saved, lines
 
