@@ -145,7 +145,7 @@ class _ExclusivePort(scs.PortHandler):
         return time.monotonic() * 1000.0  # the SDK uses time.time(): wall clock steps
 
 
-Receive = Callable[[_ExclusivePort, int, int], tuple[list[int], int]]
+_Receive = Callable[[_ExclusivePort, int, int], tuple[list[int], int]]
 
 
 class _StatusSyncRead(scs.GroupSyncRead):
@@ -153,7 +153,7 @@ class _StatusSyncRead(scs.GroupSyncRead):
     each reply through the bus's matching ``receive`` (id and length)."""
 
     def __init__(self, port: _ExclusivePort, packets: scs.PacketHandler, address: int,
-                 length: int, receive: Receive) -> None:
+                 length: int, receive: _Receive) -> None:
         super().__init__(port, packets, address, length)
         self._receive = receive
 
