@@ -215,11 +215,17 @@ def test_opening_on_a_loaded_machine_never_fails(emulate: Callable[..., Emulated
     emu = emulate("leader")
     calibration = save_calibration(emu.frame.calibration, tmp_path / "leader.json")
     failures: list[str] = []
+    opens = 0
+    # Bounded in time as well as in count: on a machine already loaded by other work the busy
+    # loops make every open slow, and the point is that none fails, not how many fit.
+    deadline = time.monotonic() + 30.0
     with cpu_load(min(os.cpu_count() or 2, 4)):
-        for attempt in range(50):
+        while opens < 50 and time.monotonic() < deadline:
             try:
                 with SO101Leader(ArmConfig(port=emu.port, calibration=calibration)):
                     pass
             except DeviceError as exc:
-                failures.append(f"open {attempt}: {exc}")
+                failures.append(f"open {opens}: {exc}")
+            opens += 1
     assert failures == []
+    assert opens >= 10, f"only {opens} opens in 30 s: too few to say anything"
