@@ -83,7 +83,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str,
-                stall_ms: int, emulator_priority: int, leader_motion: str) -> str:
+                stall_ms: int, emulator_priority: int, leader_motion: str, switch_ms: float = 0.5) -> str:
     cameras = "".join(f"""
 [cameras.{name}]
 source = "video"
@@ -108,6 +108,7 @@ source = "serial"
 [loop]
 realtime_priority = {priority}
 control_priority = {max(priority - 5, 0)}
+switch_interval_ms = {switch_ms}
 [telemetry]
 preview_hz = 2.0
 [emulated]
@@ -134,11 +135,17 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, emula
     ports = free_ports(3)
     config = workdir / "bench.toml"
     config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, emulator_priority,
-                                  leader_motion))
+                                  leader_motion, float(os.environ.get("BENCH_SWITCH_MS", "0.5"))))
     log = (workdir / "daemon.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
                                stdout=log, stderr=subprocess.STDOUT)
-    client = ControlClient(f"tcp://127.0.0.1:{ports[0]}", timeout_ms=1000, retries=1)
+    import zmq
+
+    client_context = zmq.Context()
+    if client_priority > 0:  # the client's own libzmq I/O thread, like the daemon's
+        client_context.set(zmq.THREAD_SCHED_POLICY, os.SCHED_FIFO)
+        client_context.set(zmq.THREAD_PRIORITY, client_priority)
+    client = ControlClient(f"tcp://127.0.0.1:{ports[0]}", timeout_ms=1000, retries=1, context=client_context)
     result: dict[str, Any] = {}
     try:
         deadline = time.monotonic() + 120
@@ -201,6 +208,7 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, emula
                       faults=status["faults"], last=status["last_episode"])
     finally:
         client.close()
+        client_context.term()
         if process.poll() is None:
             process.kill()
             process.wait(10)

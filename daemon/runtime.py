@@ -117,6 +117,11 @@ class Daemon:
         s = self.settings
         with contextlib.ExitStack() as stack:
             context: zmq.Context[Any] = zmq.Context()
+            if s.loop.control_priority > 0:
+                # libzmq's I/O thread moves every message of the three sockets; a request should
+                # not wait for it behind the encoders (EPERM is ignored by libzmq).
+                context.set(zmq.THREAD_SCHED_POLICY, os.SCHED_FIFO)
+                context.set(zmq.THREAD_PRIORITY, s.loop.control_priority)
             # destroy, not term: a socket left open by a stuck thread must not hang the exit.
             stack.callback(context.destroy, 0)
             security = Security(context, s.zmq.curve)
