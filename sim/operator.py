@@ -364,6 +364,6 @@ def cube_yaw(quaternion: np.ndarray) -> float:
     (a cube knocked onto another face is still gripped across two vertical faces)."""
     rotation = np.zeros(9)
     mujoco.mju_quat2Mat(rotation, np.asarray(quaternion, dtype=float))
-    axes = rotation.reshape(3, 3).T  # rows: the body's x, y, z axes in world coordinates
-    flattest = min(axes, key=lambda axis: abs(axis[2]))
-    return math.atan2(flattest[1], flattest[0])
+    r = rotation.tolist()  # row-major: the body's axis j in world coordinates is column j
+    flattest = min(range(3), key=lambda j: abs(r[6 + j]))
+    return math.atan2(r[3 + flattest], r[flattest])
