@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset.atomic import atomic_replace, atomic_write_bytes
 from hilrec.daemon.dataset.features import data_keys, is_video, video_keys
+from hilrec.daemon.dataset.reader import read_parquet
 from hilrec.daemon.dataset.stats import STAT_KEYS, stats_to_json
 from hilrec.daemon.errors import CorruptDatasetError
 
@@ -132,16 +133,6 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> int:
     size = tmp.stat().st_size
     atomic_replace(tmp, path)
     return size
-
-
-def read_parquet(path: Path, columns: Sequence[str] | None = None) -> pa.Table:
-    # One file through ParquetFile, not pq.read_table: that goes through pyarrow.dataset, whose
-    # import pulls in pandas (half a second holding the GIL, in the middle of a recording).
-    try:
-        with pq.ParquetFile(path) as parquet:
-            return parquet.read(columns=list(columns) if columns is not None else None)
-    except (OSError, pa.ArrowException) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read parquet: {exc}") from exc
 
 
 def _arrow_scalar(dtype: str) -> pa.DataType:

@@ -168,8 +168,11 @@ def read_parquet(path: PathLike, columns: Sequence[str] | None = None) -> pa.Tab
     """A whole parquet file, or some of its columns."""
     if not Path(path).exists():
         raise CorruptDatasetError(str(path), "missing")
+    # One file through ParquetFile, not pq.read_table: that goes through pyarrow.dataset, whose
+    # import pulls in pandas (half a second before the first replay or check).
     try:
-        return pq.read_table(path, columns=list(columns) if columns is not None else None)
+        with pq.ParquetFile(path) as parquet:
+            return parquet.read(columns=list(columns) if columns is not None else None)
     except (OSError, pa.ArrowException) as exc:
         raise CorruptDatasetError(str(path), f"unreadable parquet: {exc}") from exc
 
