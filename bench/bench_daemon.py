@@ -83,7 +83,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str,
-                stall_ms: int, emulator_priority: int, leader_motion: str, switch_ms: float = 0.5) -> str:
+                stall_ms: int, leader_motion: str) -> str:
     cameras = "".join(f"""
 [cameras.{name}]
 source = "video"
@@ -108,13 +108,11 @@ source = "serial"
 [loop]
 realtime_priority = {priority}
 control_priority = {max(priority - 5, 0)}
-switch_interval_ms = {switch_ms}
 [telemetry]
 preview_hz = 2.0
 [emulated]
 leader_motion = "{leader_motion}"
 wire_timing = true
-realtime_priority = {emulator_priority}
 {cameras}
 """
 
@@ -128,14 +126,13 @@ def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def run_session(duration: float, priority: int, codec: str, stall_ms: int, emulator_priority: int,
-                leader_motion: str, client_priority: int, workdir: Path) -> dict[str, Any]:
+def run_session(duration: float, priority: int, codec: str, stall_ms: int, leader_motion: str,
+                client_priority: int, workdir: Path) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
-    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, emulator_priority,
-                                  leader_motion, float(os.environ.get("BENCH_SWITCH_MS", "0.5"))))
+    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, leader_motion))
     log = (workdir / "daemon.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
                                stdout=log, stderr=subprocess.STDOUT)
@@ -269,8 +266,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="the emulated leader's hand: a smooth wave, or the scripted operator "
                              "(which re-plans inside the emulator's serving thread at every "
                              "episode boundary, leaving the leader silent for ~0.5 s every 20 s)")
-    parser.add_argument("--emulator-priority", type=int, default=0,
-                        help="SCHED_FIFO priority of the emulated arms (0 = nice -10)")
     parser.add_argument("--client-priority", type=int, default=3,
                         help="SCHED_FIFO priority of the measuring control client (0 = normal)")
     parser.add_argument("--codec", default="libx264", choices=("libx264", "libsvtav1"),
@@ -284,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
-        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, args.emulator_priority,
-                        args.leader_motion, args.client_priority, workdir)
+        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, args.leader_motion,
+                        args.client_priority, workdir)
         arrays = r["arrays"]
         start, deadline = arrays["tick_start"], arrays["tick_deadline"]
         jitter = np.abs(start - deadline) * 1e3
@@ -298,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
               f"video-file cameras encoded ({args.codec}), 1 Mbps wire timing")
         print(f"loop priority: {r['priority']}; leader motion: {args.leader_motion}; emulated arms: "
-              f"{'SCHED_FIFO ' + str(args.emulator_priority) if args.emulator_priority else 'nice -10'}; load average before {r['load_before'][0]:.2f}, "
+              f"nice -10; load average before {r['load_before'][0]:.2f}, "
               f"after {r['load_after'][0]:.2f} ({os.cpu_count()} CPUs); frames {r['frames']}; "
               f"hilrec check: {r['check']}")
         print()

@@ -89,7 +89,7 @@ class EmulatorProcess:
     """One ``hilrec emulate ROLE`` child; ``port`` is its pty, read from its first stdout line."""
 
     def __init__(self, role: str, *, calibration_out: Path, wire_timing: bool, motion: str,
-                 seed: int, faults: tuple[str, ...], timeout_s: float, realtime_priority: int = 0) -> None:
+                 seed: int, faults: tuple[str, ...], timeout_s: float) -> None:
         command = [sys.executable, "-m", "hilrec.daemon.cli", "emulate", role,
                    "--write-calibration", str(calibration_out), "--seed", str(seed)]
         if motion != "auto":
@@ -100,7 +100,7 @@ class EmulatorProcess:
             command += ["--fault", fault]
         self.role = role
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                        preexec_fn=lambda: _child_setup(realtime_priority))
+                                        preexec_fn=_child_setup)
         self.port = self._first_line(timeout_s)
 
     def _first_line(self, timeout_s: float) -> str:
@@ -153,17 +153,16 @@ def open_with_retries(arm: Any) -> None:
 EMULATOR_NICE = -10
 
 
-def _child_setup(realtime_priority: int) -> None:
-    """In the emulator child before exec: die with the daemon, and get the CPU promptly."""
+def _child_setup() -> None:
+    """In the emulator child before exec: die with the daemon, and get a good share of the CPU."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    # Emulated servos stand in for hardware, which does not wait for the host's CPU: ask for a
-    # better share of it (refused without CAP_SYS_NICE, which only costs their timing).
     with contextlib.suppress(OSError):
-        if realtime_priority > 0:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(realtime_priority))
-        else:
-            os.nice(EMULATOR_NICE)
+        # Never SCHED_FIFO, even when started from the real-time loop thread: a Python process
+        # with library thread pools that spin-wait can livelock a core under a FIFO policy.
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        # Emulated servos stand in for hardware, which does not wait for the host's CPU.
+        os.nice(EMULATOR_NICE)
 
 
 FIRST_RENDER_GRACE_S = 60.0
@@ -232,8 +231,7 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
             follower_cal = workdir / "follower.json"
             follower_emu = EmulatorProcess("follower", calibration_out=follower_cal,
                                            wire_timing=emu.wire_timing, motion="twin", seed=emu.seed,
-                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s,
-                                           realtime_priority=emu.realtime_priority)
+                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s)
             stack.callback(follower_emu.stop)
             follower_port = follower_emu.port
             devices["follower"] = {"emulator_pid": follower_emu.process.pid}
@@ -242,8 +240,7 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
                 motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
                 leader_emu = EmulatorProcess("leader", calibration_out=leader_cal,
                                              wire_timing=emu.wire_timing, motion=motion, seed=emu.seed,
-                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s,
-                                             realtime_priority=emu.realtime_priority)
+                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s)
                 stack.callback(leader_emu.stop)
                 leader_port = leader_emu.port
                 devices["leader"] = {"emulator_pid": leader_emu.process.pid}

@@ -30,6 +30,7 @@ import zmq
 from hilrec.daemon.clock import TickPacer
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.loop import ControlLoop, Rig
+from hilrec.daemon.priority import set_thread_priority
 from hilrec.daemon.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.recorder import Recorder
 from hilrec.daemon.rigs import RigFactory
@@ -93,7 +94,7 @@ class LoopThread:
                 self._ready.set()
                 return
             # After the build: threads and processes the rig started keep normal priority.
-            self.priority = _raise_priority(self._realtime_priority)
+            self.priority = set_thread_priority(self._realtime_priority, "the loop thread")
             self._ready.set()
             try:
                 self.loop.run(self._stop)
@@ -158,7 +159,7 @@ class Daemon:
                      endpoint(s.zmq.host, s.zmq.telemetry_port), s.dataset.root)
             self.telemetry.event("daemon_started", mode=s.mode, root=str(s.dataset.root))
             # Last, so that no thread this one starts inherits the policy.
-            self.control_priority = _raise_priority(s.loop.control_priority)
+            self.control_priority = set_thread_priority(s.loop.control_priority, "the control server")
             server.serve(self._stop)
             return self._shut_down()
         return 1  # unreachable: the with block returns; kept for type checkers
@@ -276,18 +277,6 @@ class Daemon:
             "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
         })
         return out
-
-
-def _raise_priority(priority: int) -> str:
-    """Put the calling thread (the loop) under SCHED_FIFO at ``priority``; say what happened."""
-    if priority <= 0:
-        return "normal"
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    except (PermissionError, OSError) as exc:
-        log.warning("loop thread stays at normal priority: SCHED_FIFO %d refused (%s)", priority, exc)
-        return f"normal (SCHED_FIFO {priority} refused: {exc.strerror or exc})"
-    return f"SCHED_FIFO {priority}"
 
 
 def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:

@@ -251,10 +251,6 @@ class EmulatedSettings:
     follower_faults: tuple[str, ...] = ()
     leader_faults: tuple[str, ...] = ()
     start_timeout_s: float = 30.0
-    # Emulated servos stand in for hardware, which never waits for the host's CPU. 0: the child
-    # processes run at nice -10 (when allowed); 1..99: under SCHED_FIFO at this priority (keep
-    # it below loop.realtime_priority), so a busy machine does not delay their replies.
-    realtime_priority: int = 0
 
     def validate(self) -> None:
         from hilrec.drivers.emulator_faults import parse_fault
@@ -267,8 +263,6 @@ class EmulatedSettings:
                     raise ConfigError(f"{key}[{i}]", exc.problem) from None
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s", "must be positive")
-        if not 0 <= self.realtime_priority <= 99:
-            raise ConfigError("realtime_priority", f"must be in 0..99, got {self.realtime_priority}")
 
 
 @dataclass(frozen=True, kw_only=True)
