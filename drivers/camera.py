@@ -114,7 +114,24 @@ def _parse_source(source: str) -> int | str:
     return int(source) if source.isdigit() else source
 
 
-class OpenCVCamera:
+class _NewestFrameSource:
+    """What every camera offers: the newest frame, kept by its own capture or render thread."""
+
+    _latest: _LatestFrame
+
+    def read_latest(self) -> np.ndarray:
+        """The newest frame (RGB uint8), at once; CameraStalledError if it is too old."""
+        return self._latest.latest().image
+
+    def latest(self) -> Frame:
+        return self._latest.latest()
+
+    def wait_newer(self, index: int, timeout: float) -> Frame:
+        """Block until a frame newer than ``index`` arrives (or the camera fails/stalls)."""
+        return self._latest.wait_newer(index, timeout)
+
+
+class OpenCVCamera(_NewestFrameSource):
     """A cv2.VideoCapture read by a background thread; open() ... close(), or ``with``."""
 
     def __init__(self, config: CameraConfig) -> None:
@@ -206,17 +223,6 @@ class OpenCVCamera:
                 last_digest = digest
             self._latest.publish(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), now)
 
-    def read_latest(self) -> np.ndarray:
-        """The newest frame (RGB uint8), at once; CameraStalledError if it is too old."""
-        return self._latest.latest().image
-
-    def latest(self) -> Frame:
-        return self._latest.latest()
-
-    def wait_newer(self, index: int, timeout: float) -> Frame:
-        """Block until a frame newer than ``index`` arrives (or the camera fails/stalls)."""
-        return self._latest.wait_newer(index, timeout)
-
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -234,7 +240,7 @@ class OpenCVCamera:
         self.close()
 
 
-class SimCamera:
+class SimCamera(_NewestFrameSource):
     """A camera of the MuJoCo twin, rendered in the background at ``fps`` like a real one.
 
     ``snapshot()`` returns the simulator state to draw (e.g. under the emulator's lock); the
@@ -301,15 +307,6 @@ class SimCamera:
             except Exception as exc:  # noqa: BLE001 - reported through read_latest()
                 self._latest.fail(f"render failed: {exc}")
                 return
-
-    def read_latest(self) -> np.ndarray:
-        return self._latest.latest().image
-
-    def latest(self) -> Frame:
-        return self._latest.latest()
-
-    def wait_newer(self, index: int, timeout: float) -> Frame:
-        return self._latest.wait_newer(index, timeout)
 
     def close(self) -> None:
         self._stop.set()

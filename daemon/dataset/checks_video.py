@@ -26,7 +26,9 @@ import av
 import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
-from hilrec.daemon.dataset.reader import INFO_PATH, VideoStreamInfo, probe_video, video_file_path
+from hilrec.daemon.dataset.reader import (
+    INFO_PATH, VideoStreamInfo, decoded_frames, probe_video, video_file_path,
+)
 from hilrec.daemon.dataset.stats import (
     QUANTILE_KEYS, STAT_KEYS, downsample_factor, downsample_image, image_stats, sample_indices,
 )
@@ -160,20 +162,14 @@ def _check_image_stats(contents: Contents, key: str, path: Path, spans: list[_Sp
         return
     pending = list(spans)
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                ts = float(frame.pts * stream.time_base)
-                while pending and ts > pending[0].end + TOLERANCE_S:
-                    _compare_image_stats(contents, key, pending.pop(0), findings)
-                if not pending:
-                    break
-                span = pending[0]
-                if np.abs(span.sample_ts - ts).min() <= TOLERANCE_S:
-                    span.samples.append(downsample_image(frame.to_ndarray(format="rgb24")))
+        for ts, frame in decoded_frames(path):
+            while pending and ts > pending[0].end + TOLERANCE_S:
+                _compare_image_stats(contents, key, pending.pop(0), findings)
+            if not pending:
+                break
+            span = pending[0]
+            if np.abs(span.sample_ts - ts).min() <= TOLERANCE_S:
+                span.samples.append(downsample_image(frame.to_ndarray(format="rgb24")))
     except av.FFmpegError as exc:
         findings.add("video.file", path, f"decoding failed: {exc}", episode=pending[0].episode
                      if pending else None, key=key)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -310,6 +310,18 @@ def probe_video(path: PathLike) -> VideoStreamInfo:
         raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
 
 
+def decoded_frames(path: PathLike) -> Iterator[tuple[float, av.VideoFrame]]:
+    """Every presented frame of a file's first video stream with its timestamp in seconds.
+
+    Raises ``av.FFmpegError`` for the caller to name the file in its own terms."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        for frame in container.decode(stream):
+            if frame.pts is not None:
+                yield float(frame.pts * stream.time_base), frame
+
+
 def decode_video(path: PathLike, timestamps: Sequence[float] | np.ndarray, *,
                  tolerance_s: float = 1e-4) -> np.ndarray:
     """Decode the frames presented at ``timestamps`` (seconds): ``(k, H, W, 3)`` uint8 RGB.
@@ -326,18 +338,12 @@ def decode_video(path: PathLike, timestamps: Sequence[float] | np.ndarray, *,
     found_ts: list[float] = []
     found: list[np.ndarray] = []
     try:
-        with av.open(str(path)) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    continue
-                ts = float(frame.pts * stream.time_base)
-                if ts > last:
-                    break
-                if np.abs(wanted - ts).min() <= tolerance_s:
-                    found_ts.append(ts)
-                    found.append(frame.to_ndarray(format="rgb24"))
+        for ts, frame in decoded_frames(path):
+            if ts > last:
+                break
+            if np.abs(wanted - ts).min() <= tolerance_s:
+                found_ts.append(ts)
+                found.append(frame.to_ndarray(format="rgb24"))
     except av.FFmpegError as exc:
         raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
     if not found:
