@@ -45,8 +45,8 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hilrec.daemon.client import ControlClient  # noqa: E402
-from hilrec.daemon.clock import TickPacer  # noqa: E402
+from hilrec.daemon.wire.client import ControlClient  # noqa: E402
+from hilrec.daemon.control.clock import TickPacer  # noqa: E402
 from hilrec.daemon.dataset.sidecar import load_episode_sidecar  # noqa: E402
 from hilrec.daemon.errors import DaemonUnreachableError  # noqa: E402
 

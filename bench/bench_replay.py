@@ -35,11 +35,11 @@ from _recordings import RecordingSpec, make_twin, record, record_emulated, write
 
 from hilrec.daemon.dataset import reader  # noqa: E402
 from hilrec.daemon.errors import BusError  # noqa: E402
-from hilrec.daemon.replay_analysis import Trajectories, Verdict, analyse  # noqa: E402
-from hilrec.daemon.replay_check import check_dataset  # noqa: E402
-from hilrec.daemon.replay_engine import ReplayEngine  # noqa: E402
-from hilrec.daemon.replay_report import plot_episode  # noqa: E402
-from hilrec.daemon.replay_settings import ReplaySettings, load_replay_settings  # noqa: E402
+from hilrec.daemon.replay.analysis import Trajectories, Verdict, analyse  # noqa: E402
+from hilrec.daemon.replay.check import check_dataset  # noqa: E402
+from hilrec.daemon.replay.engine import ReplayEngine  # noqa: E402
+from hilrec.daemon.replay.report import plot_episode  # noqa: E402
+from hilrec.daemon.replay.settings import ReplaySettings, load_replay_settings  # noqa: E402
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY  # noqa: E402
 
 FPS = 25

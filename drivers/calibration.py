@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 import numpy as np
 
-from hilrec.daemon.dataset.atomic import atomic_write_bytes
+from hilrec.daemon.atomic import atomic_write_bytes
 from hilrec.daemon.errors import CalibrationError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, NormMode
 

@@ -1,4 +1,6 @@
-"""Camera sources: OpenCV devices, files and streams read in the background, and the twin.
+"""Camera sources: OpenCV devices, files and streams read in the background.
+
+The twin's cameras (:mod:`hilrec.drivers.emulated.sim_camera`) share the newest-frame base here.
 
 A source's background thread keeps only the newest frame, with its capture time on the
 monotonic clock and a running index. ``read_latest()`` never blocks; it raises
@@ -63,7 +65,7 @@ class Frame:
     index: int
 
 
-class _LatestFrame:
+class LatestFrame:
     """The newest frame and the freshness rules, shared by every source."""
 
     def __init__(self, name: str, stall_timeout_s: float) -> None:
@@ -114,10 +116,10 @@ def _parse_source(source: str) -> int | str:
     return int(source) if source.isdigit() else source
 
 
-class _NewestFrameSource:
+class NewestFrameSource:
     """What every camera offers: the newest frame, kept by its own capture or render thread."""
 
-    _latest: _LatestFrame
+    _latest: LatestFrame
 
     def read_latest(self) -> np.ndarray:
         """The newest frame (RGB uint8), at once; CameraStalledError if it is too old."""
@@ -131,7 +133,7 @@ class _NewestFrameSource:
         return self._latest.wait_newer(index, timeout)
 
 
-class OpenCVCamera(_NewestFrameSource):
+class OpenCVCamera(NewestFrameSource):
     """A cv2.VideoCapture read by a background thread; open() ... close(), or ``with``."""
 
     def __init__(self, config: CameraConfig) -> None:
@@ -141,7 +143,7 @@ class OpenCVCamera(_NewestFrameSource):
         self.width = config.width or 0
         self.height = config.height or 0
         self.fps = config.fps or 0.0
-        self._latest = _LatestFrame(config.name, config.stall_timeout_s)
+        self._latest = LatestFrame(config.name, config.stall_timeout_s)
         self._capture: Any = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -233,91 +235,6 @@ class OpenCVCamera(_NewestFrameSource):
             self._capture = None
 
     def __enter__(self) -> OpenCVCamera:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class SimCamera(_NewestFrameSource):
-    """A camera of the MuJoCo twin, rendered in the background at ``fps`` like a real one.
-
-    ``snapshot()`` returns the simulator state to draw (e.g. under the emulator's lock); the
-    frame is rendered on ``renderer``, a twin of its own, so rendering never holds up the
-    physics or the bus. ``EmulatedArm``'s twin: ``SimCamera.of_emulator(arm, "front")``.
-    """
-
-    def __init__(self, *, name: str, snapshot: Callable[[], np.ndarray], renderer: Any,
-                 fps: float = 25.0, stall_timeout_s: float = 2.0) -> None:
-        self.name = name
-        self.height, self.width = renderer.image_size
-        self.fps = fps
-        self._snapshot = snapshot
-        self._renderer = renderer
-        self._latest = _LatestFrame(name, stall_timeout_s)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @classmethod
-    def of_emulator(cls, arm: Any, name: str, *, image_size: tuple[int, int] = (480, 640),
-                    fps: float = 25.0, stall_timeout_s: float = 2.0) -> SimCamera:
-        from hilrec.sim.twin import Twin
-
-        twin = getattr(arm.motion, "twin", None)
-        if twin is None:
-            raise CameraError(f"camera '{name}': the emulated {arm.config.role} has no twin "
-                              f"(motion {arm.config.motion!r})")
-
-        def snapshot() -> np.ndarray:
-            with arm.lock:
-                return twin.get_state()
-
-        renderer = Twin(fps=twin.fps, cameras=(name,), image_size=image_size, scene=twin.scene)
-        return cls(name=name, snapshot=snapshot, renderer=renderer, fps=fps,
-                   stall_timeout_s=stall_timeout_s)
-
-    def open(self, timeout_s: float = 30.0) -> None:
-        """Start rendering; returns once the first frame is there (a GL context is bound to
-        the thread that made it, so every render, the first included, runs on ours)."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name=f"simcam-{self.name}",
-                                        daemon=True)
-        self._thread.start()
-        try:
-            self._latest.wait_newer(0, timeout_s)
-        except CameraStalledError as exc:
-            self.close()
-            raise CameraError(f"camera '{self.name}': the twin could not be rendered: "
-                              f"{exc}") from exc
-
-    def _render_once(self) -> None:
-        state = self._snapshot()
-        captured_at = time.monotonic()  # the moment the scene was as drawn
-        self._renderer.set_state(state)
-        self._latest.publish(self._renderer.render(self.name), captured_at)
-
-    def _loop(self) -> None:
-        period = 1.0 / self.fps
-        next_due = time.monotonic()
-        while not self._stop.wait(max(0.0, next_due - time.monotonic())):
-            next_due = max(next_due + period, time.monotonic())
-            try:
-                self._render_once()
-            except Exception as exc:  # noqa: BLE001 - reported through read_latest()
-                self._latest.fail(f"render failed: {exc}")
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        close = getattr(self._renderer, "close", None)
-        if callable(close):
-            close()
-
-    def __enter__(self) -> SimCamera:
         self.open()
         return self
 

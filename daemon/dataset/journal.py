@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.atomic import atomic_write_bytes, fsync_dir
+from hilrec.daemon.atomic import atomic_write_bytes, fsync_dir
 from hilrec.daemon.errors import CorruptDatasetError
 
 JOURNAL_DIR: Final[str] = "hilrec/journal"

@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hilrec.daemon.dataset.atomic import atomic_replace, atomic_write_bytes
+from hilrec.daemon.atomic import atomic_replace, atomic_write_bytes
 from hilrec.daemon.dataset.features import data_keys, is_video, video_keys
 from hilrec.daemon.dataset.reader import read_parquet
 from hilrec.daemon.dataset.stats import STAT_KEYS, stats_to_json

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.atomic import fsync_dir
+from hilrec.daemon.atomic import fsync_dir
 from hilrec.daemon.dataset.consolidate import ConsolidatedState, consolidate, pending_episodes
 from hilrec.daemon.dataset.features import video_keys
 from hilrec.daemon.dataset.layout import (

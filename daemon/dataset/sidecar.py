@@ -10,7 +10,7 @@ files under ``<root>/hilrec/``:
 - ``hilrec/episodes/episode-NNNNNN.npz``: per-episode arrays (tick start times, durations,
   overrun flags, the full initial simulator state...).
 
-Every write is atomic (see :mod:`hilrec.daemon.dataset.atomic`).
+Every write is atomic (see :mod:`hilrec.daemon.atomic`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.atomic import (atomic_write_bytes, atomic_write_json, json_bytes,
+from hilrec.daemon.atomic import (atomic_write_bytes, atomic_write_json, json_bytes,
                                           npz_bytes)
 from hilrec.daemon.errors import CorruptDatasetError
 

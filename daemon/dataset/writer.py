@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.atomic import fsync_dir
+from hilrec.daemon.atomic import fsync_dir
 from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState, Hook
 from hilrec.daemon.dataset.features import (
     DEFAULT_FEATURES, FrameValidator, is_video, validate_features, video_keys,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.client import ControlClient, LeaderClient, TelemetryClient
+from hilrec.daemon.wire.client import ControlClient, LeaderClient, TelemetryClient
 from hilrec.daemon.errors import DaemonUnreachableError
 
 START_TIMEOUT_S = 90.0

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hilrec.daemon.clock import TickPacer, timing_summary
+from hilrec.daemon.control.clock import TickPacer, timing_summary
 from hilrec.daemon.errors import WriterStalledError
-from hilrec.daemon.recorder import Recorder
+from hilrec.daemon.control.recorder import Recorder
 
 
 def _work(seconds: float) -> None:

@@ -13,7 +13,7 @@ import pytest
 from _daemon import Daemon, check_passes, emulated_config, write_test_video
 from hilrec.daemon.dataset.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.protocol import FrameFlag
+from hilrec.daemon.wire.protocol import FrameFlag
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ import zmq
 import zmq.auth
 
 from _daemon import Daemon, check_passes, run_cli, sim_config
-from hilrec.daemon.client import ClientKeys, ControlClient
+from hilrec.daemon.wire.client import ClientKeys, ControlClient
 from hilrec.daemon.dataset.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
-from hilrec.daemon.protocol import PROTOCOL_VERSION, FrameFlag, new_request
+from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag, new_request
 
 
 @pytest.fixture

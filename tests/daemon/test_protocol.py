@@ -9,7 +9,7 @@ import pytest
 
 from hilrec.daemon.errors import (OversizedMessageError, ProtocolError, UnknownCommandError,
                                   VersionMismatchError)
-from hilrec.daemon.protocol import (COMMANDS, PROTOCOL_VERSION, TOPIC_TICK, FrameFlag, encode_leader,
+from hilrec.daemon.wire.protocol import (COMMANDS, PROTOCOL_VERSION, TOPIC_TICK, FrameFlag, encode_leader,
                                     error_code, error_reply, flag_names, new_request, ok_reply,
                                     parse_leader, parse_reply, parse_request, parse_telemetry,
                                     telemetry_header)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.settings import is_loopback, load_settings
+from hilrec.daemon.control.settings import load_settings
+from hilrec.daemon.wire.security import is_loopback
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = """

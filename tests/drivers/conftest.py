@@ -13,7 +13,7 @@ import pytest
 
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import save_calibration
-from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
+from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from hilrec.daemon.errors import (
 from hilrec.daemon.so101 import JOINT_NAMES
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.calibration import MAX_TICK, save_calibration, units_to_ticks
-from hilrec.drivers.emulator import EmulatedArm
-from hilrec.drivers.emulator_faults import Fault
+from hilrec.drivers.emulated.emulator import EmulatedArm
+from hilrec.drivers.emulated.faults import Fault
 
 IDS = (1, 2, 3, 4, 5, 6)
 

@@ -15,8 +15,8 @@ from hilrec.daemon.errors import (
     ServoFaultError,
 )
 from hilrec.drivers.bus import BusConfig, FeetechBus
-from hilrec.drivers.emulator import EmulatedArm
-from hilrec.drivers.emulator_faults import Fault
+from hilrec.drivers.emulated.emulator import EmulatedArm
+from hilrec.drivers.emulated.faults import Fault
 from hilrec.drivers.tables import StatusBit
 
 

@@ -17,7 +17,7 @@ from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
 
 from hilrec.daemon.cli import main
 from hilrec.drivers.calibration import load_calibration
-from hilrec.drivers.emulator import EmulatedArm
+from hilrec.drivers.emulated.emulator import EmulatedArm
 
 def expected_file(emu: EmulatedArm) -> dict:
     expected = json.loads(emu.frame.calibration.to_json())

@@ -13,8 +13,8 @@ from lerobot.motors import Motor, MotorCalibration, MotorNormMode
 from lerobot.motors.feetech import FeetechMotorsBus
 
 from hilrec.daemon.so101 import MOTORS
-from hilrec.drivers import packets
-from hilrec.drivers.emulator import EmulatedArm
+from hilrec.drivers.emulated import packets
+from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.tables import REGISTER
 
 
@@ -180,7 +180,7 @@ def test_wire_timing_takes_the_bytes_time_at_the_servos_baud(emulate) -> None:
 
 def test_fault_specs_are_parsed_or_refused_naming_the_key() -> None:
     from hilrec.daemon.errors import ConfigError
-    from hilrec.drivers.emulator_faults import Fault, parse_fault
+    from hilrec.drivers.emulated.faults import Fault, parse_fault
 
     assert parse_fault("drop:id=3,count=2") == Fault(kind="drop", servo_id=3, count=2)
     assert parse_fault("vanish:after_s=5").after_s == 5.0

@@ -15,9 +15,9 @@ import pytest
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
-from hilrec.drivers.camera import SimCamera
-from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
-from hilrec.drivers.emulator_servo import EmulatedServo
+from hilrec.drivers.emulated.sim_camera import SimCamera
+from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
+from hilrec.drivers.emulated.servo import EmulatedServo
 from hilrec.sim import units
 from hilrec.sim.operator import ScriptedOperator
 

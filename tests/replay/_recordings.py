@@ -86,7 +86,7 @@ def make_twin(fps: int = FPS) -> Any:
     (the twin's 5 ms when it divides the frame, e.g. 4.76 ms at 30 fps), as a recorder with its
     own clock would have run.
     """
-    from hilrec.daemon.replay_engine import timestep_for
+    from hilrec.daemon.replay.engine import timestep_for
     from hilrec.sim.scene import SceneConfig
     from hilrec.sim.twin import Twin
 
@@ -251,14 +251,14 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
     follower's sync read; as hilrec's loop does, the row then repeats the last good observation
     and is flagged FOLLOWER_FAILED, and the goals are still written.
     """
-    from hilrec.daemon.clock import TickPacer
+    from hilrec.daemon.control.clock import TickPacer
     from hilrec.daemon.errors import BusError
-    from hilrec.daemon.protocol import FrameFlag
+    from hilrec.daemon.wire.protocol import FrameFlag
     from hilrec.daemon.so101 import MOTORS
     from hilrec.drivers.arm import FollowerConfig, SO101Follower
-    from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig
-    from hilrec.drivers.emulator_faults import Fault
-    from hilrec.drivers.emulator_motion import MechanicalFrame, TwinMotion
+    from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
+    from hilrec.drivers.emulated.faults import Fault
+    from hilrec.drivers.emulated.motion import MechanicalFrame, TwinMotion
     from hilrec.sim.units import emulated_calibration
 
     if spec.latency_frames or spec.obs_shift_frames:

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from hilrec.daemon.replay_analysis import (
+from hilrec.daemon.replay.analysis import (
     EXIT_CODES,
     GRIPPER,
     Trajectories,
@@ -19,9 +19,9 @@ from hilrec.daemon.replay_analysis import (
     analyse,
     worst,
 )
-from hilrec.daemon.replay_metrics import shift_by
-from hilrec.daemon.replay_report import to_json
-from hilrec.daemon.replay_settings import ReplaySettings
+from hilrec.daemon.replay.metrics import shift_by
+from hilrec.daemon.replay.report import to_json
+from hilrec.daemon.replay.settings import ReplaySettings
 
 FPS = 25
 SETTINGS = ReplaySettings()

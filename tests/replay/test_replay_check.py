@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.replay_analysis import Verdict
-from hilrec.daemon.replay_check import DatasetCheck, check_dataset
-from hilrec.daemon.replay_settings import ReplaySettings
+from hilrec.daemon.replay.analysis import Verdict
+from hilrec.daemon.replay.check import DatasetCheck, check_dataset
+from hilrec.daemon.replay.settings import ReplaySettings
 
 from _recordings import (
     Frozen,

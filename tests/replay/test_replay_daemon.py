@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.client import ControlClient
+from hilrec.daemon.wire.client import ControlClient
 from hilrec.daemon.errors import DaemonUnreachableError
 
 START_TIMEOUT_S = 90.0

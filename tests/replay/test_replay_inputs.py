@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hilrec.daemon.errors import ReplayError
-from hilrec.daemon.replay_check import _column_order, parse_episode_spec
+from hilrec.daemon.replay.check import _column_order, parse_episode_spec
 from hilrec.daemon.so101 import POSITION_NAMES
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilrec.daemon.replay_metrics import (
+from hilrec.daemon.replay.metrics import (
     count_blips,
     find_stalls,
     fit_shift,

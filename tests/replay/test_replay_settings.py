@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.replay_settings import (
+from hilrec.daemon.replay.settings import (
     DEFAULT_CONFIG_PATH,
     ReplaySettings,
     load_replay_settings,

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.errors import CalibrationError, ReplayError
-from hilrec.daemon.replay_engine import ReplayEngine, timestep_for
-from hilrec.daemon.replay_units import resolve_units
+from hilrec.daemon.replay.engine import ReplayEngine, timestep_for
+from hilrec.daemon.replay.units import resolve_units
 from hilrec.daemon.so101 import JOINT_NAMES
 
-# The dataset sidecar fields hilrec's hardware rigs write (daemon/hardware.py _dataset_fields).
+# The dataset sidecar fields hilrec's hardware rigs write (daemon/control/hardware.py _dataset_fields).
 CAL = {name: {"id": i + 1, "drive_mode": int(name == "elbow_flex"), "homing_offset": 0,
               "range_min": 1000, "range_max": 3000 + 100 * i} for i, name in enumerate(JOINT_NAMES)}
 

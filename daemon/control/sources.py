@@ -1,8 +1,8 @@
 """What the loop needs from a follower, a leader and a camera, and the sources that are not hardware.
 
-The loop (:mod:`hilrec.daemon.loop`) sees only these small protocols, so the same tick runs on the
+The loop (:mod:`hilrec.daemon.control.loop`) sees only these small protocols, so the same tick runs on the
 MuJoCo twin (sim mode), on serial arms (hil), or on emulated arms. Hardware adapters live in
-:mod:`hilrec.daemon.hardware`; this module holds the protocols plus the sources that need no
+:mod:`hilrec.daemon.control.hardware`; this module holds the protocols plus the sources that need no
 serial port: the twin as a follower, the scripted operator and the remote (ZeroMQ) leader, and
 cameras that render the twin.
 
@@ -20,7 +20,8 @@ import numpy as np
 import zmq
 
 from hilrec.daemon.errors import ProtocolError
-from hilrec.daemon.protocol import parse_leader
+from hilrec.daemon.wire.protocol import parse_leader
+from hilrec.daemon.wire.security import bind
 from hilrec.daemon.so101 import NUM_JOINTS
 
 
@@ -190,8 +191,6 @@ class RemoteLeader:
         sock.setsockopt(zmq.MAXMSGSIZE, self._max_bytes * 4)
         if self._configure is not None:
             self._configure(sock)
-        from hilrec.daemon.server import bind
-
         bind(sock, self._endpoint, "zmq.leader_port")
         self._socket = sock
 

@@ -1,9 +1,9 @@
 """Replay-check a dataset recorded on hardware (real or emulated): load, replay, judge, report.
 
 For each episode: read ``action`` and ``observation.state``, turn them into the twin's units
-(:mod:`hilrec.daemon.replay_units`), drive the twin from the first recorded state with the
-actions (:mod:`hilrec.daemon.replay_engine`), and judge the two trajectories
-(:mod:`hilrec.daemon.replay_analysis`). Anything that stops an episode from being checked
+(:mod:`hilrec.daemon.replay.units`), drive the twin from the first recorded state with the
+actions (:mod:`hilrec.daemon.replay.engine`), and judge the two trajectories
+(:mod:`hilrec.daemon.replay.analysis`). Anything that stops an episode from being checked
 (unknown units, a frame rate the twin cannot step, missing columns, a twin that blew up) makes it
 ``not_replayable`` with the reason, never a pass.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from hilrec.daemon.dataset import reader
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import HilrecError, ReplayError
-from hilrec.daemon.replay_analysis import (
+from hilrec.daemon.replay.analysis import (
     EXIT_CODES,
     SEVERITY,
     EpisodeResult,
@@ -32,15 +32,15 @@ from hilrec.daemon.replay_analysis import (
     analyse,
     worst,
 )
-from hilrec.daemon.replay_engine import ReplayEngine
-from hilrec.daemon.replay_report import to_json
-from hilrec.daemon.replay_settings import ReplaySettings
-from hilrec.daemon.replay_units import ColumnUnits, resolve_units
+from hilrec.daemon.replay.engine import ReplayEngine
+from hilrec.daemon.replay.report import to_json
+from hilrec.daemon.replay.settings import ReplaySettings
+from hilrec.daemon.replay.units import ColumnUnits, resolve_units
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
 
 log = logging.getLogger(__name__)
 
-# Episode-sidecar arrays of hilrec's recorder (hilrec.daemon.episode): the leader's reading
+# Episode-sidecar arrays of hilrec's recorder (hilrec.daemon.control.episode): the leader's reading
 # before any clamp (NaN where there was none) and the per-frame flags (FrameFlag bits).
 LEADER_ARRAY = "leader"
 FLAGS_ARRAY = "frame_flags"
@@ -239,7 +239,7 @@ def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int
     """Say what the recorder flagged (a failed read, a held follower...), next to the verdict."""
     if flags is None or flags.shape != (n,):
         return
-    from hilrec.daemon.protocol import FrameFlag
+    from hilrec.daemon.wire.protocol import FrameFlag
 
     flags = flags.astype(np.int64)
     for flag in FrameFlag:

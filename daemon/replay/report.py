@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.atomic import atomic_write_bytes
-from hilrec.daemon.replay_analysis import GRIPPER, EpisodeResult, Verdict
+from hilrec.daemon.atomic import atomic_write_bytes
+from hilrec.daemon.replay.analysis import GRIPPER, EpisodeResult, Verdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
 _COLOURS = {"recorded": "#1f77b4", "replayed": "#ff7f0e", "action": "#7f7f7f",
@@ -237,9 +237,9 @@ def write_report(directory: str | os.PathLike[str], check: Any,
                  document: Mapping[str, Any]) -> Path:
     """Write every replayed episode's PNG, ``report.json`` and ``summary.md`` into ``directory``.
 
-    ``check`` is a :class:`hilrec.daemon.replay_check.DatasetCheck`; returns the summary's path.
+    ``check`` is a :class:`hilrec.daemon.replay.check.DatasetCheck`; returns the summary's path.
     """
-    from hilrec.daemon.dataset.atomic import atomic_write_json
+    from hilrec.daemon.atomic import atomic_write_json
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hilrec.daemon.episode import EpisodeBuffer
+from hilrec.daemon.control.episode import EpisodeBuffer
 from hilrec.daemon.errors import HilrecError, RequestRefusedError, WriterStalledError
-from hilrec.daemon.protocol import CODE_BAD_STATE, CODE_FAULT, Request
-from hilrec.daemon.recorder import Recorder
+from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, Request
+from hilrec.daemon.control.recorder import Recorder
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ import numpy as np
 import zmq
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.protocol import TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, telemetry_header
+from hilrec.daemon.wire.protocol import TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, telemetry_header
+from hilrec.daemon.wire.security import bind
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,6 @@ class Telemetry:
     # --- the publisher thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        from hilrec.daemon.server import bind
-
         try:
             sock = self._context.socket(zmq.PUB)
             sock.setsockopt(zmq.LINGER, 0)

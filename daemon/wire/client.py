@@ -21,7 +21,7 @@ import zmq
 import zmq.auth
 
 from hilrec.daemon.errors import ConfigError, DaemonUnreachableError, ProtocolError
-from hilrec.daemon.protocol import (TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, encode_leader, new_request,
+from hilrec.daemon.wire.protocol import (TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, encode_leader, new_request,
                                     parse_reply, parse_telemetry)
 
 

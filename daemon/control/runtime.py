@@ -27,18 +27,19 @@ from typing import Any
 
 import zmq
 
-from hilrec.daemon.clock import TickPacer
+from hilrec.daemon.control.clock import TickPacer
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
-from hilrec.daemon.loop import ControlLoop, Rig
-from hilrec.daemon.priority import set_thread_priority
-from hilrec.daemon.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
-from hilrec.daemon.recorder import Recorder
-from hilrec.daemon.rigs import RigFactory
-from hilrec.daemon.server import ControlServer, Security, endpoint
-from hilrec.daemon.session import Session
-from hilrec.daemon.settings import DaemonSettings
+from hilrec.daemon.control.loop import ControlLoop
+from hilrec.daemon.control.priority import set_thread_priority
+from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
+from hilrec.daemon.control.recorder import Recorder
+from hilrec.daemon.control.rig import Rig, RigFactory
+from hilrec.daemon.wire.security import Security, endpoint
+from hilrec.daemon.wire.server import ControlServer
+from hilrec.daemon.control.session import Session
+from hilrec.daemon.control.settings import DaemonSettings
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
-from hilrec.daemon.telemetry import Telemetry
+from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -281,10 +282,10 @@ class Daemon:
 
 def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
     if settings.mode == "sim":
-        from hilrec.daemon.rigs import sim_rig_factory
+        from hilrec.daemon.control.sim_rig import sim_rig_factory
 
         return sim_rig_factory(settings, context, security)
-    from hilrec.daemon.hardware import hardware_rig_factory
+    from hilrec.daemon.control.hardware import hardware_rig_factory
 
     return hardware_rig_factory(settings, context, security)
 

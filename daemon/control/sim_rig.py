@@ -1,6 +1,7 @@
-"""Building the devices of each mode from the settings: the sim rig here, hardware in hardware.py.
+"""The sim rig: the twin as follower and cameras, the scripted or remote leader (hil and emulated
+rigs: :mod:`hilrec.daemon.control.hardware`).
 
-A rig is built *on the loop thread* (:class:`hilrec.daemon.runtime.LoopThread`): the twin's GL
+A rig is built *on the loop thread* (:class:`hilrec.daemon.control.runtime.LoopThread`): the twin's GL
 context and serial ports then belong to the thread that uses them. Its ``hooks`` do the mode's
 work at episode edges:
 
@@ -20,22 +21,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hilrec.daemon.loop import Rig
-from hilrec.daemon.server import Security, endpoint
-from hilrec.daemon.session import EpisodeHooks, entropy_seed
-from hilrec.daemon.settings import DaemonSettings
-from hilrec.daemon.sources import Leader, RemoteLeader, ScriptedLeader, TwinCamera, TwinFollower
-
-RigFactory = Callable[[contextlib.ExitStack], tuple[Rig, EpisodeHooks]]
-
-
-def remote_leader(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RemoteLeader:
-    leader = RemoteLeader(context, endpoint(settings.zmq.host, settings.zmq.leader_port),
-                          watchdog_s=settings.leader.watchdog_ms / 1000.0,
-                          max_bytes=settings.zmq.max_leader_bytes, configure_socket=security.configure)
-    leader.open()
-    return leader
-
+from hilrec.daemon.control.rig import Rig, RigFactory, remote_leader
+from hilrec.daemon.wire.security import Security, endpoint
+from hilrec.daemon.control.session import EpisodeHooks, entropy_seed
+from hilrec.daemon.control.settings import DaemonSettings
+from hilrec.daemon.control.sources import Leader, RemoteLeader, ScriptedLeader, TwinCamera, TwinFollower
 
 class SimHooks:
     def __init__(self, twin: Any, scripted: ScriptedLeader | None, fps: int) -> None:

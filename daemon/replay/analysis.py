@@ -27,8 +27,8 @@ from enum import Enum
 
 import numpy as np
 
-from hilrec.daemon.replay_alignment import align
-from hilrec.daemon.replay_metrics import (
+from hilrec.daemon.replay.alignment import align
+from hilrec.daemon.replay.metrics import (
     Excursion,
     Stall,
     count_blips,
@@ -42,7 +42,7 @@ from hilrec.daemon.replay_metrics import (
     stale_rows,
     sustained_excursion,
 )
-from hilrec.daemon.replay_settings import ErrorLimits, ReplaySettings
+from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
 from hilrec.daemon.so101 import JOINT_NAMES
 
 GRIPPER = JOINT_NAMES.index("gripper")

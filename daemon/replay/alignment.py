@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hilrec.daemon.replay_metrics import Excursion, ShiftFit, fit_shift, shift_by
+from hilrec.daemon.replay.metrics import Excursion, ShiftFit, fit_shift, shift_by
 
 # (aligned replay, lag) -> joint -> its sustained excursion
 ExcursionFinder = Callable[[np.ndarray, float], dict[int, Excursion]]

@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     # The daemon renders offscreen only (sim cameras, twin cameras); set before MuJoCo loads.
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
-    from hilrec.daemon.runtime import Daemon
-    from hilrec.daemon.settings import load_settings
+    from hilrec.daemon.control.runtime import Daemon
+    from hilrec.daemon.control.settings import load_settings
 
     settings = load_settings(args.config, root=args.root)
     return Daemon(settings).run()

@@ -54,8 +54,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.client import ClientKeys, ControlClient
-    from hilrec.daemon.server import endpoint
+    from hilrec.daemon.wire.client import ClientKeys, ControlClient
+    from hilrec.daemon.wire.security import endpoint
 
     if args.verb == "start" and not args.task:
         print("hilrec ctl start: --task is required", file=sys.stderr)

@@ -9,13 +9,13 @@ One tick, in this order (the order is the recording's meaning, see COMMON contra
 4. hand the frame to the writer thread (never blocking while the writer keeps up);
 5. let the mirroring twin follow the measured joints (hil/emulated) and publish telemetry.
 
-Ticks are paced on an absolute deadline grid (:mod:`hilrec.daemon.clock`); each tick's phase times
+Ticks are paced on an absolute deadline grid (:mod:`hilrec.daemon.control.clock`); each tick's phase times
 are recorded beside the episode, and a late one is marked, never stretched to look on time.
 
 Device trouble is handled here, per tick, without ever blocking: a retryable bus error (after the
 driver's own bounded retries) marks the frame and reuses the last good value; ``max_failed_ticks``
 of them in a row, a vanished port or a stalled camera raise a fault that ends the open episode
-(see :mod:`hilrec.daemon.session`). A faulted device is probed once a second and the fault clears
+(see :mod:`hilrec.daemon.control.session`). A faulted device is probed once a second and the fault clears
 when it answers again.
 """
 
@@ -30,71 +30,20 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.clock import TickPacer, TickTimes
+from hilrec.daemon.control.clock import TickPacer, TickTimes
 from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraError, CameraStalledError,
                                   DeviceError, PortGoneError, WriterStalledError)
-from hilrec.daemon.protocol import LATE_BUDGET_S, FrameFlag, flag_names
-from hilrec.daemon.session import Fault, Session
+from hilrec.daemon.wire.protocol import LATE_BUDGET_S, FrameFlag, flag_names
+from hilrec.daemon.control.session import Fault, Session
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
-from hilrec.daemon.sources import Camera, Follower, JointReading, Leader
-from hilrec.daemon.telemetry import Telemetry
+from hilrec.daemon.control.rig import Rig
+from hilrec.daemon.control.sources import Camera, Follower, JointReading, Leader
+from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
 _RETRYABLE = (BusTimeoutError, BusPacketError)
 PROBE_PERIOD_S = 1.0
-
-
-class Mirror:
-    """A twin that follows the follower's measured joints (hil/emulated mode).
-
-    Its latest full state is kept for other threads (:meth:`snapshot`): emulated mode's ``twin``
-    cameras render it on their own threads.
-    """
-
-    def __init__(self, twin: Any) -> None:
-        self.twin = twin
-        self._started = False
-        self._lock = threading.Lock()
-        self._state: np.ndarray = twin.get_state()
-
-    def snapshot(self) -> np.ndarray:
-        with self._lock:
-            return self._state
-
-    def follow(self, measured: np.ndarray) -> np.ndarray:
-        """Return the twin's joints *before* following this tick's measurement, then follow it.
-
-        The returned state is what the twin made of the measurements up to the previous tick, so
-        its difference to ``measured`` is the divergence, not zero by construction.
-        """
-        if not self._started:
-            self.twin.reset(0, arm_units=measured)
-            self._started = True
-        before = np.asarray(self.twin.observe(), dtype=np.float32)
-        self.twin.command(measured)
-        self.twin.step_frame()
-        state = self.twin.get_state()
-        with self._lock:
-            self._state = state
-        return before
-
-    def close(self) -> None:
-        self.twin.close()
-
-
-@dataclass
-class Rig:
-    """The devices one loop drives."""
-
-    follower: Follower
-    leader: Leader
-    cameras: dict[str, Camera] = field(default_factory=dict)
-    mirror: Mirror | None = None
-    # Merged into hilrec/dataset.json: units, calibration, twin physics (what replay needs).
-    dataset_fields: dict[str, Any] = field(default_factory=dict)
-    # Shown in status: ports, emulator process ids...
-    devices: dict[str, Any] = field(default_factory=dict)
 
 
 class ControlLoop:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.replay_analysis import EpisodeResult, Verdict
+from hilrec.daemon.replay.analysis import EpisodeResult, Verdict
 
 
 def register(subparsers: Any) -> None:
@@ -47,8 +47,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.replay_check import check_dataset, parse_episode_spec
-    from hilrec.daemon.replay_settings import DEFAULT_CONFIG_PATH, load_replay_settings
+    from hilrec.daemon.replay.check import check_dataset, parse_episode_spec
+    from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
     settings = load_replay_settings(args.config)
     source = str(args.config or DEFAULT_CONFIG_PATH)
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                           calibration_flag=args.calibration)
     document = check.to_document()
     if args.report is not None:
-        from hilrec.daemon.replay_report import write_report
+        from hilrec.daemon.replay.report import write_report
 
         write_report(args.report, check, document)
     if args.json:

@@ -17,7 +17,7 @@ from pathlib import Path
 from hilrec.daemon.config import load_toml
 from hilrec.daemon.errors import ConfigError
 
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[1] / "configs" / "replay.toml"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parents[2] / "configs" / "replay.toml"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,15 +1,13 @@
-"""The ZeroMQ control server (REP) and the socket security shared by all three channels.
+"""The ZeroMQ control server (REP).
 
 :class:`ControlServer` runs on the main thread: it polls its REP socket with a timeout (so a
 signal or a shutdown is noticed within ``poll_ms``), checks each request with
-:func:`hilrec.daemon.protocol.parse_request`, and always answers, whatever arrived: a refusal is an
+:func:`hilrec.daemon.wire.protocol.parse_request`, and always answers, whatever arrived: a refusal is an
 error reply naming the problem, and the daemon carries on. A request ``id`` seen recently is
 answered from a cache, so a Lazy-Pirate client that retries after a lost reply does not start two
 episodes.
 
-Security: on loopback no authentication is needed. Beyond loopback every socket is a CURVE server
-and a ZAP authenticator admits only the client public keys found in ``authorized_clients``; an
-unknown peer fails the handshake and never reaches the daemon.
+Socket security, shared by all three channels, is :mod:`hilrec.daemon.wire.security`.
 """
 
 from __future__ import annotations
@@ -26,72 +24,14 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from hilrec.daemon.errors import ConfigError, HilrecError, ProtocolError, RequestRefusedError
-from hilrec.daemon.protocol import (CODE_INTERNAL, Request, error_code, error_reply, ok_reply,
+from hilrec.daemon.wire.protocol import (CODE_INTERNAL, Request, error_code, error_reply, ok_reply,
                                     parse_request, request_id_of)
-from hilrec.daemon.settings import CurveSettings, ZmqSettings
+from hilrec.daemon.wire.security import Security, ZmqSettings, bind, endpoint
 
 log = logging.getLogger(__name__)
 
 SocketConfigurer = Callable[[zmq.Socket[Any]], None]
 _REPLY_CACHE_SIZE = 64
-
-
-def endpoint(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
-def bind(sock: zmq.Socket[Any], address: str, key: str) -> None:
-    """Bind, turning a busy or invalid address into an error that names the config key."""
-    try:
-        sock.bind(address)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise ConfigError(key, f"cannot bind {address}: {exc}") from None
-
-
-class Security:
-    """CURVE server keys plus the ZAP authenticator; a no-op on loopback without keys."""
-
-    def __init__(self, context: zmq.Context[Any], curve: CurveSettings | None) -> None:
-        self._auth: ThreadAuthenticator | None = None
-        self._public: bytes | None = None
-        self._secret: bytes | None = None
-        if curve is None:
-            return
-        key_file = Path(curve.server_secret_key)
-        clients = Path(curve.authorized_clients)
-        if not key_file.is_file():
-            raise ConfigError("zmq.curve.server_secret_key", f"no such certificate file: {key_file}")
-        if not clients.is_dir():
-            raise ConfigError("zmq.curve.authorized_clients", f"no such directory: {clients}")
-        try:
-            public, secret = zmq.auth.load_certificate(key_file)
-        except (OSError, ValueError) as exc:
-            raise ConfigError("zmq.curve.server_secret_key", f"cannot read {key_file}: {exc}") from exc
-        if not secret:
-            raise ConfigError("zmq.curve.server_secret_key", f"{key_file} holds no secret key "
-                                                             "(give the .key_secret file)")
-        self._public, self._secret = public, secret
-        self._auth = ThreadAuthenticator(context)
-        self._auth.start()
-        # Only the public keys in this directory may complete a CURVE handshake.
-        self._auth.configure_curve(domain="*", location=str(clients))
-
-    @property
-    def enabled(self) -> bool:
-        return self._secret is not None
-
-    def configure(self, sock: zmq.Socket[Any]) -> None:
-        if self._secret is None:
-            return
-        sock.curve_secretkey = self._secret
-        sock.curve_publickey = self._public
-        sock.curve_server = True
-
-    def close(self) -> None:
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
 
 
 class ControlServer:

@@ -1,7 +1,7 @@
 """The hil and emulated rigs: SO-101 arms on serial ports, cameras, and the mirroring twin.
 
 Adapters turn the drivers (:mod:`hilrec.drivers.arm`, :mod:`hilrec.drivers.camera`) into the
-loop's protocols (:mod:`hilrec.daemon.sources`). Emulated mode starts two ``hilrec emulate``
+loop's protocols (:mod:`hilrec.daemon.control.sources`). Emulated mode starts two ``hilrec emulate``
 child processes (follower = the MuJoCo twin's physics, leader = the scripted operator's hand),
 reads each one's pty path from its first stdout line (bounded wait), and then runs exactly the hil
 code against those ports. Children, not threads: the emulated servos then compete with the loop
@@ -29,12 +29,11 @@ import zmq
 
 from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraStalledError, ConfigError,
                                   DeviceError)
-from hilrec.daemon.loop import Mirror, Rig
-from hilrec.daemon.rigs import RigFactory, remote_leader
-from hilrec.daemon.server import Security
-from hilrec.daemon.session import EpisodeHooks, NoHooks
-from hilrec.daemon.settings import CameraSettings, DaemonSettings
-from hilrec.daemon.sources import Camera, JointReading, Leader, WriteResult
+from hilrec.daemon.control.rig import Mirror, Rig, RigFactory, remote_leader
+from hilrec.daemon.wire.security import Security
+from hilrec.daemon.control.session import EpisodeHooks, NoHooks
+from hilrec.daemon.control.settings import CameraSettings, DaemonSettings
+from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +189,8 @@ class FreshCamera:
 
 def open_camera(name: str, cam: CameraSettings, mirror: Mirror | None, fps: int) -> Camera:
     """Open one camera and wait for its first frame (OpenCV's open reads one)."""
-    from hilrec.drivers.camera import CameraConfig, OpenCVCamera, SimCamera
+    from hilrec.drivers.camera import CameraConfig, OpenCVCamera
+    from hilrec.drivers.emulated.sim_camera import SimCamera
 
     stall_s = cam.stall_ms / 1000.0
     if cam.source == "twin":

@@ -10,14 +10,13 @@ needs a port, a non-loopback bind needs CURVE keys, sim cameras only in sim mode
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from hilrec.daemon.config import load_toml
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.protocol import DEFAULT_MAX_LEADER_BYTES, DEFAULT_MAX_REQUEST_BYTES
+from hilrec.daemon.wire.security import ZmqSettings, is_loopback
 
 Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
@@ -25,64 +24,6 @@ BodyMode = Literal["degrees", "range_m100_100"]
 EmulatedLeaderMotion = Literal["operator", "wave", "servo"]
 CameraSource = Literal["opencv", "video", "sim", "twin"]
 DeviceLostPolicy = Literal["save", "discard"]
-
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", "0.0.0.0"-style wildcards and interface names reach beyond loopback
-
-
-@dataclass(frozen=True, kw_only=True)
-class CurveSettings:
-    """CURVE keys, required whenever the sockets bind beyond loopback.
-
-    ``server_secret_key`` is a ZeroMQ certificate file holding the daemon's secret key (made by
-    ``zmq.auth.create_certificates``); ``authorized_clients`` is a directory of client public
-    certificates: a peer whose key is not there is refused during the handshake.
-    """
-
-    server_secret_key: Path
-    authorized_clients: Path
-
-
-@dataclass(frozen=True, kw_only=True)
-class ZmqSettings:
-    host: str = "127.0.0.1"
-    control_port: int = 5555
-    telemetry_port: int = 5556
-    leader_port: int = 5557
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_leader_bytes: int = DEFAULT_MAX_LEADER_BYTES
-    # How long a control request may wait for the loop to apply it (start/stop at a tick edge).
-    apply_timeout_ms: int = 2000
-    telemetry_hwm: int = 100
-    curve: CurveSettings | None = None
-
-    def validate(self) -> None:
-        ports = {"control_port": self.control_port, "telemetry_port": self.telemetry_port,
-                 "leader_port": self.leader_port}
-        for key, port in ports.items():
-            if not 1 <= port <= 65535:
-                raise ConfigError(key, f"must be a TCP port in 1..65535, got {port}")
-        if len(set(ports.values())) != 3:
-            raise ConfigError("leader_port", "control, telemetry and leader ports must differ")
-        for key, value in (("max_request_bytes", self.max_request_bytes),
-                           ("max_leader_bytes", self.max_leader_bytes)):
-            if not 64 <= value <= 16 * 1024 * 1024:
-                raise ConfigError(key, f"must be in 64..16777216 bytes, got {value}")
-        if self.apply_timeout_ms <= 0:
-            raise ConfigError("apply_timeout_ms", "must be positive")
-        if not is_loopback(self.host) and self.curve is None:
-            raise ConfigError("curve", f"binding to host {self.host!r} reaches beyond loopback and "
-                                       "requires CURVE keys ([zmq.curve] server_secret_key, "
-                                       "authorized_clients)")
-
 
 @dataclass(frozen=True, kw_only=True)
 class DatasetSettings:
@@ -253,7 +194,7 @@ class EmulatedSettings:
     start_timeout_s: float = 30.0
 
     def validate(self) -> None:
-        from hilrec.drivers.emulator_faults import parse_fault
+        from hilrec.drivers.emulated.faults import parse_fault
 
         for key in ("follower_faults", "leader_faults"):
             for i, text in enumerate(getattr(self, key)):

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import get_args
 
 from hilrec.drivers.calibration import save_calibration
-from hilrec.drivers.emulator import EmulatedArm, EmulatorConfig, MotionKind
-from hilrec.drivers.emulator_faults import describe, parse_fault
+from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig, MotionKind
+from hilrec.drivers.emulated.faults import describe, parse_fault
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Any Feetech client opens the pty's device path (or the symlink) exactly like a U
 A background thread reads the master side, frames instruction packets, answers PING, READ,
 WRITE, REG_WRITE, ACTION, SYNC_READ and SYNC_WRITE (unicast and broadcast), and writes status
 packets back: optionally at the wire speed of the servos' Baud_Rate register (10 bits a byte
-plus Return_Delay_Time), optionally with injected faults (:mod:`hilrec.drivers.emulator_faults`).
+plus Return_Delay_Time), optionally with injected faults (:mod:`hilrec.drivers.emulated.faults`).
 
 Usage (the daemon's ``emulated`` mode and the tests)::
 
@@ -36,8 +36,8 @@ from typing import Literal
 from hilrec.daemon.errors import DeviceError
 from hilrec.daemon.so101 import MOTOR_IDS
 from hilrec.drivers.calibration import ArmCalibration, load_calibration
-from hilrec.drivers.emulator_faults import Fault, FaultPlan
-from hilrec.drivers.emulator_motion import (
+from hilrec.drivers.emulated.faults import Fault, FaultPlan
+from hilrec.drivers.emulated.motion import (
     ArmMotion,
     MechanicalFrame,
     OperatorPath,
@@ -46,8 +46,8 @@ from hilrec.drivers.emulator_motion import (
     TwinMotion,
     wave_path,
 )
-from hilrec.drivers.emulator_servo import EmulatedServo
-from hilrec.drivers.packets import Packet, PacketReader, status_packet
+from hilrec.drivers.emulated.servo import EmulatedServo
+from hilrec.drivers.emulated.packets import Packet, PacketReader, status_packet
 from hilrec.drivers.tables import (
     BAUD_RATES,
     BITS_PER_BYTE_ON_WIRE,
