@@ -43,9 +43,22 @@ WIRE_CRITICAL_MS = 2 * (14 + 6 * 8) * 0.01
 
 def start_emulator(role: str, motion: str, calibration: Path) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "hilrec.daemon.cli", "emulate", role, "--wire-timing",
-         "--motion", motion, "--write-calibration", str(calibration)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "hilrec.daemon.cli",
+            "emulate",
+            role,
+            "--wire-timing",
+            "--motion",
+            motion,
+            "--write-calibration",
+            str(calibration),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     port = process.stdout.readline().strip()  # type: ignore[union-attr]
     if not port.startswith("/dev/"):
         process.kill()
@@ -71,21 +84,25 @@ def measure(cycle: Callable[[], None], cycles: int, emulator_pids: list[int]) ->
     emu_cpu = sum(process_cpu_s(pid) for pid in emulator_pids) - emu_before
     wall_ms = np.array(wall) * 1e3
     return {
-        "p50": float(np.percentile(wall_ms, 50)), "p99": float(np.percentile(wall_ms, 99)),
-        "max": float(wall_ms.max()), "cpu": statistics.fmean(cpu) * 1e3,
-        "cpu_share": sum(cpu) / sum(wall), "emu_cpu": emu_cpu / cycles * 1e3,
+        "p50": float(np.percentile(wall_ms, 50)),
+        "p99": float(np.percentile(wall_ms, 99)),
+        "max": float(wall_ms.max()),
+        "cpu": statistics.fmean(cpu) * 1e3,
+        "cpu_share": sum(cpu) / sum(wall),
+        "emu_cpu": emu_cpu / cycles * 1e3,
     }
 
 
-def hilrec_cycle(leader_port: str, follower_port: str, calibration: Path, *,
-                 guards: bool) -> tuple[Callable[[], None], Callable[[], None]]:
+def hilrec_cycle(
+    leader_port: str, follower_port: str, calibration: Path, *, guards: bool
+) -> tuple[Callable[[], None], Callable[[], None]]:
     leader = hilrec_arm.SO101Leader(hilrec_arm.ArmConfig(port=leader_port, calibration=calibration))
-    follower = hilrec_arm.SO101Follower(hilrec_arm.FollowerConfig(port=follower_port,
-                                                                  calibration=calibration))
+    follower = hilrec_arm.SO101Follower(
+        hilrec_arm.FollowerConfig(port=follower_port, calibration=calibration)
+    )
     if not guards:
         for arm in (leader, follower):
-            arm.bus = FeetechBus(dataclasses.replace(arm.bus.config, flush_input=False,
-                                                     wait_slice_s=0.0))
+            arm.bus = FeetechBus(dataclasses.replace(arm.bus.config, flush_input=False, wait_slice_s=0.0))
     leader.open()
     follower.open()
 
@@ -101,18 +118,19 @@ def hilrec_cycle(leader_port: str, follower_port: str, calibration: Path, *,
     return cycle, close
 
 
-def lerobot_cycle(leader_port: str, follower_port: str, calibration: Path,
-                  workdir: Path) -> tuple[Callable[[], None], Callable[[], None]]:
+def lerobot_cycle(
+    leader_port: str, follower_port: str, calibration: Path, workdir: Path
+) -> tuple[Callable[[], None], Callable[[], None]]:
     from lerobot.robots.so_follower import SOFollower, SOFollowerRobotConfig
     from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
 
     for kind in ("leader", "follower"):
         (workdir / kind).mkdir(exist_ok=True)
         (workdir / kind / "bench.json").write_bytes(calibration.read_bytes())
-    leader = SOLeader(SOLeaderTeleopConfig(port=leader_port, id="bench",
-                                           calibration_dir=workdir / "leader"))
-    follower = SOFollower(SOFollowerRobotConfig(port=follower_port, id="bench",
-                                                calibration_dir=workdir / "follower"))
+    leader = SOLeader(SOLeaderTeleopConfig(port=leader_port, id="bench", calibration_dir=workdir / "leader"))
+    follower = SOFollower(
+        SOFollowerRobotConfig(port=follower_port, id="bench", calibration_dir=workdir / "follower")
+    )
     leader.connect(calibrate=False)
     follower.connect(calibrate=False)
 
@@ -143,13 +161,23 @@ def main() -> None:
         pids = [leader_proc.pid, follower_proc.pid]
         rows = []
         try:
-            runs = [("hilrec (flush + select wait)",
-                     lambda: hilrec_cycle(leader_port, follower_port, calibration, guards=True)),
-                    ("hilrec, SDK waiting (no flush, spin)",
-                     lambda: hilrec_cycle(leader_port, follower_port, calibration, guards=False))]
+            runs = [
+                (
+                    "hilrec (flush + select wait)",
+                    lambda: hilrec_cycle(leader_port, follower_port, calibration, guards=True),
+                ),
+                (
+                    "hilrec, SDK waiting (no flush, spin)",
+                    lambda: hilrec_cycle(leader_port, follower_port, calibration, guards=False),
+                ),
+            ]
             if not args.no_lerobot:
-                runs.append(("LeRobot 0.4.4 FeetechMotorsBus",
-                             lambda: lerobot_cycle(leader_port, follower_port, calibration, workdir)))
+                runs.append(
+                    (
+                        "LeRobot 0.4.4 FeetechMotorsBus",
+                        lambda: lerobot_cycle(leader_port, follower_port, calibration, workdir),
+                    )
+                )
             for name, build in runs:
                 print(f"running: {name}", file=sys.stderr, flush=True)
                 cycle, close = build()
@@ -165,26 +193,34 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(timeout=10)
     load = os.getloadavg()[0]
-    print(f"\nteleop cycle (leader sync read + follower sync read + follower sync write), "
-          f"{args.cycles} cycles, 2 emulators with wire timing at 1 Mbps, "
-          f"wire-time floor {WIRE_CRITICAL_MS:.2f} ms; {os.cpu_count()} CPUs, load average "
-          f"{load:.1f}\n")
-    header = (f"{'client':<38} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'CPU ms/cycle':>13} "
-              f"{'CPU/wall':>9} {'emulators CPU ms':>17}")
+    print(
+        f"\nteleop cycle (leader sync read + follower sync read + follower sync write), "
+        f"{args.cycles} cycles, 2 emulators with wire timing at 1 Mbps, "
+        f"wire-time floor {WIRE_CRITICAL_MS:.2f} ms; {os.cpu_count()} CPUs, load average "
+        f"{load:.1f}\n"
+    )
+    header = (
+        f"{'client':<38} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'CPU ms/cycle':>13} "
+        f"{'CPU/wall':>9} {'emulators CPU ms':>17}"
+    )
     print(header)
     print("-" * len(header))
     for name, r in rows:
         if "failed" in r:
             print(f"{name:<38} failed: {r['failed']}")
             continue
-        print(f"{name:<38} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.2f} {r['cpu']:>13.3f} "
-              f"{r['cpu_share']:>8.0%} {r['emu_cpu']:>17.3f}")
+        print(
+            f"{name:<38} {r['p50']:>7.2f} {r['p99']:>7.2f} {r['max']:>7.2f} {r['cpu']:>13.3f} "
+            f"{r['cpu_share']:>8.0%} {r['emu_cpu']:>17.3f}"
+        )
     base = rows[0][1]
     for name, r in rows[1:]:
         if "failed" in r or "failed" in base:
             continue
-        print(f"\n{name} / hilrec: p50 x{r['p50'] / base['p50']:.2f}, "
-              f"CPU per cycle x{r['cpu'] / base['cpu']:.2f}")
+        print(
+            f"\n{name} / hilrec: p50 x{r['p50'] / base['p50']:.2f}, "
+            f"CPU per cycle x{r['cpu'] / base['cpu']:.2f}"
+        )
 
 
 if __name__ == "__main__":

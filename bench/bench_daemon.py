@@ -45,10 +45,10 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hilrec.daemon.wire.client import ControlClient  # noqa: E402
-from hilrec.daemon.control.clock import TickPacer  # noqa: E402
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar  # noqa: E402
-from hilrec.daemon.errors import DaemonUnreachableError  # noqa: E402
+from hilrec.daemon.control.clock import TickPacer
+from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.errors import DaemonUnreachableError
+from hilrec.daemon.wire.client import ControlClient
 
 FPS = 25
 PERIOD = 1.0 / FPS
@@ -82,9 +82,17 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def config_text(root: Path, videos: list[Path], ports: list[int], priority: int, codec: str,
-                stall_ms: int, leader_motion: str) -> str:
-    cameras = "".join(f"""
+def config_text(
+    root: Path,
+    videos: list[Path],
+    ports: list[int],
+    priority: int,
+    codec: str,
+    stall_ms: int,
+    leader_motion: str,
+) -> str:
+    cameras = "".join(
+        f"""
 [cameras.{name}]
 source = "video"
 path = "{video}"
@@ -92,7 +100,9 @@ width = {W}
 height = {H}
 loop = true
 stall_ms = {stall_ms}
-""" for name, video in zip(("front", "wrist"), videos))
+"""
+        for name, video in zip(("front", "wrist"), videos)
+    )
     return f"""
 mode = "emulated"
 fps = {FPS}
@@ -126,16 +136,26 @@ def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def run_session(duration: float, priority: int, codec: str, stall_ms: int, leader_motion: str,
-                client_priority: int, workdir: Path) -> dict[str, Any]:
+def run_session(
+    duration: float,
+    priority: int,
+    codec: str,
+    stall_ms: int,
+    leader_motion: str,
+    client_priority: int,
+    workdir: Path,
+) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
     config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, leader_motion))
     log = (workdir / "daemon.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     import zmq
 
     client_context = zmq.Context()
@@ -152,7 +172,9 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, leade
                 break
             except DaemonUnreachableError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"daemon did not start:\n{(workdir / 'daemon.log').read_text()}") from None
+                    raise SystemExit(
+                        f"daemon did not start:\n{(workdir / 'daemon.log').read_text()}"
+                    ) from None
         status = client.request("status")
         emulators = [d["emulator_pid"] for d in status["devices"].values() if "emulator_pid" in d]
         result["priority"] = status["loop"]["priority"]
@@ -185,8 +207,10 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, leade
         elapsed = time.monotonic() - t0
         if not stop["ok"]:
             status = client.request("status")
-            raise SystemExit(f"stop_episode refused: {stop['error']}; faults {status['faults']}; "
-                             f"last episode {status['last_episode']}")
+            raise SystemExit(
+                f"stop_episode refused: {stop['error']}; faults {status['faults']}; "
+                f"last episode {status['last_episode']}"
+            )
         cpu1 = {pid: cpu_seconds(pid) for pid in cpu0}
         while True:
             status = client.request("status")
@@ -199,10 +223,15 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, leade
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         client.request("shutdown")
         process.wait(120)
-        result.update(frames=stop["frames"], rtt=np.array(rtts), queue_max=queue_max,
-                      cpu_daemon=(cpu1[process.pid] - cpu0[process.pid]) / elapsed * 100,
-                      cpu_emulators=sum(cpu1[p] - cpu0[p] for p in emulators) / elapsed * 100,
-                      faults=status["faults"], last=status["last_episode"])
+        result.update(
+            frames=stop["frames"],
+            rtt=np.array(rtts),
+            queue_max=queue_max,
+            cpu_daemon=(cpu1[process.pid] - cpu0[process.pid]) / elapsed * 100,
+            cpu_emulators=sum(cpu1[p] - cpu0[p] for p in emulators) / elapsed * 100,
+            faults=status["faults"],
+            last=status["last_episode"],
+        )
     finally:
         client.close()
         client_context.term()
@@ -214,8 +243,12 @@ def run_session(duration: float, priority: int, codec: str, stall_ms: int, leade
     if meta is None:
         raise SystemExit(f"no episode saved: {result}\n{(workdir / 'daemon.log').read_text()}")
     result["meta"], result["arrays"] = meta, arrays
-    check = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "check", str(root)],
-                           capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", "check", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     result["check"] = "passed" if check.returncode == 0 else "FAILED\n" + check.stdout
     return result
 
@@ -252,35 +285,64 @@ def pacer_comparison(ticks: int) -> dict[str, dict[str, float]]:
 
 def _pacing_stats(starts: np.ndarray) -> dict[str, float]:
     nominal = np.arange(len(starts)) * PERIOD
-    return {"rate_hz": (len(starts) - 1) / (starts[-1] - starts[0]),
-            "drift_ms": (starts[-1] - nominal[-1]) * 1e3,
-            "interval_p99_ms": pct(np.abs(np.diff(starts) - PERIOD) * 1e3, 99)}
+    return {
+        "rate_hz": (len(starts) - 1) / (starts[-1] - starts[0]),
+        "drift_ms": (starts[-1] - nominal[-1]) * 1e3,
+        "interval_p99_ms": pct(np.abs(np.diff(starts) - PERIOD) * 1e3, 99),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=120.0, help="episode length in seconds")
-    parser.add_argument("--priority", type=int, default=10,
-                        help="SCHED_FIFO priority of the loop thread (0 = normal scheduling)")
-    parser.add_argument("--leader-motion", default="wave", choices=("wave", "operator"),
-                        help="the emulated leader's hand: a smooth wave, or the scripted operator "
-                             "(which re-plans inside the emulator's serving thread at every "
-                             "episode boundary, leaving the leader silent for ~0.5 s every 20 s)")
-    parser.add_argument("--client-priority", type=int, default=3,
-                        help="SCHED_FIFO priority of the measuring control client (0 = normal)")
-    parser.add_argument("--codec", default="libx264", choices=("libx264", "libsvtav1"),
-                        help="video codec (libsvtav1, LeRobot's default, needs ~32 ms of CPU per "
-                             "640x480 frame here: 1.6 cores for two cameras at 25 Hz)")
-    parser.add_argument("--stall-ms", type=int, default=500,
-                        help="camera stall limit (LeRobot's read_latest max age is 500 ms)")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=10,
+        help="SCHED_FIFO priority of the loop thread (0 = normal scheduling)",
+    )
+    parser.add_argument(
+        "--leader-motion",
+        default="wave",
+        choices=("wave", "operator"),
+        help="the emulated leader's hand: a smooth wave, or the scripted operator "
+        "(which re-plans inside the emulator's serving thread at every "
+        "episode boundary, leaving the leader silent for ~0.5 s every 20 s)",
+    )
+    parser.add_argument(
+        "--client-priority",
+        type=int,
+        default=3,
+        help="SCHED_FIFO priority of the measuring control client (0 = normal)",
+    )
+    parser.add_argument(
+        "--codec",
+        default="libx264",
+        choices=("libx264", "libsvtav1"),
+        help="video codec (libsvtav1, LeRobot's default, needs ~32 ms of CPU per "
+        "640x480 frame here: 1.6 cores for two cameras at 25 Hz)",
+    )
+    parser.add_argument(
+        "--stall-ms",
+        type=int,
+        default=500,
+        help="camera stall limit (LeRobot's read_latest max age is 500 ms)",
+    )
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     args = parser.parse_args(argv)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
-        r = run_session(args.duration, args.priority, args.codec, args.stall_ms, args.leader_motion,
-                        args.client_priority, workdir)
+        r = run_session(
+            args.duration,
+            args.priority,
+            args.codec,
+            args.stall_ms,
+            args.leader_motion,
+            args.client_priority,
+            workdir,
+        )
         arrays = r["arrays"]
         start, deadline = arrays["tick_start"], arrays["tick_deadline"]
         jitter = np.abs(start - deadline) * 1e3
@@ -290,39 +352,57 @@ def main(argv: list[str] | None = None) -> int:
         duration_ms = (arrays["tick_end"] - start) * 1e3
         rtt = r["rtt"]
         counts = r["meta"]["frame_flags"]["counts"]
-        print(f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
-              f"video-file cameras encoded ({args.codec}), 1 Mbps wire timing")
-        print(f"loop priority: {r['priority']}; leader motion: {args.leader_motion}; emulated arms: "
-              f"nice -10; load average before {r['load_before'][0]:.2f}, "
-              f"after {r['load_after'][0]:.2f} ({os.cpu_count()} CPUs); frames {r['frames']}; "
-              f"hilrec check: {r['check']}")
+        print(
+            f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
+            f"video-file cameras encoded ({args.codec}), 1 Mbps wire timing"
+        )
+        print(
+            f"loop priority: {r['priority']}; leader motion: {args.leader_motion}; emulated arms: "
+            f"nice -10; load average before {r['load_before'][0]:.2f}, "
+            f"after {r['load_after'][0]:.2f} ({os.cpu_count()} CPUs); frames {r['frames']}; "
+            f"hilrec check: {r['check']}"
+        )
         print()
         print("| measure | p50 | p99 | max | target | met |")
         print("|---|---:|---:|---:|---|---|")
         missed = overruns + skipped
-        print(f"| missed deadlines (overruns + skipped slots) | | | {missed} ({overruns} + {skipped}) "
-              f"| 0 | {'yes' if missed == 0 else 'NO'} |")
-        print(f"| tick jitter, ms (start - deadline) | {pct(jitter, 50):.3f} | {pct(jitter, 99):.3f} | "
-              f"{jitter.max():.3f} | p99 <= 2 | {'yes' if pct(jitter, 99) <= 2 else 'NO'} |")
-        print(f"| leader read -> follower write, ms | {pct(latency, 50):.3f} | {pct(latency, 99):.3f} | "
-              f"{latency.max():.3f} | p99 <= 5 | {'yes' if pct(latency, 99) <= 5 else 'NO'} |")
-        print(f"| control round trip while recording, ms (n={len(rtt)}, client {r['client_priority']}) | {pct(rtt, 50):.3f} | "
-              f"{pct(rtt, 99):.3f} | {rtt.max():.3f} | p99 <= 5 | {'yes' if pct(rtt, 99) <= 5 else 'NO'} |")
-        print(f"| tick work, ms (start -> end) | {pct(duration_ms, 50):.3f} | {pct(duration_ms, 99):.3f} | "
-              f"{duration_ms.max():.3f} | < 40 | |")
+        print(
+            f"| missed deadlines (overruns + skipped slots) | | | {missed} ({overruns} + {skipped}) "
+            f"| 0 | {'yes' if missed == 0 else 'NO'} |"
+        )
+        print(
+            f"| tick jitter, ms (start - deadline) | {pct(jitter, 50):.3f} | {pct(jitter, 99):.3f} | "
+            f"{jitter.max():.3f} | p99 <= 2 | {'yes' if pct(jitter, 99) <= 2 else 'NO'} |"
+        )
+        print(
+            f"| leader read -> follower write, ms | {pct(latency, 50):.3f} | {pct(latency, 99):.3f} | "
+            f"{latency.max():.3f} | p99 <= 5 | {'yes' if pct(latency, 99) <= 5 else 'NO'} |"
+        )
+        print(
+            f"| control round trip while recording, ms (n={len(rtt)}, client {r['client_priority']}) | {pct(rtt, 50):.3f} | "
+            f"{pct(rtt, 99):.3f} | {rtt.max():.3f} | p99 <= 5 | {'yes' if pct(rtt, 99) <= 5 else 'NO'} |"
+        )
+        print(
+            f"| tick work, ms (start -> end) | {pct(duration_ms, 50):.3f} | {pct(duration_ms, 99):.3f} | "
+            f"{duration_ms.max():.3f} | < 40 | |"
+        )
         print(f"| CPU, daemon process, % of one core | | | {r['cpu_daemon']:.1f} | reported | |")
         print(f"| CPU, two emulator processes, % of one core | | | {r['cpu_emulators']:.1f} | reported | |")
         print()
-        print(f"frame flags: {json.dumps(counts)}; writer queue max {r['queue_max']} frames; "
-              f"stop -> saved {r['save_s']:.2f} s; faults at the end: {r['faults'] or 'none'}")
+        print(
+            f"frame flags: {json.dumps(counts)}; writer queue max {r['queue_max']} frames; "
+            f"stop -> saved {r['save_s']:.2f} s; faults at the end: {r['faults'] or 'none'}"
+        )
         if args.pacer_ticks > 0:
             print()
             print(f"## pacing side by side ({args.pacer_ticks} ticks at {FPS} Hz, 2-6 ms of work per tick)")
             print("| pacer | rate, Hz | drift after the run, ms | |interval - period| p99, ms |")
             print("|---|---:|---:|---:|")
             for name, stats in pacer_comparison(args.pacer_ticks).items():
-                print(f"| {name} | {stats['rate_hz']:.3f} | {stats['drift_ms']:.1f} | "
-                      f"{stats['interval_p99_ms']:.3f} |")
+                print(
+                    f"| {name} | {stats['rate_hz']:.3f} | {stats['drift_ms']:.1f} | "
+                    f"{stats['interval_p99_ms']:.3f} |"
+                )
     finally:
         if args.keep is not None:
             shutil.copytree(workdir, args.keep, dirs_exist_ok=True)

@@ -31,16 +31,16 @@ import numpy as np
 # The hardware-like recorders live with the replay tests; the benchmark reuses them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "replay"))
 
-from _recordings import RecordingSpec, make_twin, record, record_emulated, write_native  # noqa: E402
+from _recordings import RecordingSpec, make_twin, record, record_emulated, write_native
 
-from hilrec.daemon.dataset import reader  # noqa: E402
-from hilrec.daemon.errors import BusError  # noqa: E402
-from hilrec.daemon.replay.analysis import Trajectories, Verdict, analyse  # noqa: E402
-from hilrec.daemon.replay.check import check_dataset  # noqa: E402
-from hilrec.daemon.replay.engine import ReplayEngine  # noqa: E402
-from hilrec.daemon.replay.report import plot_episode  # noqa: E402
-from hilrec.daemon.replay.settings import ReplaySettings, load_replay_settings  # noqa: E402
-from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY  # noqa: E402
+from hilrec.daemon.dataset import reader
+from hilrec.daemon.errors import BusError
+from hilrec.daemon.replay.analysis import Trajectories, Verdict, analyse
+from hilrec.daemon.replay.check import check_dataset
+from hilrec.daemon.replay.engine import ReplayEngine
+from hilrec.daemon.replay.report import plot_episode
+from hilrec.daemon.replay.settings import ReplaySettings, load_replay_settings
+from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 
 FPS = 25
 TARGET = 2000.0
@@ -48,8 +48,10 @@ TARGET = 2000.0
 
 def build_dataset(root: Path, episodes: int, frames: int) -> Path:
     twin = make_twin()
-    recorded = [record(RecordingSpec(seed=seed, frames=frames, obs_shift_frames=seed % 2), twin)
-                for seed in range(episodes)]
+    recorded = [
+        record(RecordingSpec(seed=seed, frames=frames, obs_shift_frames=seed % 2), twin)
+        for seed in range(episodes)
+    ]
     return write_native(root, recorded, twin)
 
 
@@ -66,8 +68,12 @@ def stage_times(root: Path, episodes: int, settings: ReplaySettings) -> dict[str
         t1 = time.perf_counter()
         replayed = engine.replay(state[0], action)
         t2 = time.perf_counter()
-        analyse(index, Trajectories(recorded=state, replayed=replayed, action=action,
-                                    limits=limits), fps=FPS, settings=settings)
+        analyse(
+            index,
+            Trajectories(recorded=state, replayed=replayed, action=action, limits=limits),
+            fps=FPS,
+            settings=settings,
+        )
         t3 = time.perf_counter()
         read_s, replay_s, analyse_s = read_s + t1 - t0, replay_s + t2 - t1, analyse_s + t3 - t2
     engine.close()
@@ -104,23 +110,34 @@ def speed(args: argparse.Namespace, settings: ReplaySettings) -> None:
 
     med = statistics.median(runs)
     rate = total / med
-    print(f"\n## Replay-check speed: {args.episodes} episodes x {args.frames} frames = {total} "
-          f"frames, {args.repeats} runs (verdicts {verdicts})\n")
+    print(
+        f"\n## Replay-check speed: {args.episodes} episodes x {args.frames} frames = {total} "
+        f"frames, {args.repeats} runs (verdicts {verdicts})\n"
+    )
     print("| what | median s | frames/s | vs target 2000/s |")
     print("|---|---:|---:|---:|")
-    print(f"| check_dataset end to end (read + replay + analyse) | {med:.3f} | {rate:,.0f} | "
-          f"{rate / TARGET:.2f}x |")
+    print(
+        f"| check_dataset end to end (read + replay + analyse) | {med:.3f} | {rate:,.0f} | "
+        f"{rate / TARGET:.2f}x |"
+    )
     for stage in ("read", "replay", "analyse"):
         s = statistics.median(st[stage] for st in stages)
         print(f"| stage: {stage} | {s:.3f} | {total / s:,.0f} | |")
-    print(f"| twin step_frame alone (ceiling) | {total / ceiling:.3f} | {ceiling:,.0f} | "
-          f"{ceiling / TARGET:.2f}x |")
-    print(f"| real time (lerobot-replay on an arm, reference, not measured) | "
-          f"{total / FPS:.1f} | {FPS} | {FPS / TARGET:.3f}x |")
-    print(f"\nReport (optional, --report): median {statistics.median(plot_s):.2f} s per episode "
-          f"PNG ({len(plot_s)} episodes of {args.frames} frames).")
-    print(f"Runs (s): {', '.join(f'{r:.3f}' for r in runs)}; "
-          f"target {'met' if rate >= TARGET else 'NOT met'}.")
+    print(
+        f"| twin step_frame alone (ceiling) | {total / ceiling:.3f} | {ceiling:,.0f} | "
+        f"{ceiling / TARGET:.2f}x |"
+    )
+    print(
+        f"| real time (lerobot-replay on an arm, reference, not measured) | "
+        f"{total / FPS:.1f} | {FPS} | {FPS / TARGET:.3f}x |"
+    )
+    print(
+        f"\nReport (optional, --report): median {statistics.median(plot_s):.2f} s per episode "
+        f"PNG ({len(plot_s)} episodes of {args.frames} frames)."
+    )
+    print(
+        f"Runs (s): {', '.join(f'{r:.3f}' for r in runs)}; target {'met' if rate >= TARGET else 'NOT met'}."
+    )
 
 
 def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
@@ -131,8 +148,9 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
         for i in range(args.thresholds):
             for _attempt in range(3):
                 try:
-                    episodes.append(record_emulated(RecordingSpec(seed=100 + i, frames=args.frames),
-                                                    work, realtime=True))
+                    episodes.append(
+                        record_emulated(RecordingSpec(seed=100 + i, frames=args.frames), work, realtime=True)
+                    )
                     break
                 except BusError as exc:  # seen on a loaded machine while opening the follower
                     failed_opens += 1
@@ -145,23 +163,30 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     body = [j for r in check.results for j in r.joints if j.name != "gripper"]
     grip = [j for r in check.results for j in r.joints if j.name == "gripper"]
     lags = [r.lag.frames for r in check.results if r.lag and r.lag.frames is not None]
-    print(f"\n## Clean emulated recordings, wall-clock 25 Hz: {args.thresholds} episodes x "
-          f"{args.frames} frames ({recorded_s:.0f} s)\n")
+    print(
+        f"\n## Clean emulated recordings, wall-clock 25 Hz: {args.thresholds} episodes x "
+        f"{args.frames} frames ({recorded_s:.0f} s)\n"
+    )
     print("| quantity | median | max | limit in configs/replay.toml |")
     print("|---|---:|---:|---:|")
     c = settings.consistency
     rows = [
         ("body joint aligned RMS error [deg]", [j.aligned_rms_error for j in body], None),
         ("body joint aligned max error [deg]", [j.aligned_max_error for j in body], None),
-        ("body joint judged RMS error [deg] (+-1 frame slack)", [j.judged_rms_error for j in body],
-         c.body.rms),
-        ("body joint judged max error [deg] (+-1 frame slack)", [j.judged_max_error for j in body],
-         c.body.max),
+        (
+            "body joint judged RMS error [deg] (+-1 frame slack)",
+            [j.judged_rms_error for j in body],
+            c.body.rms,
+        ),
+        (
+            "body joint judged max error [deg] (+-1 frame slack)",
+            [j.judged_max_error for j in body],
+            c.body.max,
+        ),
         ("gripper judged RMS error", [j.judged_rms_error for j in grip], c.gripper.rms),
         ("gripper judged max error", [j.judged_max_error for j in grip], c.gripper.max),
         ("|lag| [frames]", [abs(x) for x in lags], settings.lag.tolerance_frames),
-        ("body joint motion, peak to peak [deg]", [j.motion for j in body],
-         settings.lag.min_motion_deg),
+        ("body joint motion, peak to peak [deg]", [j.motion for j in body], settings.lag.min_motion_deg),
     ]
     for name, values, limit in rows:
         shown = "-" if limit is None else f"{limit:g}"
@@ -169,8 +194,10 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
     stale = [len(r.stale_rows) for r in check.results]
     print(f"\nStale rows (a reading repeating the last while the twin moved) per episode: {stale}.")
     blips = sum(j.blips for r in check.results for j in r.joints)
-    print(f"\nVerdicts: {[r.verdict.value for r in check.results]}; blips above the max: {blips}; "
-          f"recordings retried after a bus error: {failed_opens}.")
+    print(
+        f"\nVerdicts: {[r.verdict.value for r in check.results]}; blips above the max: {blips}; "
+        f"recordings retried after a bus error: {failed_opens}."
+    )
     per_episode = [f"{r.lag.frames:+.2f}" for r in check.results if r.lag and r.lag.frames is not None]
     print(f"Lag per episode [frames]: {', '.join(per_episode)}")
     worst = max(body, key=lambda j: j.aligned_max_error)
@@ -182,8 +209,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--frames", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--thresholds", type=int, default=0, metavar="N",
-                        help="also record N clean emulated episodes on the wall clock")
+    parser.add_argument(
+        "--thresholds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also record N clean emulated episodes on the wall clock",
+    )
     args = parser.parse_args()
     settings = load_replay_settings()
     speed(args, settings)

@@ -30,16 +30,21 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("LP_NUM_THREADS", "1")  # as hilrec.sim.render sets it, for every row
 
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
+import mujoco
+import numpy as np
 
-from hilrec.sim.episode import (act_and_step, operator_action, outcome_of,  # noqa: E402
-                                 push_schedule, pushes_by_frame)
-from hilrec.sim.operator import ScriptedOperator  # noqa: E402
-from hilrec.sim.recorder import RecordConfig, record  # noqa: E402
-from hilrec.sim.replay import replay_check  # noqa: E402
-from hilrec.sim.scene import SceneConfig, compile_scene  # noqa: E402
-from hilrec.sim.twin import Twin  # noqa: E402
+from hilrec.sim.episode import (
+    act_and_step,
+    operator_action,
+    outcome_of,
+    push_schedule,
+    pushes_by_frame,
+)
+from hilrec.sim.operator import ScriptedOperator
+from hilrec.sim.recorder import RecordConfig, record
+from hilrec.sim.replay import replay_check
+from hilrec.sim.scene import SceneConfig, compile_scene
+from hilrec.sim.twin import Twin
 
 ROWS: list[tuple[str, str, str]] = []
 
@@ -68,15 +73,14 @@ def sim_loop(seeds: range, push_rate: float = 0.0) -> tuple[list[float], int, in
     return speeds, successes, frames
 
 
-def bench_record(workdir: Path, episodes: int, cameras: tuple[str, ...]
-                 ) -> tuple[Path, float, float, list[int]]:
+def bench_record(
+    workdir: Path, episodes: int, cameras: tuple[str, ...]
+) -> tuple[Path, float, float, list[int]]:
     """(root, wall s, CPU s of every thread, frames per episode) of one ``record`` run."""
     root = workdir / f"rec-{'-'.join(cameras) or 'none'}"
     cpu = time.process_time()
-    summary = record(RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras),
-                     progress=False)
-    return (root, summary.wall_seconds, time.process_time() - cpu,
-            [e.frames for e in summary.episodes])
+    summary = record(RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras), progress=False)
+    return (root, summary.wall_seconds, time.process_time() - cpu, [e.frames for e in summary.episodes])
 
 
 def bench_record_process(workdir: Path, episodes: int) -> tuple[float, int]:
@@ -84,10 +88,28 @@ def bench_record_process(workdir: Path, episodes: int) -> tuple[float, int]:
     start-up, every import, the recording and the finalized dataset."""
     root = workdir / "rec-process"
     began = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "record", "--sim", "--root",
-                           str(root), "--episodes", str(episodes), "--seed", "1000",
-                           "--cameras", "none", "--no-progress"],
-                          capture_output=True, text=True, check=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hilrec.daemon.cli",
+            "record",
+            "--sim",
+            "--root",
+            str(root),
+            "--episodes",
+            str(episodes),
+            "--seed",
+            "1000",
+            "--cameras",
+            "none",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     seconds = time.perf_counter() - began
     return seconds, int(re.search(r"(\d+) frames", done.stdout).group(1))
 
@@ -100,19 +122,17 @@ def bench_writer_alone(workdir: Path, lengths: list[int]) -> tuple[float, float]
 
     row_values = np.zeros(6, dtype=np.float32)
     began, cpu = time.perf_counter(), time.process_time()
-    with DatasetWriter.create(workdir / "writer-alone", fps=25, features=sim_features({}),
-                              robot_type=ROBOT_TYPE) as writer:
+    with DatasetWriter.create(
+        workdir / "writer-alone", fps=25, features=sim_features({}), robot_type=ROBOT_TYPE
+    ) as writer:
         for length in lengths:
             for _ in range(length):
-                writer.add_frame({"action": row_values, "observation.state": row_values,
-                                  "task": "t"})
-            writer.save_episode(sidecar={"sim": {}},
-                                arrays={"initial_state": np.zeros(110)})
+                writer.add_frame({"action": row_values, "observation.state": row_values, "task": "t"})
+            writer.save_episode(sidecar={"sim": {}}, arrays={"initial_state": np.zeros(110)})
     return time.perf_counter() - began, time.process_time() - cpu
 
 
-def render_times(model: mujoco.MjModel, state: np.ndarray, *, shadows: bool, frames: int = 30
-                 ) -> float:
+def render_times(model: mujoco.MjModel, state: np.ndarray, *, shadows: bool, frames: int = 30) -> float:
     """Median seconds per 640x480 frame of the front camera at a twin state."""
     data = mujoco.MjData(model)
     mujoco.mj_setState(model, data, state, mujoco.mjtState.mjSTATE_INTEGRATION)
@@ -123,8 +143,11 @@ def render_times(model: mujoco.MjModel, state: np.ndarray, *, shadows: bool, fra
         for _ in range(frames + 2):
             began = time.perf_counter()
             renderer.update_scene(data, camera="front")
-            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
-                         mujoco.mjtRndFlag.mjRND_SKYBOX):
+            for flag in (
+                mujoco.mjtRndFlag.mjRND_SHADOW,
+                mujoco.mjtRndFlag.mjRND_REFLECTION,
+                mujoco.mjtRndFlag.mjRND_SKYBOX,
+            ):
                 renderer.scene.flags[flag] = int(shadows)
             renderer.render()
             times.append(time.perf_counter() - began)
@@ -139,8 +162,11 @@ def bench_render() -> None:
         twin.reset(0)
         state = twin.get_state()  # the render variants share the physics model's state layout
     full = compile_scene(scene, "full")
-    print(f"  meshes: full {int(full.mesh_facenum.sum())} triangles, fast "
-          f"{int(compile_scene(scene, 'fast').mesh_facenum.sum())}", file=sys.stderr)
+    print(
+        f"  meshes: full {int(full.mesh_facenum.sum())} triangles, fast "
+        f"{int(compile_scene(scene, 'fast').mesh_facenum.sum())}",
+        file=sys.stderr,
+    )
     default = copy.copy(full)  # MuJoCo's defaults: 4096 shadow map, 4x MSAA, shadow-casting light
     default.vis.quality.shadowsize = 4096
     default.vis.quality.offsamples = 4
@@ -148,12 +174,19 @@ def bench_render() -> None:
     baseline = render_times(default, state, shadows=True, frames=6)
     no_shadow = render_times(full, state, shadows=False, frames=10)
     fast = render_times(compile_scene(scene, "fast"), state, shadows=False)
-    row("render 640x480, shipped meshes, MuJoCo defaults (shadows, 4x MSAA)",
-        f"{1 / baseline:.1f} frames/s (median {baseline * 1000:.0f} ms)")
-    row("render 640x480, shipped meshes, no shadows/reflections/MSAA",
-        f"{1 / no_shadow:.1f} frames/s ({baseline / no_shadow:.1f}x defaults)")
-    row("render 640x480, simplified meshes (hilrec default)",
-        f"{1 / fast:.1f} frames/s ({baseline / fast:.1f}x defaults)", ">= 25 frames/s")
+    row(
+        "render 640x480, shipped meshes, MuJoCo defaults (shadows, 4x MSAA)",
+        f"{1 / baseline:.1f} frames/s (median {baseline * 1000:.0f} ms)",
+    )
+    row(
+        "render 640x480, shipped meshes, no shadows/reflections/MSAA",
+        f"{1 / no_shadow:.1f} frames/s ({baseline / no_shadow:.1f}x defaults)",
+    )
+    row(
+        "render 640x480, simplified meshes (hilrec default)",
+        f"{1 / fast:.1f} frames/s ({baseline / fast:.1f}x defaults)",
+        ">= 25 frames/s",
+    )
 
 
 def main() -> int:
@@ -163,51 +196,71 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=100, help="seeds for the success rate")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench_sim_"))
-    print(f"bench_sim: MuJoCo {mujoco.__version__}, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"bench_sim: MuJoCo {mujoco.__version__}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
     try:
         speeds, _, _ = sim_loop(range(2000, 2000 + args.episodes))
-        row("sim loop, no cameras, no writer (twin + operator)",
-            f"{statistics.median(speeds):.0f}x real time (median of {len(speeds)} episodes)")
+        row(
+            "sim loop, no cameras, no writer (twin + operator)",
+            f"{statistics.median(speeds):.0f}x real time (median of {len(speeds)} episodes)",
+        )
 
         root, seconds, cpu, lengths = bench_record(workdir, args.episodes, ())
         frames = sum(lengths)
-        row("hilrec record --sim --cameras none: record() (twin, writer, episodes, finalize)",
-            f"{frames / 25 / seconds:.0f}x real time ({frames} frames in {seconds:.2f} s, "
-            f"CPU {cpu:.2f} s)", ">= 100x real time")
+        row(
+            "hilrec record --sim --cameras none: record() (twin, writer, episodes, finalize)",
+            f"{frames / 25 / seconds:.0f}x real time ({frames} frames in {seconds:.2f} s, CPU {cpu:.2f} s)",
+            ">= 100x real time",
+        )
         seconds, cpu = bench_writer_alone(workdir, lengths)
-        row("  of which: native DatasetWriter alone on the same rows",
-            f"{seconds:.2f} s (CPU {cpu:.2f} s) = {frames / 25 / seconds:.0f}x real time")
+        row(
+            "  of which: native DatasetWriter alone on the same rows",
+            f"{seconds:.2f} s (CPU {cpu:.2f} s) = {frames / 25 / seconds:.0f}x real time",
+        )
         seconds, frames_process = bench_record_process(workdir, args.episodes)
-        row("  the same as a whole hilrec record process (python start-up, imports)",
-            f"{frames_process / 25 / seconds:.0f}x real time ({frames_process} frames in "
-            f"{seconds:.2f} s)")
+        row(
+            "  the same as a whole hilrec record process (python start-up, imports)",
+            f"{frames_process / 25 / seconds:.0f}x real time ({frames_process} frames in {seconds:.2f} s)",
+        )
 
         began = time.perf_counter()
         report = replay_check(root)
         seconds_replay = time.perf_counter() - began
         assert report.passed, report.format_text()
-        row("hilrec check --replay (replay_check, reading included)",
+        row(
+            "hilrec check --replay (replay_check, reading included)",
             f"{frames / seconds_replay:.0f} frames/s, all {len(report.episodes)} bit-exact",
-            ">= 2000 frames/s")
+            ">= 2000 frames/s",
+        )
 
         bench_render()
         _, seconds, cpu, lengths = bench_record(workdir, args.camera_episodes, ("front",))
         frames = sum(lengths)
-        row("hilrec record --sim --cameras front 640x480 (render + encode + write)",
-            f"{frames / seconds:.1f} frames/s ({frames} frames in {seconds:.1f} s, "
-            f"CPU {cpu:.1f} s)", ">= 25 frames/s")
+        row(
+            "hilrec record --sim --cameras front 640x480 (render + encode + write)",
+            f"{frames / seconds:.1f} frames/s ({frames} frames in {seconds:.1f} s, CPU {cpu:.1f} s)",
+            ">= 25 frames/s",
+        )
 
         _, successes, _ = sim_loop(range(args.seeds))
-        row(f"scripted operator success, seeds 0..{args.seeds - 1}",
-            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)", ">= 90 %")
+        row(
+            f"scripted operator success, seeds 0..{args.seeds - 1}",
+            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)",
+            ">= 90 %",
+        )
         _, successes, _ = sim_loop(range(args.seeds), push_rate=0.5)
-        row(f"scripted operator success with 0.5 pushes/s (re-plans when the cube is knocked), seeds 0..{args.seeds - 1}",
-            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)")
+        row(
+            f"scripted operator success with 0.5 pushes/s (re-plans when the cube is knocked), seeds 0..{args.seeds - 1}",
+            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)",
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"load average at the end {os.getloadavg()[0]:.1f} (2 CPUs shared with other work)",
-          file=sys.stderr)
+    print(
+        f"load average at the end {os.getloadavg()[0]:.1f} (2 CPUs shared with other work)", file=sys.stderr
+    )
 
     width = max(len(name) for name, _, _ in ROWS)
     value_width = max(len(value) for _, value, _ in ROWS)

@@ -34,8 +34,8 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from hilrec.daemon.dataset.writer import DatasetWriter  # noqa: E402
-from hilrec.daemon.so101 import so101_features  # noqa: E402
+from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.so101 import so101_features
 
 FPS = 25
 FRAMES = 1500
@@ -56,9 +56,11 @@ def make_frames(with_camera: bool) -> list[dict]:
             images.append(np.clip(img, 0, 255).astype(np.uint8))
     frames = []
     for i in range(FRAMES):
-        frame = {"action": rng.normal(size=6).astype(np.float32),
-                 "observation.state": rng.normal(size=6).astype(np.float32),
-                 "task": "pick the cube"}
+        frame = {
+            "action": rng.normal(size=6).astype(np.float32),
+            "observation.state": rng.normal(size=6).astype(np.float32),
+            "task": "pick the cube",
+        }
         if with_camera:
             frame[CAM] = images[i % len(images)]
         frames.append(frame)
@@ -69,13 +71,18 @@ def dir_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def run_hilrec(root: Path, frames: list[dict], with_camera: bool, wait_for_encoder: bool,
-               ) -> dict[str, float]:
+def run_hilrec(
+    root: Path,
+    frames: list[dict],
+    with_camera: bool,
+    wait_for_encoder: bool,
+) -> dict[str, float]:
     features = so101_features({"front": (H, W)} if with_camera else None)
     queue_bytes = (FRAMES + 10) * H * W * 3
     start = time.perf_counter()
-    writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type="so_follower",
-                                  max_video_queue_bytes=queue_bytes)
+    writer = DatasetWriter.create(
+        root, fps=FPS, features=features, robot_type="so_follower", max_video_queue_bytes=queue_bytes
+    )
     for frame in frames:
         writer.add_frame(frame)
     fed = time.perf_counter()
@@ -88,19 +95,32 @@ def run_hilrec(root: Path, frames: list[dict], with_camera: bool, wait_for_encod
     saved = time.perf_counter()
     writer.finalize()
     done = time.perf_counter()
-    return {"add_s": fed - start, "save_s": saved - before_save, "to_saved_s": saved - start,
-            "total_s": done - start, "bytes": dir_bytes(root)}
+    return {
+        "add_s": fed - start,
+        "save_s": saved - before_save,
+        "to_saved_s": saved - start,
+        "total_s": done - start,
+        "bytes": dir_bytes(root),
+    }
 
 
 def run_lerobot(root: Path, frames: list[dict], with_camera: bool) -> dict[str, float]:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    features = {k: {**v, "shape": tuple(v["shape"])}
-                for k, v in so101_features({"front": (H, W)} if with_camera else None).items()}
+    features = {
+        k: {**v, "shape": tuple(v["shape"])}
+        for k, v in so101_features({"front": (H, W)} if with_camera else None).items()
+    }
     start = time.perf_counter()
-    dataset = LeRobotDataset.create("bench/lerobot", fps=FPS, features=features, root=root,
-                                    robot_type="so_follower", use_videos=with_camera,
-                                    image_writer_threads=4 if with_camera else 0)
+    dataset = LeRobotDataset.create(
+        "bench/lerobot",
+        fps=FPS,
+        features=features,
+        root=root,
+        robot_type="so_follower",
+        use_videos=with_camera,
+        image_writer_threads=4 if with_camera else 0,
+    )
     for frame in frames:
         dataset.add_frame(dict(frame))
     fed = time.perf_counter()
@@ -110,9 +130,14 @@ def run_lerobot(root: Path, frames: list[dict], with_camera: bool) -> dict[str, 
     done = time.perf_counter()
     if dataset.image_writer is not None:
         dataset.stop_image_writer()
-    return {"add_s": fed - start, "save_s": saved - fed, "to_saved_s": saved - start,
-            "total_s": done - start, "bytes": dir_bytes(root),
-            "save_finalize_s": done - fed}
+    return {
+        "add_s": fed - start,
+        "save_s": saved - fed,
+        "to_saved_s": saved - start,
+        "total_s": done - start,
+        "bytes": dir_bytes(root),
+        "save_finalize_s": done - fed,
+    }
 
 
 def median_of(runs: list[dict[str, float]], key: str) -> float:
@@ -152,28 +177,43 @@ def main(argv: list[str] | None = None) -> int:
     save_theirs = median_of(theirs_video, "save_s")
     save_fin_theirs = median_of(theirs_video, "save_finalize_s")
 
-    print(f"# bench_writer: {FRAMES} frames ({FRAMES // FPS} s at {FPS} fps), SO-101 columns, "
-          f"camera {W}x{H}; medians of {args.repeats} (no video) / {args.video_repeats} (video) runs\n")
+    print(
+        f"# bench_writer: {FRAMES} frames ({FRAMES // FPS} s at {FPS} fps), SO-101 columns, "
+        f"camera {W}x{H}; medians of {args.repeats} (no video) / {args.video_repeats} (video) runs\n"
+    )
     print("| measure | hilrec native | LeRobot 0.4.4 | hilrec / LeRobot |")
     print("|---|---:|---:|---:|")
-    print(f"| frames/s, no video (add + save + finalize) | {fps_ours_plain:,.0f} | "
-          f"{fps_theirs_plain:,.0f} | {fps_ours_plain / fps_theirs_plain:.1f}x |")
-    print(f"| frames/s, one 640x480 camera (to saved episode) | {fps_ours_video:,.1f} | "
-          f"{fps_theirs_video:,.1f} | {fps_ours_video / fps_theirs_video:.1f}x |")
-    print(f"| save_episode() s, 60 s episode, one camera | {save_ours:.3f} (durable) | "
-          f"{save_theirs:.3f} (not durable) | {save_theirs / save_ours:.0f}x faster |")
-    print(f"| save_episode() + finalize() s, one camera | "
-          f"{save_ours + median_of(ours_realtime, 'total_s') - median_of(ours_realtime, 'to_saved_s'):.3f}"
-          f" | {save_fin_theirs:.3f} | |")
-    print(f"| bytes on disk, no video | {median_of(ours_plain, 'bytes'):,.0f} | "
-          f"{median_of(theirs_plain, 'bytes'):,.0f} | "
-          f"{median_of(ours_plain, 'bytes') / median_of(theirs_plain, 'bytes'):.2f} |")
-    print(f"| bytes on disk, one camera | {median_of(ours_video, 'bytes'):,.0f} | "
-          f"{median_of(theirs_video, 'bytes'):,.0f} | "
-          f"{median_of(ours_video, 'bytes') / median_of(theirs_video, 'bytes'):.2f} |")
+    print(
+        f"| frames/s, no video (add + save + finalize) | {fps_ours_plain:,.0f} | "
+        f"{fps_theirs_plain:,.0f} | {fps_ours_plain / fps_theirs_plain:.1f}x |"
+    )
+    print(
+        f"| frames/s, one 640x480 camera (to saved episode) | {fps_ours_video:,.1f} | "
+        f"{fps_theirs_video:,.1f} | {fps_ours_video / fps_theirs_video:.1f}x |"
+    )
+    print(
+        f"| save_episode() s, 60 s episode, one camera | {save_ours:.3f} (durable) | "
+        f"{save_theirs:.3f} (not durable) | {save_theirs / save_ours:.0f}x faster |"
+    )
+    print(
+        f"| save_episode() + finalize() s, one camera | "
+        f"{save_ours + median_of(ours_realtime, 'total_s') - median_of(ours_realtime, 'to_saved_s'):.3f}"
+        f" | {save_fin_theirs:.3f} | |"
+    )
+    print(
+        f"| bytes on disk, no video | {median_of(ours_plain, 'bytes'):,.0f} | "
+        f"{median_of(theirs_plain, 'bytes'):,.0f} | "
+        f"{median_of(ours_plain, 'bytes') / median_of(theirs_plain, 'bytes'):.2f} |"
+    )
+    print(
+        f"| bytes on disk, one camera | {median_of(ours_video, 'bytes'):,.0f} | "
+        f"{median_of(theirs_video, 'bytes'):,.0f} | "
+        f"{median_of(ours_video, 'bytes') / median_of(theirs_video, 'bytes'):.2f} |"
+    )
     target_ok = fps_ours_plain >= 5 * fps_theirs_plain and save_ours <= 0.5
-    print(f"\ntargets (>= 5x LeRobot without video; save_episode <= 0.5 s): "
-          f"{'met' if target_ok else 'NOT met'}")
+    print(
+        f"\ntargets (>= 5x LeRobot without video; save_episode <= 0.5 s): {'met' if target_ok else 'NOT met'}"
+    )
     return 0
 
 

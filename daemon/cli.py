@@ -20,11 +20,17 @@ from hilrec.daemon.errors import HilrecError
 COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("hilrec.sim.cmd_record", "record episodes in the MuJoCo twin with the scripted operator"),
     "check": ("hilrec.daemon.replay.cmd_check", "check a LeRobot v3.0 dataset (and replay it with --replay)"),
-    "repair": ("hilrec.daemon.dataset.cmd_repair", "make a crashed dataset load again, keeping every saved episode"),
+    "repair": (
+        "hilrec.daemon.dataset.cmd_repair",
+        "make a crashed dataset load again, keeping every saved episode",
+    ),
     "render": ("hilrec.sim.cmd_render", "re-render the camera videos of sim episodes"),
     "replay": ("hilrec.daemon.replay.cmd_replay", "replay-check hardware episodes on the twin"),
     "calibrate": ("hilrec.drivers.cmd_calibrate", "calibrate an SO-101 arm (LeRobot's procedure and file)"),
-    "emulate": ("hilrec.drivers.emulated.cmd_emulate", "emulate an SO-101 arm (six STS3215) on a pseudo-terminal"),
+    "emulate": (
+        "hilrec.drivers.emulated.cmd_emulate",
+        "emulate an SO-101 arm (six STS3215) on a pseudo-terminal",
+    ),
     "daemon": ("hilrec.daemon.control.cmd_daemon", "run the teleoperation and recording daemon"),
     "ctl": ("hilrec.daemon.wire.cmd_ctl", "talk to a running daemon over ZeroMQ"),
 }

@@ -112,8 +112,9 @@ class BusPacketError(BusError):
 class ServoFaultError(BusError):
     """A servo reported error bits (overload, voltage, temperature...). Not retryable."""
 
-    def __init__(self, problem: str, *, port: str, servo_id: int | None, register: str | None,
-                 error_bits: int) -> None:
+    def __init__(
+        self, problem: str, *, port: str, servo_id: int | None, register: str | None, error_bits: int
+    ) -> None:
         self.error_bits = error_bits
         super().__init__(problem, port=port, servo_id=servo_id, register=register)
 

@@ -116,32 +116,35 @@ class SyncReading:
 class _ExclusivePort(scs.PortHandler):
     """The SDK's PortHandler, opening the port exclusively and waiting without spinning."""
 
-    def __init__(self, port_name: str, *, wait_slice_s: float,
-                 reply_timeout_ms: float | None) -> None:
+    def __init__(self, port_name: str, *, wait_slice_s: float, reply_timeout_ms: float | None) -> None:
         super().__init__(port_name)
         self._wait_slice_s = wait_slice_s
         self._reply_timeout_ms = reply_timeout_ms
 
-    def setupPort(self, cflag_baud: int) -> bool:  # noqa: N802 (SDK name)
+    def setupPort(self, cflag_baud: int) -> bool:
         if self.is_open:
             self.closePort()
         # exclusive=True takes the flock before pyserial configures or flushes anything.
-        self.ser = serial.Serial(port=self.port_name, baudrate=self.baudrate,
-                                 bytesize=serial.EIGHTBITS, timeout=self._wait_slice_s,
-                                 exclusive=True)
+        self.ser = serial.Serial(
+            port=self.port_name,
+            baudrate=self.baudrate,
+            bytesize=serial.EIGHTBITS,
+            timeout=self._wait_slice_s,
+            exclusive=True,
+        )
         self.is_open = True
         self.ser.reset_input_buffer()
         self.tx_time_per_byte = (1000.0 / self.baudrate) * 10.0
         return True
 
-    def setPacketTimeout(self, packet_length: int) -> None:  # noqa: N802 (SDK name)
+    def setPacketTimeout(self, packet_length: int) -> None:
         if self._reply_timeout_ms is None:
             super().setPacketTimeout(packet_length)
             return
         self.packet_start_time = self.getCurrentTime()
         self.packet_timeout = self.tx_time_per_byte * packet_length + self._reply_timeout_ms
 
-    def getCurrentTime(self) -> float:  # noqa: N802 (SDK name)
+    def getCurrentTime(self) -> float:
         return time.monotonic() * 1000.0  # the SDK uses time.time(): wall clock steps
 
 
@@ -152,12 +155,13 @@ class _StatusSyncRead(scs.GroupSyncRead):
     """GroupSyncRead that keeps every servo's ERROR byte, remembers which servo failed, and takes
     each reply through the bus's matching ``receive`` (id and length)."""
 
-    def __init__(self, port: _ExclusivePort, packets: scs.PacketHandler, address: int,
-                 length: int, receive: _Receive) -> None:
+    def __init__(
+        self, port: _ExclusivePort, packets: scs.PacketHandler, address: int, length: int, receive: _Receive
+    ) -> None:
         super().__init__(port, packets, address, length)
         self._receive = receive
 
-    def rxPacket(self) -> int:  # noqa: N802 (SDK name)
+    def rxPacket(self) -> int:
         self.last_result = False
         self.status: dict[int, int] = {}
         self.failed_id: int | None = None
@@ -168,7 +172,7 @@ class _StatusSyncRead(scs.GroupSyncRead):
             if result != scs.COMM_SUCCESS:
                 self.failed_id = servo_id
                 return result
-            self.data_dict[servo_id] = rx[_PARAM0:_PARAM0 + self.data_length]
+            self.data_dict[servo_id] = rx[_PARAM0 : _PARAM0 + self.data_length]
             self.status[servo_id] = rx[_ERROR]
         self.last_result = True
         return scs.COMM_SUCCESS
@@ -202,17 +206,22 @@ class FeetechBus:
     def open(self) -> None:
         if self.is_open:
             raise BusError("already open", port=self.port_name)
-        port = _ExclusivePort(self.port_name, wait_slice_s=self.config.wait_slice_s,
-                              reply_timeout_ms=self.config.reply_timeout_ms)
+        port = _ExclusivePort(
+            self.port_name,
+            wait_slice_s=self.config.wait_slice_s,
+            reply_timeout_ms=self.config.reply_timeout_ms,
+        )
         port.baudrate = self.config.baudrate
         try:
             if not port.openPort():
-                raise BusError(f"baud rate {self.config.baudrate} is not supported by the SDK",
-                               port=self.port_name)
+                raise BusError(
+                    f"baud rate {self.config.baudrate} is not supported by the SDK", port=self.port_name
+                )
         except serial.SerialException as exc:
             if "exclusively lock" in str(exc):
-                raise PortBusyError("another process or bus already owns this port",
-                                    port=self.port_name) from exc
+                raise PortBusyError(
+                    "another process or bus already owns this port", port=self.port_name
+                ) from exc
             raise PortGoneError(f"cannot open: {exc}", port=self.port_name) from exc
         self._port = port
         self._sync_readers.clear()
@@ -241,8 +250,7 @@ class FeetechBus:
         """Own the port for one exchange: lock, discard stale input, map I/O errors."""
         port = self._port
         if port is None:
-            raise BusError("bus is not open", port=self.port_name, servo_id=servo_id,
-                           register=what)
+            raise BusError("bus is not open", port=self.port_name, servo_id=servo_id, register=what)
         with self._lock:
             try:
                 if self.config.flush_input:
@@ -251,9 +259,12 @@ class FeetechBus:
                 self.stats.transactions += 1
                 yield port
             except (serial.SerialException, OSError, termios.error) as exc:
-                raise PortGoneError(f"serial I/O failed ({exc}); the adapter is gone or was "
-                                    f"unplugged", port=self.port_name, servo_id=servo_id,
-                                    register=what) from exc
+                raise PortGoneError(
+                    f"serial I/O failed ({exc}); the adapter is gone or was unplugged",
+                    port=self.port_name,
+                    servo_id=servo_id,
+                    register=what,
+                ) from exc
 
     def _send(self, port: _ExclusivePort, tx: list[int], reply_bytes: int) -> int:
         """Transmit ``tx`` (the SDK fills header and checksum in) and start the reply timeout."""
@@ -262,16 +273,21 @@ class FeetechBus:
             port.setPacketTimeout(reply_bytes)
         return result
 
-    def _receive(self, port: _ExclusivePort, servo_id: int, length: int,
-                 tx: list[int] | None = None) -> tuple[list[int], int]:
+    def _receive(
+        self, port: _ExclusivePort, servo_id: int, length: int, tx: list[int] | None = None
+    ) -> tuple[list[int], int]:
         """The first status packet from ``servo_id`` whose LENGTH is ``length``, before the
         reply timeout. Everything else answers another request and is skipped: ``tx`` echoed
         back, a late reply of another shape, and, while a fence is pending, all up to its reply.
         """
         while True:
             rx, result = self._packets.rxPacket(port)
-            if result == scs.COMM_RX_CORRUPT and self._fence is not None and len(rx) > _LENGTH \
-                    and (rx[_ID], rx[_LENGTH]) == self._fence:
+            if (
+                result == scs.COMM_RX_CORRUPT
+                and self._fence is not None
+                and len(rx) > _LENGTH
+                and (rx[_ID], rx[_LENGTH]) == self._fence
+            ):
                 self._fence = None  # the fence's reply arrived garbled: the line is in order
                 continue
             if result != scs.COMM_SUCCESS:
@@ -311,8 +327,9 @@ class FeetechBus:
         self._unsettled, self._fence = False, (servo_id, size + 2)
         self._receive(port, servo_id, size + 2, tx)
 
-    def _unicast(self, servo_id: int, instruction: int, params: list[int], what: str,
-                 reply_length: int) -> tuple[list[int], int]:
+    def _unicast(
+        self, servo_id: int, instruction: int, params: list[int], what: str, reply_length: int
+    ) -> tuple[list[int], int]:
         """Send one instruction to one servo and return (reply, error byte), with retries.
 
         ``reply_length`` is the LENGTH field of the status packet that answers it."""
@@ -331,8 +348,13 @@ class FeetechBus:
                 self._unsettled = True
                 if attempt < self.config.retries:
                     self.stats.retries += 1
-                    log.debug("port %s id %d %s: %s, retrying", self.port_name, servo_id, what,
-                              self._packets.getTxRxResult(result))
+                    log.debug(
+                        "port %s id %d %s: %s, retrying",
+                        self.port_name,
+                        servo_id,
+                        what,
+                        self._packets.getTxRxResult(result),
+                    )
             left_ms = self.config.patience_ms - (time.monotonic() - first_sent) * 1000.0
             if result == scs.COMM_RX_TIMEOUT and left_ms > 0:
                 port.setPacketTimeoutMillis(left_ms)
@@ -342,24 +364,29 @@ class FeetechBus:
                     return rx, rx[_ERROR]
         raise self._comm_error(result, servo_id, what, self.config.retries + 1)
 
-    def _comm_error(self, result: int, servo_id: int | None, what: str,
-                    attempts: int) -> BusError:
+    def _comm_error(self, result: int, servo_id: int | None, what: str, attempts: int) -> BusError:
         text = f"{self._packets.getTxRxResult(result).split('] ')[-1]} ({attempts} attempt(s))"
         if result == scs.COMM_RX_TIMEOUT:
-            return BusTimeoutError(f"no status packet: {text}", port=self.port_name,
-                                   servo_id=servo_id, register=what)
+            return BusTimeoutError(
+                f"no status packet: {text}", port=self.port_name, servo_id=servo_id, register=what
+            )
         if result == scs.COMM_RX_CORRUPT:
-            return BusPacketError(f"corrupt status packet: {text}", port=self.port_name,
-                                  servo_id=servo_id, register=what)
+            return BusPacketError(
+                f"corrupt status packet: {text}", port=self.port_name, servo_id=servo_id, register=what
+            )
         if result == scs.COMM_PORT_BUSY:
             return PortBusyError(text, port=self.port_name, servo_id=servo_id, register=what)
         return BusError(text, port=self.port_name, servo_id=servo_id, register=what)
 
     def _check_status(self, servo_id: int, what: str, error: int) -> None:
         if error:
-            raise ServoFaultError(f"servo reports {describe_status(error)} (status 0x{error:02x})",
-                                  port=self.port_name, servo_id=servo_id, register=what,
-                                  error_bits=error)
+            raise ServoFaultError(
+                f"servo reports {describe_status(error)} (status 0x{error:02x})",
+                port=self.port_name,
+                servo_id=servo_id,
+                register=what,
+                error_bits=error,
+            )
 
     # --- single-servo operations ------------------------------------------------------------
 
@@ -369,15 +396,20 @@ class FeetechBus:
         self._check_status(servo_id, "PING", error)
         return self.read(servo_id, "Model_Number")
 
-    def read_span(self, servo_id: int, address: int, length: int, *,
-                  check_status: bool = True) -> tuple[bytes, int]:
+    def read_span(
+        self, servo_id: int, address: int, length: int, *, check_status: bool = True
+    ) -> tuple[bytes, int]:
         """Read ``length`` bytes from ``address``; returns (data, status byte)."""
         what = describe_span(address, length)
         rx, error = self._unicast(servo_id, Instruction.READ, [address, length], what, length + 2)
-        data = bytes(rx[_PARAM0:_PARAM0 + length])
+        data = bytes(rx[_PARAM0 : _PARAM0 + length])
         if len(data) != length:
-            raise BusPacketError(f"status packet carries {len(data)} bytes, expected {length}",
-                                 port=self.port_name, servo_id=servo_id, register=what)
+            raise BusPacketError(
+                f"status packet carries {len(data)} bytes, expected {length}",
+                port=self.port_name,
+                servo_id=servo_id,
+                register=what,
+            )
         if check_status:
             self._check_status(servo_id, what, error)
         return data, error
@@ -391,19 +423,21 @@ class FeetechBus:
         """Write a register and wait for the servo's acknowledgement (Response_Status_Level 1)."""
         reg = register(name)
         data = self._encode(reg, value, servo_id)
-        _, error = self._unicast(servo_id, Instruction.WRITE, [reg.address, *data], reg.name,
-                                 _ACK_LENGTH)
+        _, error = self._unicast(servo_id, Instruction.WRITE, [reg.address, *data], reg.name, _ACK_LENGTH)
         self._check_status(servo_id, reg.name, error)
 
     def _encode(self, reg: Register, value: int, servo_id: int | None) -> list[int]:
         if not reg.writable:
-            raise BusError("register is read-only", port=self.port_name, servo_id=servo_id,
-                           register=reg.name)
+            raise BusError("register is read-only", port=self.port_name, servo_id=servo_id, register=reg.name)
         try:
             return list(to_bytes(encode_value(reg, int(value)), reg.size))
         except ValueError as exc:
-            raise BusError(f"value {value} cannot be written: {exc}", port=self.port_name,
-                           servo_id=servo_id, register=reg.name) from None
+            raise BusError(
+                f"value {value} cannot be written: {exc}",
+                port=self.port_name,
+                servo_id=servo_id,
+                register=reg.name,
+            ) from None
 
     def read_status(self, servo_id: int) -> int:
         """The Status register (error bits as in a status packet), without raising on them."""
@@ -417,8 +451,7 @@ class FeetechBus:
 
     # --- group operations -------------------------------------------------------------------
 
-    def sync_read(self, name: str, servo_ids: Iterable[int], *,
-                  check_status: bool = True) -> SyncReading:
+    def sync_read(self, name: str, servo_ids: Iterable[int], *, check_status: bool = True) -> SyncReading:
         """One SYNC_READ of register ``name`` from every servo, retried on timeout/corruption.
 
         Raises ServoFaultError (after reading everything) if a servo reports error bits, unless
@@ -429,8 +462,7 @@ class FeetechBus:
         key = (reg.address, reg.size, ids)
         reader = self._sync_readers.get(key)
         if reader is None:
-            reader = _StatusSyncRead(self._port, self._packets, reg.address, reg.size,
-                                     self._receive)
+            reader = _StatusSyncRead(self._port, self._packets, reg.address, reg.size, self._receive)
             for servo_id in ids:
                 reader.addParam(servo_id)
             self._sync_readers[key] = reader
@@ -451,11 +483,14 @@ class FeetechBus:
         reading = SyncReading(reg.name, values, dict(reader.status), attempts)
         if check_status and reading.faulted:
             first, bits = next(iter(reading.faulted.items()))
-            others = ", ".join(f"id {sid}: {describe_status(b)}"
-                               for sid, b in reading.faulted.items())
-            error = ServoFaultError(f"servo reports {describe_status(bits)} ({others})",
-                                    port=self.port_name, servo_id=first, register=reg.name,
-                                    error_bits=bits)
+            others = ", ".join(f"id {sid}: {describe_status(b)}" for sid, b in reading.faulted.items())
+            error = ServoFaultError(
+                f"servo reports {describe_status(bits)} ({others})",
+                port=self.port_name,
+                servo_id=first,
+                register=reg.name,
+                error_bits=bits,
+            )
             error.reading = reading  # type: ignore[attr-defined]
             raise error
         return reading
@@ -470,4 +505,3 @@ class FeetechBus:
             result = writer.txPacket()
         if result != scs.COMM_SUCCESS:
             raise self._comm_error(result, None, reg.name, 1)
-

@@ -66,8 +66,9 @@ class Calibrator:
         self.homing_offsets = offsets
         return offsets
 
-    def record_ranges(self, until: Callable[[], bool], *, on_sample: Sample | None = None,
-                      interval_s: float = 0.01) -> tuple[dict[str, int], dict[str, int]]:
+    def record_ranges(
+        self, until: Callable[[], bool], *, on_sample: Sample | None = None, interval_s: float = 0.01
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """Step 3: sample positions until ``until()`` is true; return (mins, maxes)."""
         joints = [name for name in JOINT_NAMES if name != FULL_TURN_JOINT]
         ids = [MOTOR_IDS[JOINT_NAMES.index(name)] for name in joints]
@@ -90,21 +91,27 @@ class Calibrator:
             time.sleep(interval_s)
         still = [name for name in joints if mins[name] == maxes[name]]
         if still:
-            raise CalibrationError(f"joints {', '.join(still)} did not move: their range of "
-                                   f"motion was not recorded")
+            raise CalibrationError(
+                f"joints {', '.join(still)} did not move: their range of motion was not recorded"
+            )
         return mins, maxes
 
-    def finish(self, mins: dict[str, int], maxes: dict[str, int], *,
-               source: str = "<calibration>") -> ArmCalibration:
+    def finish(
+        self, mins: dict[str, int], maxes: dict[str, int], *, source: str = "<calibration>"
+    ) -> ArmCalibration:
         """Step 4: build the calibration (wrist_roll 0..4095) and write it to the servos."""
         if self.homing_offsets is None:
             raise CalibrationError("set_middle() must run before finish()")
         motors = {}
         for name, servo_id in zip(JOINT_NAMES, MOTOR_IDS, strict=True):
             low, high = (0, MAX_TICK) if name == FULL_TURN_JOINT else (mins[name], maxes[name])
-            motors[name] = MotorCalibration(id=servo_id, drive_mode=0,
-                                            homing_offset=self.homing_offsets[name],
-                                            range_min=low, range_max=high)
+            motors[name] = MotorCalibration(
+                id=servo_id,
+                drive_mode=0,
+                homing_offset=self.homing_offsets[name],
+                range_min=low,
+                range_max=high,
+            )
         calibration = ArmCalibration(motors, source)
         for cal in calibration.values():
             self.bus.write(cal.id, "Homing_Offset", cal.homing_offset)

@@ -18,7 +18,6 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,22 +92,25 @@ class LatestFrame:
         with self._cond:
             frame, error, frozen = self._frame, self.error, self.frozen_since
         if frame is None or error is not None:
-            raise CameraStalledError(f"camera '{self.name}': "
-                                     + (f"stopped: {error}" if error else "no frame yet"))
+            raise CameraStalledError(
+                f"camera '{self.name}': " + (f"stopped: {error}" if error else "no frame yet")
+            )
         age = now - frame.captured_at
         if age > self.stall_timeout_s:
             raise CameraStalledError(
                 f"camera '{self.name}': no new frame for {age * 1000:.0f} ms (limit "
-                f"{self.stall_timeout_s * 1000:.0f} ms)")
+                f"{self.stall_timeout_s * 1000:.0f} ms)"
+            )
         if frozen is not None and now - frozen > self.stall_timeout_s:
-            raise CameraStalledError(
-                f"camera '{self.name}': frozen, the same image for {now - frozen:.2f} s")
+            raise CameraStalledError(f"camera '{self.name}': frozen, the same image for {now - frozen:.2f} s")
         return frame
 
     def wait_newer(self, index: int, timeout: float) -> Frame:
         with self._cond:
-            self._cond.wait_for(lambda: (self._frame is not None and self._frame.index > index)
-                                or self.error is not None, timeout)
+            self._cond.wait_for(
+                lambda: (self._frame is not None and self._frame.index > index) or self.error is not None,
+                timeout,
+            )
         return self.latest()  # raises if nothing newer came, with the reason
 
 
@@ -174,15 +176,15 @@ class OpenCVCamera(NewestFrameSource):
         height, width = first.shape[:2]
         if cfg.width is not None and (width, height) != (cfg.width, cfg.height):
             capture.release()
-            raise CameraError(f"{self!r}: delivers {width}x{height}, the config asks for "
-                              f"{cfg.width}x{cfg.height}")
+            raise CameraError(
+                f"{self!r}: delivers {width}x{height}, the config asks for {cfg.width}x{cfg.height}"
+            )
         self.width, self.height = width, height
         self.fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0) or (cfg.fps or 0.0)
         self._capture = capture
         self._latest.publish(cv2.cvtColor(first, cv2.COLOR_BGR2RGB), time.monotonic())
         self._stop.clear()
-        self._thread = threading.Thread(target=self._read_loop, name=f"camera-{self.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._read_loop, name=f"camera-{self.name}", daemon=True)
         self._thread.start()
 
     def _is_file(self) -> bool:

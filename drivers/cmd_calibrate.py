@@ -21,17 +21,26 @@ _FULL_TURN_NOTE = "wrist_roll is a full-turn joint: it is not recorded (0..4095,
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("calibrate", help="calibrate an SO-101 arm (LeRobot's procedure)",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "calibrate", help="calibrate an SO-101 arm (LeRobot's procedure)", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("role", choices=("follower", "leader"))
     parser.add_argument("--port", required=True, help="serial port of the arm, e.g. /dev/ttyACM0")
     parser.add_argument("--id", default="so101", help="arm id: the file is <id>.json (default so101)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help="write here instead of LeRobot's calibration directory")
-    parser.add_argument("--yes", action="store_true",
-                        help="do not wait for Enter: the arm is already in the middle of its range")
-    parser.add_argument("--duration", type=float, default=None,
-                        help="record ranges of motion for this many seconds instead of until Enter")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="write here instead of LeRobot's calibration directory"
+    )
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not wait for Enter: the arm is already in the middle of its range",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="record ranges of motion for this many seconds instead of until Enter",
+    )
     parser.set_defaults(func=run)
 
 

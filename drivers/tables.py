@@ -32,10 +32,19 @@ class Register:
         return self.address + self.size
 
 
-def _r(name: str, address: int, size: int, area: Area, *, ro: bool = False,
-       sign_bit: int | None = None, default: int = 0) -> Register:
-    return Register(name=name, address=address, size=size, area=area, writable=not ro,
-                    sign_bit=sign_bit, default=default)
+def _r(
+    name: str,
+    address: int,
+    size: int,
+    area: Area,
+    *,
+    ro: bool = False,
+    sign_bit: int | None = None,
+    default: int = 0,
+) -> Register:
+    return Register(
+        name=name, address=address, size=size, area=area, writable=not ro, sign_bit=sign_bit, default=default
+    )
 
 
 MODEL_NUMBER_STS3215: Final[int] = 777
@@ -181,8 +190,14 @@ PHASE_MULTI_TURN_BIT: Final[int] = 0x10  # Phase bit 4: angle feedback over seve
 # LeRobot lists 5..7 as 57600/38400/19200, which feetech-cli reports as wrong. Only index 0
 # (1 Mbps, the factory setting and what every SO-101 uses) matters to hilrec.
 BAUD_RATES: Final[dict[int, int]] = {
-    0: 1_000_000, 1: 500_000, 2: 250_000, 3: 128_000,
-    4: 115_200, 5: 76_800, 6: 57_600, 7: 38_400,
+    0: 1_000_000,
+    1: 500_000,
+    2: 250_000,
+    3: 128_000,
+    4: 115_200,
+    5: 76_800,
+    6: 57_600,
+    7: 38_400,
 }
 BITS_PER_BYTE_ON_WIRE: Final[int] = 10  # 8N1
 RETURN_DELAY_UNIT_S: Final[float] = 2e-6
@@ -194,8 +209,7 @@ RETURN_DELAY_UNIT_S: Final[float] = 2e-6
 def encode_sign_magnitude(value: int, sign_bit: int) -> int:
     magnitude = abs(value)
     if magnitude > (1 << sign_bit) - 1:
-        raise ValueError(f"magnitude {magnitude} exceeds {(1 << sign_bit) - 1} "
-                         f"(sign at bit {sign_bit})")
+        raise ValueError(f"magnitude {magnitude} exceeds {(1 << sign_bit) - 1} (sign at bit {sign_bit})")
     return ((1 << sign_bit) if value < 0 else 0) | magnitude
 
 

@@ -17,27 +17,41 @@ from hilrec.sim.recorder import DEFAULT_TASK, RecordConfig, record
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "record", help="record episodes in the MuJoCo twin with the scripted operator",
-        description=__doc__.splitlines()[0])
-    parser.add_argument("--sim", action="store_true", required=True,
-                        help="record in the MuJoCo twin (hardware recording is 'hilrec daemon')")
+        "record",
+        help="record episodes in the MuJoCo twin with the scripted operator",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "--sim",
+        action="store_true",
+        required=True,
+        help="record in the MuJoCo twin (hardware recording is 'hilrec daemon')",
+    )
     parser.add_argument("--root", type=Path, required=True, help="new dataset directory")
     parser.add_argument("--episodes", type=int, required=True, help="number of episodes")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the first episode; episode k uses seed + k (default 0)")
-    parser.add_argument("--cameras", default="front",
-                        help="comma-separated cameras (front, wrist) or 'none' (default front)")
-    parser.add_argument("--size", default="480x640", metavar="HxW",
-                        help="camera image size (default 480x640)")
-    parser.add_argument("--pushes", type=float, default=0.0, metavar="RATE",
-                        help="random pushes on the cube or the arm, per second (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the first episode; episode k uses seed + k (default 0)"
+    )
+    parser.add_argument(
+        "--cameras", default="front", help="comma-separated cameras (front, wrist) or 'none' (default front)"
+    )
+    parser.add_argument(
+        "--size", default="480x640", metavar="HxW", help="camera image size (default 480x640)"
+    )
+    parser.add_argument(
+        "--pushes",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="random pushes on the cube or the arm, per second (default 0)",
+    )
     parser.add_argument("--task", default=DEFAULT_TASK, help="task text of every frame")
-    parser.add_argument("--fps", type=int, default=25,
-                        help="frames per second; must be a whole number of physics steps")
+    parser.add_argument(
+        "--fps", type=int, default=25, help="frames per second; must be a whole number of physics steps"
+    )
     parser.add_argument("--realtime", action="store_true", help="pace frames to the wall clock")
     parser.add_argument("--video-codec", default="libsvtav1", help="video encoder (default libsvtav1)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="no progress bar")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
 
@@ -64,12 +78,19 @@ def parse_size(text: str, key: str = "size") -> tuple[int, int]:
 
 def run(args: argparse.Namespace) -> int:
     if args.root.exists() and (not args.root.is_dir() or any(args.root.iterdir())):
-        raise ConfigError("root", f"{args.root} already exists and is not empty; "
-                                  "record into a new directory")
-    config = RecordConfig(root=args.root, episodes=args.episodes, seed=args.seed,
-                          cameras=parse_cameras(args.cameras), image_size=parse_size(args.size),
-                          push_rate=args.pushes, task=args.task, fps=args.fps,
-                          realtime=args.realtime, video_codec=args.video_codec)
+        raise ConfigError("root", f"{args.root} already exists and is not empty; record into a new directory")
+    config = RecordConfig(
+        root=args.root,
+        episodes=args.episodes,
+        seed=args.seed,
+        cameras=parse_cameras(args.cameras),
+        image_size=parse_size(args.size),
+        push_rate=args.pushes,
+        task=args.task,
+        fps=args.fps,
+        realtime=args.realtime,
+        video_codec=args.video_codec,
+    )
     summary = record(config, progress=args.progress)
     print(summary.line(), file=sys.stdout)
     return 0

@@ -37,15 +37,21 @@ _DEFAULT_KEYS = {"timestamp", "frame_index", "episode_index", "index", "task_ind
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("render", help="re-render the camera videos of sim episodes",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "render", help="re-render the camera videos of sim episodes", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("root", type=Path, metavar="ROOT", help="a sim dataset")
     parser.add_argument("--out", type=Path, required=True, help="new dataset directory")
-    parser.add_argument("--camera", required=True,
-                        help="camera(s) of the scene, comma-separated (e.g. front or front,wrist)")
+    parser.add_argument(
+        "--camera", required=True, help="camera(s) of the scene, comma-separated (e.g. front or front,wrist)"
+    )
     parser.add_argument("--size", required=True, metavar="HxW", help="image size, e.g. 240x320")
-    parser.add_argument("--quality", choices=("fast", "full"), default="fast",
-                        help="arm meshes: simplified (fast, default) or as shipped (full)")
+    parser.add_argument(
+        "--quality",
+        choices=("fast", "full"),
+        default="fast",
+        help="arm meshes: simplified (fast, default) or as shipped (full)",
+    )
     parser.add_argument("--video-codec", default="libsvtav1", help="video encoder")
     parser.set_defaults(func=run)
     return parser
@@ -56,65 +62,95 @@ def run(args: argparse.Namespace) -> int:
     if not cameras:
         raise ReplayError("render needs at least one camera")
     began = time.perf_counter()
-    frames, episodes = render_dataset(args.root, args.out, cameras=cameras,
-                                      size=parse_size(args.size), quality=args.quality,
-                                      video_codec=args.video_codec)
-    print(f"rendered {episodes} episodes, {frames} frames ({', '.join(cameras)} at {args.size}) "
-          f"in {time.perf_counter() - began:.1f} s -> {args.out}", file=sys.stdout)
+    frames, episodes = render_dataset(
+        args.root,
+        args.out,
+        cameras=cameras,
+        size=parse_size(args.size),
+        quality=args.quality,
+        video_codec=args.video_codec,
+    )
+    print(
+        f"rendered {episodes} episodes, {frames} frames ({', '.join(cameras)} at {args.size}) "
+        f"in {time.perf_counter() - began:.1f} s -> {args.out}",
+        file=sys.stdout,
+    )
     return 0
 
 
-def render_dataset(root: Path, out: Path, *, cameras: tuple[str, ...], size: tuple[int, int],
-                   quality: str = "fast", video_codec: str = "libsvtav1") -> tuple[int, int]:
+def render_dataset(
+    root: Path,
+    out: Path,
+    *,
+    cameras: tuple[str, ...],
+    size: tuple[int, int],
+    quality: str = "fast",
+    video_codec: str = "libsvtav1",
+) -> tuple[int, int]:
     """Write a copy of the sim dataset at ``root`` to ``out`` with new camera videos."""
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
     from hilrec.daemon.dataset.writer import DatasetWriter
 
     root, out = Path(root), Path(out)
     info = load_info(root)
-    extra = sorted(k for k, ft in info["features"].items()
-                   if k not in _NUMERIC | _DEFAULT_KEYS and ft.get("dtype") not in ("video", "image"))
+    extra = sorted(
+        k
+        for k, ft in info["features"].items()
+        if k not in _NUMERIC | _DEFAULT_KEYS and ft.get("dtype") not in ("video", "image")
+    )
     if extra:
-        raise ReplayError(f"{root}: features {', '.join(extra)} are not sim columns; "
-                          "render only rebuilds sim datasets (action, observation.state, cameras)")
+        raise ReplayError(
+            f"{root}: features {', '.join(extra)} are not sim columns; "
+            "render only rebuilds sim datasets (action, observation.state, cameras)"
+        )
     tasks = load_tasks(root)
     dataset_sidecar = load_dataset_sidecar(root) or {}
     scene = scene_from_sidecar(dataset_sidecar, root)
-    features = sim_features({name: size for name in cameras})
+    features = sim_features(dict.fromkeys(cameras, size))
     frames_written = 0
     indices = [int(row["episode_index"]) for row in load_episodes(root)]
-    with Twin(fps=int(info["fps"]), cameras=cameras, image_size=size, scene=scene,
-              render_quality=quality) as twin:
-        sink = DatasetWriter.create(out, fps=int(info["fps"]), features=features,
-                                    robot_type=info.get("robot_type") or ROBOT_TYPE,
-                                    video_codec=video_codec)
+    with Twin(
+        fps=int(info["fps"]), cameras=cameras, image_size=size, scene=scene, render_quality=quality
+    ) as twin:
+        sink = DatasetWriter.create(
+            out,
+            fps=int(info["fps"]),
+            features=features,
+            robot_type=info.get("robot_type") or ROBOT_TYPE,
+            video_codec=video_codec,
+        )
         with sink:
-            update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras,
-                                                              size, quality))
+            update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras, size, quality))
             for index in indices:
                 frames_written += _render_episode(root, index, twin, sink, tasks)
     return frames_written, len(indices)
 
 
-def _new_dataset_sidecar(original: dict[str, Any], root: Path, cameras: tuple[str, ...],
-                         size: tuple[int, int], quality: str) -> dict[str, Any]:
+def _new_dataset_sidecar(
+    original: dict[str, Any], root: Path, cameras: tuple[str, ...], size: tuple[int, int], quality: str
+) -> dict[str, Any]:
     fields = {k: copy.deepcopy(v) for k, v in original.items() if k != "writer"}
     sim = fields.setdefault(SIDECAR_KEY, {})
     sim["cameras"] = {name: list(size) for name in cameras}
     sim["render_quality"] = quality
-    fields["rendered_from"] = {"root": str(root.resolve()), "cameras": list(cameras),
-                               "size": list(size), "quality": quality,
-                               "original_cameras": original.get(SIDECAR_KEY, {}).get("cameras")}
+    fields["rendered_from"] = {
+        "root": str(root.resolve()),
+        "cameras": list(cameras),
+        "size": list(size),
+        "quality": quality,
+        "original_cameras": original.get(SIDECAR_KEY, {}).get("cameras"),
+    }
     return fields
 
 
-def _render_episode(root: Path, index: int, twin: Twin, sink: FrameSink,
-                    tasks: dict[int, str]) -> int:
+def _render_episode(root: Path, index: int, twin: Twin, sink: FrameSink, tasks: dict[int, str]) -> int:
     where = f"{root} episode {index}"
     meta, arrays = load_episode_sidecar(root, index)
     if meta is None or "initial_state" not in arrays:
-        raise ReplayError(f"{where}: no recorded start state (hilrec/episodes/"
-                          f"episode-{index:06d}); only sim episodes can be re-rendered")
+        raise ReplayError(
+            f"{where}: no recorded start state (hilrec/episodes/"
+            f"episode-{index:06d}); only sim episodes can be re-rendered"
+        )
     columns = read_episode(root, index, [ACTION_KEY, STATE_KEY, "task_index"])
     actions, states = columns[ACTION_KEY], columns[STATE_KEY]
     task_index = columns["task_index"].reshape(-1)
@@ -122,11 +158,16 @@ def _render_episode(root: Path, index: int, twin: Twin, sink: FrameSink,
 
     def write_frame(frame: int, observation: np.ndarray) -> None:
         if not np.array_equal(observation, states[frame]):
-            raise ReplayError(f"{where}: the replay leaves the recorded states at frame {frame} "
-                              "('hilrec check --replay' shows where); refusing to draw pixels "
-                              "of states the recording did not have")
-        row: dict[str, Any] = {STATE_KEY: states[frame], ACTION_KEY: actions[frame],
-                               "task": tasks[int(task_index[frame])]}
+            raise ReplayError(
+                f"{where}: the replay leaves the recorded states at frame {frame} "
+                "('hilrec check --replay' shows where); refusing to draw pixels "
+                "of states the recording did not have"
+            )
+        row: dict[str, Any] = {
+            STATE_KEY: states[frame],
+            ACTION_KEY: actions[frame],
+            "task": tasks[int(task_index[frame])],
+        }
         for camera in twin.cameras:
             row[IMAGE_PREFIX + camera] = twin.render(camera)
         sink.add_frame(row)

@@ -24,13 +24,19 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.errors import ReplayError
-from hilrec.sim.scene import (ARM_BODIES, CUBE_BODY, CUBE_GEOM, JAW_PADS, SUCCESS_CRITERION,
-                              BinCheck, check_in_bin)
+from hilrec.sim.scene import (
+    ARM_BODIES,
+    CUBE_BODY,
+    CUBE_GEOM,
+    JAW_PADS,
+    SUCCESS_CRITERION,
+    BinCheck,
+    check_in_bin,
+)
 from hilrec.sim.twin import CubeState, Twin
 
-PUSHED_ARM_LINKS = tuple(b for b in ARM_BODIES if b in ("upper_arm", "lower_arm", "wrist",
-                                                        "gripper"))
-CUBE_PUSH_NEWTONS = (0.4, 0.9)     # a resting 30 g cube needs ~0.35 N to slide at all
+PUSHED_ARM_LINKS = tuple(b for b in ARM_BODIES if b in ("upper_arm", "lower_arm", "wrist", "gripper"))
+CUBE_PUSH_NEWTONS = (0.4, 0.9)  # a resting 30 g cube needs ~0.35 N to slide at all
 ARM_PUSH_NEWTONS = (1.0, 4.0)
 
 
@@ -44,15 +50,22 @@ class Push:
     torque: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"frame": self.frame, "body": self.body, "force": list(self.force),
-                "torque": list(self.torque)}
+        return {
+            "frame": self.frame,
+            "body": self.body,
+            "force": list(self.force),
+            "torque": list(self.torque),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> Push:
         try:
-            return cls(frame=int(data["frame"]), body=str(data["body"]),
-                       force=tuple(float(v) for v in data["force"]),  # type: ignore[arg-type]
-                       torque=tuple(float(v) for v in data.get("torque", (0, 0, 0))))  # type: ignore[arg-type]
+            return cls(
+                frame=int(data["frame"]),
+                body=str(data["body"]),
+                force=tuple(float(v) for v in data["force"]),  # type: ignore[arg-type]
+                torque=tuple(float(v) for v in data.get("torque", (0, 0, 0))),
+            )  # type: ignore[arg-type]
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(f"{where}: malformed disturbance {dict(data)!r}: {exc}") from exc
 
@@ -72,11 +85,16 @@ def push_schedule(seed: int, num_frames: int, fps: int, rate_hz: float) -> list[
         # Cube pushes slide it along the table; arm pushes come from any direction.
         elevation = 0.0 if on_cube else rng.uniform(-math.pi / 3, math.pi / 3)
         magnitude = rng.uniform(low, high)
-        force = magnitude * np.array([math.cos(heading) * math.cos(elevation),
-                                      math.sin(heading) * math.cos(elevation),
-                                      math.sin(elevation)])
-        pushes.append(Push(frame=int(frame), body=body,
-                           force=(float(force[0]), float(force[1]), float(force[2]))))
+        force = magnitude * np.array(
+            [
+                math.cos(heading) * math.cos(elevation),
+                math.sin(heading) * math.cos(elevation),
+                math.sin(elevation),
+            ]
+        )
+        pushes.append(
+            Push(frame=int(frame), body=body, force=(float(force[0]), float(force[1]), float(force[2])))
+        )
     return pushes
 
 
@@ -114,8 +132,7 @@ class ContactTally:
         names = twin.geom_names
         self._frames: Counter[tuple[int, int]] = Counter()
         cube = names.index(CUBE_GEOM)
-        self._pads = {(min(cube, names.index(pad)), max(cube, names.index(pad)))
-                      for pad in JAW_PADS}
+        self._pads = {(min(cube, names.index(pad)), max(cube, names.index(pad))) for pad in JAW_PADS}
         self.grasp_frames = 0
         self.frames = 0
 
@@ -127,11 +144,12 @@ class ContactTally:
 
     def summary(self) -> dict[str, Any]:
         names = self._twin.geom_names
-        touched = {"|".join(sorted((names[a], names[b]))): count
-                   for (a, b), count in self._frames.items()}
-        return {"frames": self.frames,
-                "frames_cube_between_both_jaw_pads": self.grasp_frames,
-                "frames_in_contact": dict(sorted(touched.items()))}
+        touched = {"|".join(sorted((names[a], names[b]))): count for (a, b), count in self._frames.items()}
+        return {
+            "frames": self.frames,
+            "frames_cube_between_both_jaw_pads": self.grasp_frames,
+            "frames_in_contact": dict(sorted(touched.items())),
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,11 +164,16 @@ class Outcome:
         return self.check.success
 
     def to_dict(self) -> dict[str, Any]:
-        return {"success": self.success, "success_criterion": SUCCESS_CRITERION,
-                "success_detail": {"inside": self.check.inside,
-                                   "below_rim": self.check.below_rim,
-                                   "resting": self.check.resting},
-                "final_cube": self.cube.to_dict()}
+        return {
+            "success": self.success,
+            "success_criterion": SUCCESS_CRITERION,
+            "success_detail": {
+                "inside": self.check.inside,
+                "below_rim": self.check.below_rim,
+                "resting": self.check.resting,
+            },
+            "final_cube": self.cube.to_dict(),
+        }
 
 
 def outcome_of(twin: Twin) -> Outcome:

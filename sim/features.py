@@ -12,13 +12,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from hilrec.daemon.errors import FeatureSpecError
-from hilrec.daemon.so101 import (ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, POSITION_NAMES, STATE_KEY,
-                                 so101_features)
+from hilrec.daemon.so101 import (
+    ACTION_KEY,
+    IMAGE_PREFIX,
+    NUM_JOINTS,
+    POSITION_NAMES,
+    STATE_KEY,
+    so101_features,
+)
 
 OBSERVATION_PREFIX = "observation."
-_WHY = ("a real SO-101 measures only its six joint positions (observation.state) and its camera "
-        "images (observation.images.<camera>); put simulator-only quantities such as object "
-        "poses, contacts or velocities in the episode sidecar instead")
+_WHY = (
+    "a real SO-101 measures only its six joint positions (observation.state) and its camera "
+    "images (observation.images.<camera>); put simulator-only quantities such as object "
+    "poses, contacts or velocities in the episode sidecar instead"
+)
 
 
 def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
@@ -34,23 +42,33 @@ def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
         elif key.startswith(IMAGE_PREFIX) and len(key) > len(IMAGE_PREFIX):
             shape = list(spec.get("shape", []))
             if spec.get("dtype") not in ("video", "image") or len(shape) != 3 or shape[2] != 3:
-                raise FeatureSpecError(key, f"a camera feature is an RGB image/video [H, W, 3], "
-                                            f"got dtype {spec.get('dtype')!r} shape {shape}")
+                raise FeatureSpecError(
+                    key,
+                    f"a camera feature is an RGB image/video [H, W, 3], "
+                    f"got dtype {spec.get('dtype')!r} shape {shape}",
+                )
         else:
             raise FeatureSpecError(key, f"not measurable on a real SO-101: {_WHY}")
 
 
 def _check_positions(key: str, spec: Mapping[str, Any]) -> None:
     names = list(spec.get("names") or [])
-    if spec.get("dtype") != "float32" or list(spec.get("shape", [])) != [NUM_JOINTS] \
-            or names != POSITION_NAMES:
-        raise FeatureSpecError(key, f"must be float32 [{NUM_JOINTS}] named {POSITION_NAMES} "
-                                    f"(LeRobot's SO-101 columns), got dtype {spec.get('dtype')!r} "
-                                    f"shape {spec.get('shape')} names {names}")
+    if (
+        spec.get("dtype") != "float32"
+        or list(spec.get("shape", [])) != [NUM_JOINTS]
+        or names != POSITION_NAMES
+    ):
+        raise FeatureSpecError(
+            key,
+            f"must be float32 [{NUM_JOINTS}] named {POSITION_NAMES} "
+            f"(LeRobot's SO-101 columns), got dtype {spec.get('dtype')!r} "
+            f"shape {spec.get('shape')} names {names}",
+        )
 
 
-def sim_features(cameras: Mapping[str, tuple[int, int]],
-                 extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def sim_features(
+    cameras: Mapping[str, tuple[int, int]], extra: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
     """The features of a sim recording: LeRobot's SO-101 columns, one video per camera, and any
     ``extra`` features a caller declares, provided a real SO-101 could produce them."""
     features = so101_features(cameras)

@@ -28,9 +28,9 @@ ARM_JOINTS = JOINT_NAMES[:5]
 
 @dataclass(frozen=True, kw_only=True)
 class IKResult:
-    q: np.ndarray            # (5,) arm joint angles, rad
-    position_error: float    # m
-    angle_error: float       # rad, worst of the two axes
+    q: np.ndarray  # (5,) arm joint angles, rad
+    position_error: float  # m
+    angle_error: float  # rad, worst of the two axes
     iterations: int
 
     def ok(self, position_tolerance: float = 2e-3, angle_tolerance: float = 0.05) -> bool:
@@ -61,7 +61,7 @@ class ArmKinematics:
 
     def set_joints(self, q: np.ndarray) -> None:
         """Set the first len(q) of the six joints (arm, then gripper) and update kinematics."""
-        self._qpos[self.qpos_adr[:len(q)]] = q
+        self._qpos[self.qpos_adr[: len(q)]] = q
         mujoco.mj_kinematics(self.model, self.data)
         mujoco.mj_comPos(self.model, self.data)  # mj_jac needs the com-based dof frames
 
@@ -73,10 +73,18 @@ class ArmKinematics:
         position, rotation = self.body_frame()
         return rotation.T @ (world_point - position)
 
-    def solve(self, q_init: np.ndarray, point: np.ndarray, target: np.ndarray,
-              axes: Sequence[np.ndarray], directions: Sequence[np.ndarray],
-              *, angle_weight: float = 0.1, iterations: int = 200,
-              moving: int = 5) -> IKResult:
+    def solve(
+        self,
+        q_init: np.ndarray,
+        point: np.ndarray,
+        target: np.ndarray,
+        axes: Sequence[np.ndarray],
+        directions: Sequence[np.ndarray],
+        *,
+        angle_weight: float = 0.1,
+        iterations: int = 200,
+        moving: int = 5,
+    ) -> IKResult:
         """Arm joints putting body-frame ``point`` at ``target`` with ``axes`` along ``directions``.
 
         Only the first ``moving`` arm joints move. Stops when converged or when the joints stop
@@ -85,14 +93,17 @@ class ArmKinematics:
         low, high = self.ranges[:5, 0].copy(), self.ranges[:5, 1].copy()
         q = np.clip(np.asarray(q_init, dtype=float), low, high)
         low[moving:] = high[moving:] = q[moving:]
-        dofs: slice | np.ndarray = (slice(int(self.dof_adr[0]), int(self.dof_adr[0]) + moving)
-                                    if self._dofs_consecutive else self.dof_adr[:moving])
+        dofs: slice | np.ndarray = (
+            slice(int(self.dof_adr[0]), int(self.dof_adr[0]) + moving)
+            if self._dofs_consecutive
+            else self.dof_adr[:moving]
+        )
         regulariser = 1e-3 * np.eye(6)
         err = np.empty(6)
         jac = np.zeros((6, 5))
         # 0.05 mm and 0.03 deg: far below what a position servo holds, one or two DLS
         # iterations sooner than tighter bounds.
-        close_enough, aligned = 5e-5 ** 2, math.cos(5e-4)
+        close_enough, aligned = 5e-5**2, math.cos(5e-4)
         it = 0
         rotation = self._body_xmat
         for it in range(1, iterations + 1):
@@ -118,19 +129,27 @@ class ArmKinematics:
             q = q_next
         return self._result(q, point, target, axes, directions, it)
 
-    def _result(self, q: np.ndarray, point: np.ndarray, target: np.ndarray,
-                axes: Sequence[np.ndarray], directions: Sequence[np.ndarray],
-                iterations: int) -> IKResult:
+    def _result(
+        self,
+        q: np.ndarray,
+        point: np.ndarray,
+        target: np.ndarray,
+        axes: Sequence[np.ndarray],
+        directions: Sequence[np.ndarray],
+        iterations: int,
+    ) -> IKResult:
         self.set_joints(q)
         position, rotation = self.body_frame()
         position_error = float(np.linalg.norm(target - (position + rotation @ point)))
-        angle_error = max(float(np.arccos(np.clip((rotation @ axis) @ direction, -1.0, 1.0)))
-                          for axis, direction in zip(axes, directions))
-        return IKResult(q=q, position_error=position_error, angle_error=angle_error,
-                        iterations=iterations)
+        angle_error = max(
+            float(np.arccos(np.clip((rotation @ axis) @ direction, -1.0, 1.0)))
+            for axis, direction in zip(axes, directions)
+        )
+        return IKResult(q=q, position_error=position_error, angle_error=angle_error, iterations=iterations)
 
-    def gravity_torque(self, q: np.ndarray, payload: float = 0.0,
-                       payload_point: np.ndarray | None = None) -> np.ndarray:
+    def gravity_torque(
+        self, q: np.ndarray, payload: float = 0.0, payload_point: np.ndarray | None = None
+    ) -> np.ndarray:
         """Joint torques (6,) holding the arm still at ``q`` (six joints), plus an optional
         ``payload`` mass (kg) held at body-frame ``payload_point`` of the gripper."""
         self.data.qpos[self.qpos_adr] = q

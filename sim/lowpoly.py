@@ -31,8 +31,9 @@ def read_binary_stl(path: Path) -> np.ndarray:
         raise SimError(f"{path}: too short to be a binary STL ({len(raw)} bytes)")
     count = int(np.frombuffer(raw, dtype="<u4", count=1, offset=80)[0])
     if len(raw) < 84 + 50 * count:
-        raise SimError(f"{path}: header says {count} triangles but the file holds fewer "
-                       "(ASCII STL is not supported)")
+        raise SimError(
+            f"{path}: header says {count} triangles but the file holds fewer (ASCII STL is not supported)"
+        )
     records = np.frombuffer(raw, dtype=_STL_RECORD, count=count, offset=84)
     return records["vertices"].reshape(-1, 3).astype(np.float64)
 

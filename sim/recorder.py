@@ -22,8 +22,15 @@ import numpy as np
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
-from hilrec.sim.episode import (ContactTally, Push, act_and_step, operator_action, outcome_of,
-                                 push_schedule, pushes_by_frame)
+from hilrec.sim.episode import (
+    ContactTally,
+    Push,
+    act_and_step,
+    operator_action,
+    outcome_of,
+    push_schedule,
+    pushes_by_frame,
+)
 from hilrec.sim.features import sim_features
 from hilrec.sim.operator import OperatorConfig, ScriptedOperator
 from hilrec.sim.provenance import dataset_provenance
@@ -46,7 +53,7 @@ class RecordConfig:
     seed: int = 0
     cameras: tuple[str, ...] = ("front",)
     image_size: tuple[int, int] = (480, 640)
-    push_rate: float = 0.0          # pushes per second, on the cube or an arm link
+    push_rate: float = 0.0  # pushes per second, on the cube or an arm link
     task: str = DEFAULT_TASK
     fps: int = 25
     realtime: bool = False
@@ -64,8 +71,9 @@ class RecordConfig:
             raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
         unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
         if unknown:
-            raise ConfigError("cameras", f"unknown camera {', '.join(unknown)} "
-                                         f"(scene cameras: {', '.join(CAMERA_NAMES)})")
+            raise ConfigError(
+                "cameras", f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(CAMERA_NAMES)})"
+            )
         if len(set(self.cameras)) != len(self.cameras):
             raise ConfigError("cameras", f"a camera is listed twice: {', '.join(self.cameras)}")
         if not self.task.strip():
@@ -101,8 +109,10 @@ class RecordSummary:
     def line(self) -> str:
         sim_seconds = self.frames / self.fps
         speed = sim_seconds / self.wall_seconds if self.wall_seconds > 0 else float("inf")
-        return (f"{len(self.episodes)} episodes, {self.successes} successes, {self.frames} frames, "
-                f"{self.wall_seconds:.1f} s ({speed:.1f}x real time) -> {self.root}")
+        return (
+            f"{len(self.episodes)} episodes, {self.successes} successes, {self.frames} frames, "
+            f"{self.wall_seconds:.1f} s ({speed:.1f}x real time) -> {self.root}"
+        )
 
 
 class Pacer:
@@ -135,12 +145,21 @@ class RecordedEpisode:
     arrays: dict[str, np.ndarray]
 
     def summary(self, episode_index: int) -> EpisodeSummary:
-        return EpisodeSummary(episode_index=episode_index, seed=self.seed, frames=self.frames,
-                              success=self.success)
+        return EpisodeSummary(
+            episode_index=episode_index, seed=self.seed, frames=self.frames, success=self.success
+        )
 
 
-def run_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed: int,
-                task: str, push_rate: float, pacer: Pacer | None = None) -> RecordedEpisode:
+def run_episode(
+    twin: Twin,
+    operator: ScriptedOperator,
+    sink: FrameSink,
+    *,
+    seed: int,
+    task: str,
+    push_rate: float,
+    pacer: Pacer | None = None,
+) -> RecordedEpisode:
     """Reset, plan and play one episode into ``sink`` (frames added, not saved; the episode is
     discarded on an exception)."""
     start = twin.reset(seed)
@@ -167,17 +186,40 @@ def run_episode(twin: Twin, operator: ScriptedOperator, sink: FrameSink, *, seed
         sink.discard_episode()
         raise
     outcome = outcome_of(twin)
-    sidecar = episode_sidecar(twin, start, seed=seed, pushes=pushes, push_rate=push_rate,
-                              outcome=outcome.to_dict(), contacts=tally.summary(),
-                              phases=operator.phase_starts, replans=operator.replans,
-                              clipped=twin.clipped_commands)
-    return RecordedEpisode(seed=seed, frames=num_frames, success=outcome.success, sidecar=sidecar,
-                           arrays={"initial_state": start.state})
+    sidecar = episode_sidecar(
+        twin,
+        start,
+        seed=seed,
+        pushes=pushes,
+        push_rate=push_rate,
+        outcome=outcome.to_dict(),
+        contacts=tally.summary(),
+        phases=operator.phase_starts,
+        replans=operator.replans,
+        clipped=twin.clipped_commands,
+    )
+    return RecordedEpisode(
+        seed=seed,
+        frames=num_frames,
+        success=outcome.success,
+        sidecar=sidecar,
+        arrays={"initial_state": start.state},
+    )
 
 
-def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[Push], push_rate: float,
-                    outcome: dict[str, Any], contacts: dict[str, Any],
-                    phases: dict[str, int], replans: list[int], clipped: int) -> dict[str, Any]:
+def episode_sidecar(
+    twin: Twin,
+    start: EpisodeStart,
+    *,
+    seed: int,
+    pushes: list[Push],
+    push_rate: float,
+    outcome: dict[str, Any],
+    contacts: dict[str, Any],
+    phases: dict[str, int],
+    replans: list[int],
+    clipped: int,
+) -> dict[str, Any]:
     """The per-episode JSON: every oracle fact about the episode (never a dataset column)."""
     return {
         "source": SOURCE,
@@ -189,8 +231,11 @@ def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[
             "leader": "scripted",
             "operator_phase_starts": phases,
             "operator_replanned_at_frames": list(replans),
-            "initial_state": {"array": "initial_state", "spec": "mjSTATE_INTEGRATION",
-                              "size": int(start.state.size)},
+            "initial_state": {
+                "array": "initial_state",
+                "spec": "mjSTATE_INTEGRATION",
+                "size": int(start.state.size),
+            },
             "push_rate_hz": push_rate,
             "disturbances": [p.to_dict() for p in pushes],
             "contacts": contacts,
@@ -200,8 +245,9 @@ def episode_sidecar(twin: Twin, start: EpisodeStart, *, seed: int, pushes: list[
     }
 
 
-def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | None = None,
-           progress: bool = True) -> RecordSummary:
+def record(
+    config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | None = None, progress: bool = True
+) -> RecordSummary:
     """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize.
 
     An episode is counted (summary, progress bar) once its save is durable. With the native
@@ -216,19 +262,36 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
         from hilrec.daemon.dataset.writer import DatasetWriter
 
         sink_factory = functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S)
-    cameras = {name: config.image_size for name in config.cameras}
+    cameras = dict.fromkeys(config.cameras, config.image_size)
     features = sim_features(cameras)
     summary = RecordSummary(root=config.root, fps=config.fps)
     began = time.perf_counter()
-    with Twin(fps=config.fps, cameras=config.cameras, image_size=config.image_size,
-              scene=config.scene, render_quality=config.render_quality) as twin:
-        sink = sink_factory(config.root, fps=config.fps, features=features, robot_type=ROBOT_TYPE,
-                            video_codec=config.video_codec)
+    with Twin(
+        fps=config.fps,
+        cameras=config.cameras,
+        image_size=config.image_size,
+        scene=config.scene,
+        render_quality=config.render_quality,
+    ) as twin:
+        sink = sink_factory(
+            config.root,
+            fps=config.fps,
+            features=features,
+            robot_type=ROBOT_TYPE,
+            video_codec=config.video_codec,
+        )
         with sink:  # an exception discards the open episode and finalizes the saved ones
-            update_dataset_sidecar(config.root, dataset_provenance(
-                scene=config.scene, physics=twin.physics_info(), operator_config=config.operator,
-                cameras=cameras, render_quality=config.render_quality,
-                push_rate=config.push_rate))
+            update_dataset_sidecar(
+                config.root,
+                dataset_provenance(
+                    scene=config.scene,
+                    physics=twin.physics_info(),
+                    operator_config=config.operator,
+                    cameras=cameras,
+                    render_quality=config.render_quality,
+                    push_rate=config.push_rate,
+                ),
+            )
             bar = _progress(config.episodes, enabled=progress)
             try:
                 _record_episodes(config, twin, sink, summary, bar)
@@ -238,8 +301,9 @@ def record(config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | Non
     return summary
 
 
-def _record_episodes(config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary,
-                     bar: Any) -> None:
+def _record_episodes(
+    config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary, bar: Any
+) -> None:
     pacer = Pacer(config.fps) if config.realtime else None
     save_nowait = getattr(sink, "save_episode_nowait", None)
     saving: deque[tuple[RecordedEpisode, Future[int]]] = deque()
@@ -251,10 +315,12 @@ def _record_episodes(config: RecordConfig, twin: Twin, sink: FrameSink, summary:
 
     for number in range(config.episodes):
         seed = config.seed + number
-        operator = ScriptedOperator(seed, fps=config.fps, scene=config.scene,
-                                    config=config.operator, units=twin.units)
-        episode = run_episode(twin, operator, sink, seed=seed, task=config.task,
-                              push_rate=config.push_rate, pacer=pacer)
+        operator = ScriptedOperator(
+            seed, fps=config.fps, scene=config.scene, config=config.operator, units=twin.units
+        )
+        episode = run_episode(
+            twin, operator, sink, seed=seed, task=config.task, push_rate=config.push_rate, pacer=pacer
+        )
         if save_nowait is None:
             count(episode, sink.save_episode(sidecar=episode.sidecar, arrays=episode.arrays))
             continue

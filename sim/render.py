@@ -25,8 +25,11 @@ import numpy as np
 from hilrec.daemon.errors import SimError
 from hilrec.sim.scene import SceneConfig, Visual, compile_scene
 
-_OFF_FLAGS = (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
-              mujoco.mjtRndFlag.mjRND_SKYBOX)
+_OFF_FLAGS = (
+    mujoco.mjtRndFlag.mjRND_SHADOW,
+    mujoco.mjtRndFlag.mjRND_REFLECTION,
+    mujoco.mjtRndFlag.mjRND_SKYBOX,
+)
 
 
 class SceneRenderer:
@@ -43,12 +46,12 @@ class SceneRenderer:
         self._renderers: dict[tuple[int, int], mujoco.Renderer] = {}
         self.quality = quality
         self.camera_names: tuple[str, ...] = tuple(
-            self._model.camera(i).name for i in range(self._model.ncam))
+            self._model.camera(i).name for i in range(self._model.ncam)
+        )
 
     def check_camera(self, camera: str) -> None:
         if camera not in self.camera_names:
-            raise SimError(f"no camera '{camera}' in the scene (cameras: "
-                           f"{', '.join(self.camera_names)})")
+            raise SimError(f"no camera '{camera}' in the scene (cameras: {', '.join(self.camera_names)})")
 
     def check_size(self, size: tuple[int, int]) -> None:
         height, width = size
@@ -75,8 +78,10 @@ class SceneRenderer:
             try:
                 renderer = mujoco.Renderer(self._model, height=size[0], width=size[1])
             except Exception as exc:  # mujoco raises plain RuntimeError/FatalError for GL setup
-                raise SimError(f"cannot create an offscreen renderer ({size[0]}x{size[1]}): "
-                               f"{exc}; is MUJOCO_GL=egl set and Mesa's EGL installed?") from exc
+                raise SimError(
+                    f"cannot create an offscreen renderer ({size[0]}x{size[1]}): "
+                    f"{exc}; is MUJOCO_GL=egl set and Mesa's EGL installed?"
+                ) from exc
             self._renderers[size] = renderer
         return renderer
 

@@ -65,25 +65,30 @@ class EpisodeReplay:
         head = f"episode {self.episode_index}: {self.status.upper().replace('_', ' ')}"
         if self.status == NOT_REPLAYABLE:
             return f"{head}: {self.reason}"
-        lines = [f"{head} ({self.frames} frames, max |state error| {self.max_error:.6g}, "
-                 f"outcome {'identical' if self.outcome.get('identical') else 'DIFFERENT'})"]
+        lines = [
+            f"{head} ({self.frames} frames, max |state error| {self.max_error:.6g}, "
+            f"outcome {'identical' if self.outcome.get('identical') else 'DIFFERENT'})"
+        ]
         if self.reason:
             lines.append(f"  {self.reason}")
         if self.max_error:
             per_joint = ", ".join(f"{j} {e:.4g}" for j, e in self.max_error_per_joint.items())
             lines.append(f"  per joint: {per_joint}")
-            lines.append(f"  {self.mismatched_rows} rows differ, first at frame "
-                         f"{self.first_mismatch_frame}")
+            lines.append(f"  {self.mismatched_rows} rows differ, first at frame {self.first_mismatch_frame}")
         if self.shift is not None:
-            lines.append(f"  best alignment: lag {self.shift['best_lag']:+d} frames "
-                         f"(mean |error| {self.shift['best_mean_error']:.4g}; "
-                         f"at lag 0 {self.shift['mean_error_by_lag']['0']:.4g})")
+            lines.append(
+                f"  best alignment: lag {self.shift['best_lag']:+d} frames "
+                f"(mean |error| {self.shift['best_mean_error']:.4g}; "
+                f"at lag 0 {self.shift['mean_error_by_lag']['0']:.4g})"
+            )
         if self.disturbance_effect is not None:
             effect = self.disturbance_effect
-            lines.append(f"  without its {self.disturbances} disturbances: max state drift "
-                         f"{effect['max_state_drift']:.4g}, cube ends "
-                         f"{effect['cube_final_distance_m'] * 1000:.1f} mm away, success "
-                         f"{effect['success_without']}")
+            lines.append(
+                f"  without its {self.disturbances} disturbances: max state drift "
+                f"{effect['max_state_drift']:.4g}, cube ends "
+                f"{effect['cube_final_distance_m'] * 1000:.1f} mm away, success "
+                f"{effect['success_without']}"
+            )
         return "\n".join(lines)
 
 
@@ -100,21 +105,30 @@ class ReplayReport:
         return self.error is None and bool(self.episodes) and all(e.passed for e in self.episodes)
 
     def counts(self) -> dict[str, int]:
-        return {status: sum(e.status == status for e in self.episodes)
-                for status in (PASSED, FAILED, NOT_REPLAYABLE)}
+        return {
+            status: sum(e.status == status for e in self.episodes)
+            for status in (PASSED, FAILED, NOT_REPLAYABLE)
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "root": self.root, "counts": self.counts(),
-                "world_differences": list(self.world_differences), "error": self.error,
-                "episodes": [e.to_dict() for e in self.episodes]}
+        return {
+            "passed": self.passed,
+            "root": self.root,
+            "counts": self.counts(),
+            "world_differences": list(self.world_differences),
+            "error": self.error,
+            "episodes": [e.to_dict() for e in self.episodes],
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
     def format_text(self) -> str:
         counts = self.counts()
-        lines = [f"replay {'PASSED' if self.passed else 'FAILED'}: {counts[PASSED]} passed, "
-                 f"{counts[FAILED]} failed, {counts[NOT_REPLAYABLE]} not replayable ({self.root})"]
+        lines = [
+            f"replay {'PASSED' if self.passed else 'FAILED'}: {counts[PASSED]} passed, "
+            f"{counts[FAILED]} failed, {counts[NOT_REPLAYABLE]} not replayable ({self.root})"
+        ]
         if self.error:
             lines.append(f"  {self.error}")
         lines.extend(f"  world: {d}" for d in self.world_differences)
@@ -122,8 +136,9 @@ class ReplayReport:
         return "\n".join(lines)
 
 
-def replay_check(root: str | Path, *, episodes: Iterable[int] | None = None,
-                 undisturbed: bool = True) -> ReplayReport:
+def replay_check(
+    root: str | Path, *, episodes: Iterable[int] | None = None, undisturbed: bool = True
+) -> ReplayReport:
     """Replay the sim episodes of the dataset at ``root`` on the twin and judge them."""
     root = Path(root)
     report = ReplayReport(root=str(root))
@@ -133,8 +148,9 @@ def replay_check(root: str | Path, *, episodes: Iterable[int] | None = None,
         wanted = sorted(set(episodes))
         unknown = sorted(set(wanted) - set(indices))
         if unknown:
-            raise ReplayError(f"{root}: no episode {', '.join(map(str, unknown))} "
-                              f"(the dataset has {len(indices)})")
+            raise ReplayError(
+                f"{root}: no episode {', '.join(map(str, unknown))} (the dataset has {len(indices)})"
+            )
         indices = wanted
     for key in (ACTION_KEY, STATE_KEY):
         if key not in info.get("features", {}):
@@ -146,8 +162,9 @@ def replay_check(root: str | Path, *, episodes: Iterable[int] | None = None,
         twin = Twin(fps=int(info["fps"]), cameras=(), scene=scene)
     except HilrecError as exc:
         report.error = f"cannot build the twin this dataset was recorded in: {exc}"
-        report.episodes = [EpisodeReplay(episode_index=i, status=NOT_REPLAYABLE,
-                                         reason=report.error) for i in indices]
+        report.episodes = [
+            EpisodeReplay(episode_index=i, status=NOT_REPLAYABLE, reason=report.error) for i in indices
+        ]
         return report
     report.world_differences = check_same_world(dataset_sidecar, scene)
     with twin:
@@ -169,14 +186,14 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
     pushes = [Push.from_dict(p, where) for p in sim.get("disturbances") or []]
     replayed, outcome = run_actions(twin, arrays["initial_state"], actions, pushes)
 
-    result = EpisodeReplay(episode_index=index, status=PASSED, frames=len(actions),
-                           disturbances=len(pushes))
+    result = EpisodeReplay(episode_index=index, status=PASSED, frames=len(actions), disturbances=len(pushes))
     _compare_states(result, recorded, replayed)
     result.outcome = _compare_outcome(meta, outcome)
     problems = []
     if result.max_error:
-        problems.append(f"observation.state differs from the replay in {result.mismatched_rows} "
-                        f"of {result.frames} rows")
+        problems.append(
+            f"observation.state differs from the replay in {result.mismatched_rows} of {result.frames} rows"
+        )
         result.shift = best_shift(recorded, replayed)
     if not result.outcome["identical"]:
         problems.append("the outcome differs: " + result.outcome["difference"])
@@ -188,24 +205,35 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
     return result
 
 
-def _why_not_replayable(meta: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray],
-                        twin: Twin, index: int) -> str:
+def _why_not_replayable(
+    meta: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray], twin: Twin, index: int
+) -> str:
     if meta is None:
-        return (f"no sidecar hilrec/episodes/episode-{index:06d}.json, so no recorded start "
-                "state (written by another recorder?)")
+        return (
+            f"no sidecar hilrec/episodes/episode-{index:06d}.json, so no recorded start "
+            "state (written by another recorder?)"
+        )
     state = arrays.get("initial_state")
     if state is None:
-        return (f"hilrec/episodes/episode-{index:06d} has no initial_state array: no recorded "
-                "start state (a hardware episode? 'hilrec replay' checks those)")
+        return (
+            f"hilrec/episodes/episode-{index:06d} has no initial_state array: no recorded "
+            "start state (a hardware episode? 'hilrec replay' checks those)"
+        )
     if np.asarray(state).shape != (twin.state_size,):
-        return (f"its start state has shape {np.asarray(state).shape}, this twin's is "
-                f"({twin.state_size},): recorded with a different model")
+        return (
+            f"its start state has shape {np.asarray(state).shape}, this twin's is "
+            f"({twin.state_size},): recorded with a different model"
+        )
     return ""
 
 
-def run_actions(twin: Twin, initial_state: np.ndarray, actions: np.ndarray, pushes: list[Push],
-                on_observe: Callable[[int, np.ndarray], None] | None = None
-                ) -> tuple[np.ndarray, Outcome]:
+def run_actions(
+    twin: Twin,
+    initial_state: np.ndarray,
+    actions: np.ndarray,
+    pushes: list[Push],
+    on_observe: Callable[[int, np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, Outcome]:
     """Restore ``initial_state``, play ``actions`` (with ``pushes``); observations and outcome.
 
     ``on_observe(frame, observation)`` runs after each observation, before the frame acts (where
@@ -224,20 +252,21 @@ def run_actions(twin: Twin, initial_state: np.ndarray, actions: np.ndarray, push
 
 def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.ndarray) -> None:
     if recorded.shape != replayed.shape:
-        raise ReplayError(f"episode {result.episode_index}: observation.state has shape "
-                          f"{recorded.shape}, expected {replayed.shape}")
+        raise ReplayError(
+            f"episode {result.episode_index}: observation.state has shape "
+            f"{recorded.shape}, expected {replayed.shape}"
+        )
     error = np.abs(recorded.astype(np.float64) - replayed.astype(np.float64))
     error[~np.isfinite(error)] = np.inf
     per_joint = error.max(axis=0) if len(error) else np.zeros(len(JOINT_NAMES))
     result.max_error_per_joint = {j: float(e) for j, e in zip(JOINT_NAMES, per_joint)}
     result.max_error = float(per_joint.max()) if len(per_joint) else 0.0
     bad_rows = np.nonzero(error.max(axis=1) > 0)[0] if len(error) else np.array([], int)
-    result.mismatched_rows = int(len(bad_rows))
+    result.mismatched_rows = len(bad_rows)
     result.first_mismatch_frame = int(bad_rows[0]) if len(bad_rows) else None
 
 
-def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_SHIFT
-               ) -> dict[str, Any]:
+def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_SHIFT) -> dict[str, Any]:
     """The lag k in [-max_shift, max_shift] minimising mean |recorded[t] - replayed[t - k]|.
 
     k > 0: the recording is late by k frames (its row t is the twin's row t - k).
@@ -247,13 +276,16 @@ def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_
     for lag in range(-max_shift, max_shift + 1):
         if n - abs(lag) < 1:
             continue
-        rec = recorded[max(lag, 0):n + min(lag, 0)].astype(np.float64)
-        rep = replayed[max(-lag, 0):n - max(lag, 0)].astype(np.float64)
+        rec = recorded[max(lag, 0) : n + min(lag, 0)].astype(np.float64)
+        rep = replayed[max(-lag, 0) : n - max(lag, 0)].astype(np.float64)
         errors[lag] = float(np.mean(np.abs(rec - rep)))
     best = min(errors, key=lambda lag: (errors[lag], abs(lag)))
-    return {"best_lag": best, "best_mean_error": errors[best],
-            "mean_error_by_lag": {str(k): v for k, v in errors.items()},
-            "exact_at_best_lag": errors[best] == 0.0}
+    return {
+        "best_lag": best,
+        "best_mean_error": errors[best],
+        "mean_error_by_lag": {str(k): v for k, v in errors.items()},
+        "exact_at_best_lag": errors[best] == 0.0,
+    }
 
 
 def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
@@ -270,19 +302,25 @@ def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> dict[str, Any
             want = np.asarray(recorded_cube.get(key, []), dtype=np.float64)
             got = getattr(outcome.cube, key)
             if want.shape != got.shape or not np.array_equal(want, got):
-                distance = (float(np.max(np.abs(want - got))) if want.shape == got.shape
-                            else float("inf"))
+                distance = float(np.max(np.abs(want - got))) if want.shape == got.shape else float("inf")
                 differences.append(f"cube final {key} differs by up to {distance:.3g}")
-    return {"identical": not differences, "difference": "; ".join(differences),
-            "recorded": recorded, "replayed": replayed}
+    return {
+        "identical": not differences,
+        "difference": "; ".join(differences),
+        "recorded": recorded,
+        "replayed": replayed,
+    }
 
 
-def _effect(recorded: np.ndarray, free: np.ndarray, meta: Mapping[str, Any],
-            free_outcome: Outcome) -> dict[str, Any]:
+def _effect(
+    recorded: np.ndarray, free: np.ndarray, meta: Mapping[str, Any], free_outcome: Outcome
+) -> dict[str, Any]:
     drift = np.abs(recorded.astype(np.float64) - free.astype(np.float64))
     per_joint = drift.max(axis=0)
     cube = np.asarray((meta.get("final_cube") or {}).get("position", [np.nan] * 3), np.float64)
-    return {"max_state_drift": float(per_joint.max()),
-            "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint)},
-            "cube_final_distance_m": float(np.linalg.norm(cube - free_outcome.cube.position)),
-            "success_without": free_outcome.success}
+    return {
+        "max_state_drift": float(per_joint.max()),
+        "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint)},
+        "cube_final_distance_m": float(np.linalg.norm(cube - free_outcome.cube.position)),
+        "success_without": free_outcome.success,
+    }

@@ -31,7 +31,7 @@ CAMERA_NAMES: tuple[str, ...] = ("front", "wrist")
 CUBE_BODY = "cube"
 CUBE_GEOM = "cube"
 TABLE_GEOM = "table"
-GRIPPER_BODY = "gripper"          # the wrist_roll link, which carries the fixed jaw
+GRIPPER_BODY = "gripper"  # the wrist_roll link, which carries the fixed jaw
 MOVING_JAW_BODY = "moving_jaw_so101_v1"
 JAW_PADS = ("fixed_jaw_pad", "moving_jaw_pad")
 GRIPPER_SITE = "gripperframe"
@@ -56,7 +56,7 @@ class SceneConfig:
     bin_wall_thickness: float = 0.006
     table_half: tuple[float, float] = (0.42, 0.40)
     table_center: tuple[float, float] = (0.16, 0.0)
-    settle_speed: float = 0.01     # m/s: below this the cube counts as resting
+    settle_speed: float = 0.01  # m/s: below this the cube counts as resting
     # The arm's pose at the start of every episode, in LeRobot units (deg..., gripper 0-100).
     arm_start: tuple[float, ...] = (0.0, -60.0, 60.0, 70.0, 0.0, 10.0)
 
@@ -123,9 +123,11 @@ class BinCheck:
         return self.inside and self.below_rim and self.resting
 
 
-SUCCESS_CRITERION = ("cube centre strictly within the bin's inner walls in x and y (inset by the "
-                     "cube half-size), below the rim, and moving slower than settle_speed m/s, "
-                     "at the end of the episode's last frame")
+SUCCESS_CRITERION = (
+    "cube centre strictly within the bin's inner walls in x and y (inset by the "
+    "cube half-size), below the rim, and moving slower than settle_speed m/s, "
+    "at the end of the episode's last frame"
+)
 
 
 def check_in_bin(position: np.ndarray, speed: float, config: SceneConfig) -> BinCheck:
@@ -134,8 +136,7 @@ def check_in_bin(position: np.ndarray, speed: float, config: SceneConfig) -> Bin
     margin = config.cube_half_size
     inside = abs(position[0] - cx) < hx - margin and abs(position[1] - cy) < hy - margin
     below = position[2] < config.bin_wall_height
-    return BinCheck(inside=bool(inside), below_rim=bool(below),
-                    resting=bool(speed < config.settle_speed))
+    return BinCheck(inside=bool(inside), below_rim=bool(below), resting=bool(speed < config.settle_speed))
 
 
 @functools.lru_cache(maxsize=8)
@@ -212,19 +213,35 @@ def _add_table_cube_bin(spec: mujoco.MjSpec, config: SceneConfig) -> None:
     box = mujoco.mjtGeom.mjGEOM_BOX
     world = spec.worldbody
     tx, ty = config.table_center
-    world.add_geom(name=TABLE_GEOM, type=box, size=[*config.table_half, 0.01],
-                   pos=[tx, ty, -0.01], rgba=[0.72, 0.60, 0.45, 1])
+    world.add_geom(
+        name=TABLE_GEOM,
+        type=box,
+        size=[*config.table_half, 0.01],
+        pos=[tx, ty, -0.01],
+        rgba=[0.72, 0.60, 0.45, 1],
+    )
     cube = world.add_body(name=CUBE_BODY, pos=[0.25, 0.0, config.cube_half_size])
     cube.add_freejoint(name=CUBE_BODY)
-    cube.add_geom(name=CUBE_GEOM, type=box, size=[config.cube_half_size] * 3,
-                  mass=config.cube_mass, condim=3,
-                  friction=[config.cube_friction, 0.01, 0.0001], rgba=[0.85, 0.15, 0.12, 1])
+    cube.add_geom(
+        name=CUBE_GEOM,
+        type=box,
+        size=[config.cube_half_size] * 3,
+        mass=config.cube_mass,
+        condim=3,
+        friction=[config.cube_friction, 0.01, 0.0001],
+        rgba=[0.85, 0.15, 0.12, 1],
+    )
     cx, cy = config.bin_center
     hx, hy = config.bin_inner_half
     wall, height = config.bin_wall_thickness, config.bin_wall_height
     colour = [0.25, 0.35, 0.55, 1]
-    world.add_geom(name=BIN_GEOM_PREFIX + "floor", type=box, pos=[cx, cy, wall / 2],
-                   size=[hx + wall, hy + wall, wall / 2], rgba=colour)
+    world.add_geom(
+        name=BIN_GEOM_PREFIX + "floor",
+        type=box,
+        pos=[cx, cy, wall / 2],
+        size=[hx + wall, hy + wall, wall / 2],
+        rgba=colour,
+    )
     walls = {
         "wall_xpos": ([cx + hx + wall / 2, cy], [wall / 2, hy + wall]),
         "wall_xneg": ([cx - hx - wall / 2, cy], [wall / 2, hy + wall]),
@@ -232,8 +249,13 @@ def _add_table_cube_bin(spec: mujoco.MjSpec, config: SceneConfig) -> None:
         "wall_yneg": ([cx, cy - hy - wall / 2], [hx, wall / 2]),
     }
     for name, (xy, half) in walls.items():
-        world.add_geom(name=BIN_GEOM_PREFIX + name, type=box, pos=[*xy, height / 2],
-                       size=[*half, height / 2], rgba=colour)
+        world.add_geom(
+            name=BIN_GEOM_PREFIX + name,
+            type=box,
+            pos=[*xy, height / 2],
+            size=[*half, height / 2],
+            rgba=colour,
+        )
 
 
 def look_at_quat(position: np.ndarray, target: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -252,9 +274,12 @@ def _add_cameras_and_lights(spec: mujoco.MjSpec) -> None:
     world = spec.worldbody
     # In front of the arm and off to its left, so the arm, the cube and the bin all show.
     front_pos = np.array([0.52, 0.32, 0.42])
-    world.add_camera(name="front", pos=front_pos, fovy=50,
-                     quat=look_at_quat(front_pos, np.array([0.12, -0.05, 0.05]),
-                                       np.array([0.0, 0.0, 1.0])))
+    world.add_camera(
+        name="front",
+        pos=front_pos,
+        fovy=50,
+        quat=look_at_quat(front_pos, np.array([0.12, -0.05, 0.05]), np.array([0.0, 0.0, 1.0])),
+    )
     # The wrist camera sits on the outer side of the fixed jaw, looking along the jaws at the
     # grasp zone with the jaw at the bottom of the image, as the usual SO-101 wrist mount does.
     site = spec.site(GRIPPER_SITE)
@@ -265,9 +290,18 @@ def _add_cameras_and_lights(spec: mujoco.MjSpec) -> None:
     cam_pos = origin + rot @ np.array([-0.04, 0.0, -0.06])
     target = origin + rot @ np.array([0.04, 0.0, 0.01])
     spec.body(GRIPPER_BODY).add_camera(
-        name="wrist", pos=cam_pos, fovy=70,
-        quat=look_at_quat(cam_pos, target, rot @ np.array([0.0, 0.0, -1.0])))
-    world.add_light(name="sun", pos=[0.2, 0.0, 1.5], dir=[0, 0, -1], castshadow=False,
-                    diffuse=[0.7, 0.7, 0.7], specular=[0.1, 0.1, 0.1])
+        name="wrist",
+        pos=cam_pos,
+        fovy=70,
+        quat=look_at_quat(cam_pos, target, rot @ np.array([0.0, 0.0, -1.0])),
+    )
+    world.add_light(
+        name="sun",
+        pos=[0.2, 0.0, 1.5],
+        dir=[0, 0, -1],
+        castshadow=False,
+        diffuse=[0.7, 0.7, 0.7],
+        specular=[0.1, 0.1, 0.1],
+    )
     spec.visual.headlight.ambient = [0.35, 0.35, 0.35]
     spec.visual.headlight.diffuse = [0.4, 0.4, 0.4]

@@ -29,8 +29,15 @@ import numpy as np
 from hilrec.daemon.errors import FrameError, FrameRateError, SimError
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
 from hilrec.sim.render import SceneRenderer
-from hilrec.sim.scene import (ARM_BODIES, CUBE_BODY, CubePlacement, SceneConfig, Visual,
-                              compile_scene, place_cube)
+from hilrec.sim.scene import (
+    ARM_BODIES,
+    CUBE_BODY,
+    CubePlacement,
+    SceneConfig,
+    Visual,
+    compile_scene,
+    place_cube,
+)
 from hilrec.sim.units import GRIPPER_INDEX, UnitsMap, units_map_from_ranges
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_INTEGRATION
@@ -72,7 +79,8 @@ def substeps_for(fps: int, timestep: float) -> int:
         raise FrameRateError(
             f"fps {fps} is not a whole number of {timestep * 1000:g} ms physics steps "
             f"(1/{fps} s = {exact:.3f} steps); valid rates near it: "
-            f"{', '.join(str(rate) for rate in sorted(near))}")
+            f"{', '.join(str(rate) for rate in sorted(near))}"
+        )
     return substeps
 
 
@@ -82,13 +90,13 @@ class EpisodeStart:
 
     seed: int
     cube: CubePlacement
-    arm_units: np.ndarray   # float32 (6,), the arm's observation at the start
-    state: np.ndarray       # float64, mjSTATE_INTEGRATION
+    arm_units: np.ndarray  # float32 (6,), the arm's observation at the start
+    state: np.ndarray  # float64, mjSTATE_INTEGRATION
 
 
 @dataclass(frozen=True, kw_only=True)
 class CubeState:
-    position: np.ndarray    # (3,) m, world
+    position: np.ndarray  # (3,) m, world
     quaternion: np.ndarray  # (4,) w, x, y, z
     linear_velocity: np.ndarray
     angular_velocity: np.ndarray
@@ -98,17 +106,26 @@ class CubeState:
         return float(np.linalg.norm(self.linear_velocity))
 
     def to_dict(self) -> dict[str, list[float]]:
-        return {"position": self.position.tolist(), "quaternion": self.quaternion.tolist(),
-                "linear_velocity": self.linear_velocity.tolist(),
-                "angular_velocity": self.angular_velocity.tolist()}
+        return {
+            "position": self.position.tolist(),
+            "quaternion": self.quaternion.tolist(),
+            "linear_velocity": self.linear_velocity.tolist(),
+            "angular_velocity": self.angular_velocity.tolist(),
+        }
 
 
 class Twin:
     """SO-101 follower + scene in MuJoCo, stepped a frame at a time."""
 
-    def __init__(self, *, fps: int = 25, cameras: Sequence[str] = ("front",),
-                 image_size: tuple[int, int] = (480, 640), scene: SceneConfig | None = None,
-                 render_quality: Visual = "fast") -> None:
+    def __init__(
+        self,
+        *,
+        fps: int = 25,
+        cameras: Sequence[str] = ("front",),
+        image_size: tuple[int, int] = (480, 640),
+        scene: SceneConfig | None = None,
+        render_quality: Visual = "fast",
+    ) -> None:
         self.scene = scene or SceneConfig()
         self._model = compile_scene(self.scene, "none")
         self._data = mujoco.MjData(self._model)
@@ -118,7 +135,8 @@ class Twin:
         self._qpos_adr = np.array([self._model.joint(n).qposadr[0] for n in JOINT_NAMES])
         self._actuator_ids = np.array([self._actuator_for(n) for n in JOINT_NAMES])
         self.units: UnitsMap = units_map_from_ranges(
-            {n: tuple(self._model.joint(n).range) for n in JOINT_NAMES})
+            {n: tuple(self._model.joint(n).range) for n in JOINT_NAMES}
+        )
         self._scale, self._offset = self.units.scale, self.units.offset
         # The per-frame maths on Python floats: the same IEEE double operations as numpy's on
         # arrays of six, without a numpy call (~1-2 us each between MuJoCo steps) per operation.
@@ -132,8 +150,7 @@ class Twin:
         self._cube_dof = int(cube_joint.dofadr[0])
         self._push_bodies = {name: self._model.body(name).id for name in (CUBE_BODY, *ARM_BODIES)}
         self._state_size = mujoco.mj_stateSize(self._model, STATE_SPEC)
-        self.geom_names: tuple[str, ...] = tuple(self._model.geom(i).name
-                                                 for i in range(self._model.ngeom))
+        self.geom_names: tuple[str, ...] = tuple(self._model.geom(i).name for i in range(self._model.ngeom))
         # Views into MjData's buffers, which stay where they are for its lifetime: the per-frame
         # calls skip the bindings' attribute lookups.
         self._qpos = self._data.qpos
@@ -170,14 +187,15 @@ class Twin:
     def reset(self, seed: int, *, arm_units: Sequence[float] | None = None) -> EpisodeStart:
         """Arm at its start pose, cube placed from ``seed``, settled; time restarts at 0."""
         placement = place_cube(seed, self.scene)
-        start_units = np.asarray(arm_units if arm_units is not None else self.scene.arm_start,
-                                 dtype=np.float32)
+        start_units = np.asarray(
+            arm_units if arm_units is not None else self.scene.arm_start, dtype=np.float32
+        )
         mujoco.mj_resetData(self._model, self._data)
         self._warnings_seen[:] = 0
         self._warning_bytes = self._warning_counts.tobytes()
         self._data.qpos[self._qpos_adr] = self.units.rad_from_units(start_units)
-        self._data.qpos[self._cube_qpos:self._cube_qpos + 3] = placement.position
-        self._data.qpos[self._cube_qpos + 3:self._cube_qpos + 7] = placement.quaternion
+        self._data.qpos[self._cube_qpos : self._cube_qpos + 3] = placement.position
+        self._data.qpos[self._cube_qpos + 3 : self._cube_qpos + 7] = placement.quaternion
         self.command(start_units)
         # Let contacts and servos reach rest before the episode's clock starts.
         settle_steps = round(SETTLE_SECONDS / self.timestep)
@@ -198,8 +216,12 @@ class Twin:
 
         The gripper is clipped to [0, 100] as LeRobot's RANGE_0_100 clips the ticks to the
         calibrated range (a soft joint limit lets the sim jaw pass its limit by a hair)."""
-        units = [(rad - offset) * scale for rad, offset, scale
-                 in zip(self._qpos[self._arm_qpos].tolist(), self._offset_list, self._scale_list)]
+        units = [
+            (rad - offset) * scale
+            for rad, offset, scale in zip(
+                self._qpos[self._arm_qpos].tolist(), self._offset_list, self._scale_list
+            )
+        ]
         units[GRIPPER_INDEX] = min(max(units[GRIPPER_INDEX], 0.0), 100.0)
         return np.array(units, dtype=np.float32)
 
@@ -214,14 +236,18 @@ class Twin:
         if not all(low <= value <= high for value, (low, high) in zip(command, self._command_bounds)):
             if not np.isfinite(executed).all():
                 bad = ~np.isfinite(executed)
-                raise FrameError("action", f"non-finite command for "
-                                           f"{', '.join(np.array(JOINT_NAMES)[bad])}: {values.tolist()}")
+                raise FrameError(
+                    "action",
+                    f"non-finite command for {', '.join(np.array(JOINT_NAMES)[bad])}: {values.tolist()}",
+                )
             np.clip(executed, self._command_low, self._command_high, out=executed)
             self.clipped_commands += 1
             command = executed.tolist()
         # float32 -> float64 is exact, so ctrl is a function of the recorded number alone.
-        self._ctrl[self._arm_ctrl] = [value / scale + offset for value, scale, offset
-                                      in zip(command, self._scale_list, self._offset_list)]
+        self._ctrl[self._arm_ctrl] = [
+            value / scale + offset
+            for value, scale, offset in zip(command, self._scale_list, self._offset_list)
+        ]
         return executed
 
     def step_frame(self) -> None:
@@ -238,8 +264,7 @@ class Twin:
         """Apply a force (N) and torque (N m) at ``body``'s centre of mass during the next frame."""
         body_id = self._push_bodies.get(body)
         if body_id is None:
-            raise SimError(f"cannot push '{body}': pushable bodies are "
-                           f"{', '.join(self._push_bodies)}")
+            raise SimError(f"cannot push '{body}': pushable bodies are {', '.join(self._push_bodies)}")
         wrench = np.concatenate([np.asarray(force, float), np.asarray(torque, float)])
         if wrench.shape != (6,) or not np.isfinite(wrench).all():
             raise SimError(f"push on '{body}': force and torque must be 3 finite numbers each")
@@ -256,8 +281,10 @@ class Twin:
     def set_state(self, state: np.ndarray) -> None:
         state = np.asarray(state, dtype=np.float64)
         if state.shape != (self._state_size,):
-            raise SimError(f"a twin state has {self._state_size} values "
-                           f"(mjSTATE_INTEGRATION of this model), got shape {state.shape}")
+            raise SimError(
+                f"a twin state has {self._state_size} values "
+                f"(mjSTATE_INTEGRATION of this model), got shape {state.shape}"
+            )
         if not np.isfinite(state).all():
             raise SimError("refusing a twin state with non-finite values")
         mujoco.mj_setState(self._model, self._data, state, STATE_SPEC)
@@ -279,10 +306,14 @@ class Twin:
         return self._state_size
 
     def cube_state(self) -> CubeState:
-        q = self._data.qpos[self._cube_qpos:self._cube_qpos + 7]
-        v = self._data.qvel[self._cube_dof:self._cube_dof + 6]
-        return CubeState(position=q[:3].copy(), quaternion=q[3:].copy(),
-                         linear_velocity=v[:3].copy(), angular_velocity=v[3:].copy())
+        q = self._data.qpos[self._cube_qpos : self._cube_qpos + 7]
+        v = self._data.qvel[self._cube_dof : self._cube_dof + 6]
+        return CubeState(
+            position=q[:3].copy(),
+            quaternion=q[3:].copy(),
+            linear_velocity=v[:3].copy(),
+            angular_velocity=v[3:].copy(),
+        )
 
     def contact_pairs(self) -> list[tuple[str, str]]:
         """Names of the geom pairs in contact after the last step (sorted within a pair)."""
@@ -298,10 +329,16 @@ class Twin:
 
     def physics_info(self) -> dict[str, Any]:
         opt = self._model.opt
-        return {"timestep": self.timestep, "substeps": self.substeps, "fps": self.fps,
-                "integrator": mujoco.mjtIntegrator(opt.integrator).name,
-                "cone": mujoco.mjtCone(opt.cone).name, "impratio": float(opt.impratio),
-                "state_spec": "mjSTATE_INTEGRATION", "state_size": self._state_size}
+        return {
+            "timestep": self.timestep,
+            "substeps": self.substeps,
+            "fps": self.fps,
+            "integrator": mujoco.mjtIntegrator(opt.integrator).name,
+            "cone": mujoco.mjtCone(opt.cone).name,
+            "impratio": float(opt.impratio),
+            "state_spec": "mjSTATE_INTEGRATION",
+            "state_size": self._state_size,
+        }
 
     # --- pixels -------------------------------------------------------------------------------
 
@@ -314,8 +351,7 @@ class Twin:
 
     def _get_renderer(self) -> SceneRenderer:
         if self._renderer is None:
-            self._renderer = SceneRenderer(self.scene, nq=self._model.nq,
-                                           quality=self._render_quality)
+            self._renderer = SceneRenderer(self.scene, nq=self._model.nq, quality=self._render_quality)
         return self._renderer
 
     # --- internals ----------------------------------------------------------------------------
@@ -323,8 +359,10 @@ class Twin:
     def _actuator_for(self, joint: str) -> int:
         joint_id = self._model.joint(joint).id
         for i in range(self._model.nu):
-            if (self._model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
-                    and self._model.actuator_trnid[i, 0] == joint_id):
+            if (
+                self._model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT
+                and self._model.actuator_trnid[i, 0] == joint_id
+            ):
                 return i
         raise SimError(f"no actuator drives joint '{joint}' in the SO-101 model")
 
@@ -348,5 +386,4 @@ class Twin:
         for index in fresh:
             problem = _FATAL_WARNINGS.get(mujoco.mjtWarning(index))
             if problem is not None:
-                raise SimError(f"MuJoCo warning at {where} (sim time {self._data.time:.4f} s): "
-                               f"{problem}")
+                raise SimError(f"MuJoCo warning at {where} (sim time {self._data.time:.4f} s): {problem}")

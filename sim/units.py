@@ -28,8 +28,8 @@ from hilrec.daemon.errors import SimError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, NUM_JOINTS
 
 TICKS_PER_RAD: Final[float] = 4096 / (2 * math.pi)
-MAX_RES: Final[int] = 4095            # LeRobot's DEGREES divisor: model resolution - 1
-MID_TICKS: Final[int] = 2047          # Present_Position at the calibrated middle
+MAX_RES: Final[int] = 4095  # LeRobot's DEGREES divisor: model resolution - 1
+MID_TICKS: Final[int] = 2047  # Present_Position at the calibrated middle
 SIM_ZERO_RAW_TICKS: Final[int] = 2048  # the emulated encoder's raw reading at sim angle 0
 DEG_PER_RAD: Final[float] = TICKS_PER_RAD * 360 / MAX_RES
 GRIPPER_INDEX: Final[int] = JOINT_NAMES.index("gripper")
@@ -39,7 +39,7 @@ GRIPPER_INDEX: Final[int] = JOINT_NAMES.index("gripper")
 class UnitsMap:
     """The per-joint affine maps ``units = scale * (rad - offset)`` and their sim ranges."""
 
-    joint_ranges: tuple[tuple[float, float], ...]   # sim joint limits (rad), in JOINT_NAMES order
+    joint_ranges: tuple[tuple[float, float], ...]  # sim joint limits (rad), in JOINT_NAMES order
     gripper_span_ticks: int
 
     @functools.cached_property
@@ -143,8 +143,7 @@ def present_position(joint: str, rad: float, units_map: UnitsMap | None = None) 
     return _present(umap, index, rad, range_min)
 
 
-def angle_from_present_position(joint: str, ticks: float,
-                                units_map: UnitsMap | None = None) -> float:
+def angle_from_present_position(joint: str, ticks: float, units_map: UnitsMap | None = None) -> float:
     """Inverse of :func:`present_position`: the sim angle (rad) a Present_Position stands for."""
     umap = units_map or default_units_map()
     index = _joint_index(joint)

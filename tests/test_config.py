@@ -32,8 +32,9 @@ class Root:
 
 
 def test_builds_nested_frozen_config() -> None:
-    cfg = from_mapping(Root, {"mode": "hil", "follower": {"path": "/dev/ttyACM0"},
-                              "gains": {"p": 16}, "cameras": ["front"]})
+    cfg = from_mapping(
+        Root, {"mode": "hil", "follower": {"path": "/dev/ttyACM0"}, "gains": {"p": 16}, "cameras": ["front"]}
+    )
     assert cfg.follower.path == "/dev/ttyACM0" and cfg.follower.baudrate == 1_000_000
     assert cfg.gains == {"p": 16.0} and cfg.cameras == ("front",)
     with pytest.raises(AttributeError):

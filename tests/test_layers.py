@@ -90,8 +90,10 @@ def violations(table: list[Layer]) -> list[str]:
             if theirs.rank >= own.rank:
                 where = f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{line}"
                 kind = "a package of the same layer" if theirs.rank == own.rank else "a higher layer"
-                problems.append(f"{where}: {own.package} (layer {own.rank}) imports {target}, "
-                                f"{kind} ({theirs.package}, layer {theirs.rank})")
+                problems.append(
+                    f"{where}: {own.package} (layer {own.rank}) imports {target}, "
+                    f"{kind} ({theirs.package}, layer {theirs.rank})"
+                )
     return sorted(set(problems))
 
 
@@ -103,23 +105,28 @@ def test_every_import_follows_the_layer_table() -> None:
 def test_the_table_lists_every_package_and_pyproject_agrees() -> None:
     table = layers()
     listed = {la.package: la.folder for la in table}
-    on_disk = {module_name(init.parent / "__init__.py", table) for init in
-               (p for la in table for p in la.folder.rglob("__init__.py"))}
+    on_disk = {
+        module_name(init.parent / "__init__.py", table)
+        for init in (p for la in table for p in la.folder.rglob("__init__.py"))
+    }
     assert on_disk == set(listed), f"packages on disk {sorted(on_disk)} vs ARCHITECTURE.md {sorted(listed)}"
     setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert set(setup["packages"]) == set(listed)
     assert {k: REPO / v for k, v in setup["package-dir"].items()} == listed
 
 
-@pytest.mark.parametrize("source, target, allowed", [
-    ("hilrec.daemon.dataset.writer", "hilrec.sim.twin", False),       # format below the twin
-    ("hilrec.sim.twin", "hilrec.drivers.bus", False),                 # peers of one layer
-    ("hilrec.drivers.arm", "hilrec.drivers.emulated.emulator", False),  # upward inside drivers
-    ("hilrec.daemon.wire.server", "hilrec.daemon.control.settings", False),
-    ("hilrec.daemon.control.loop", "hilrec.daemon.wire.telemetry", True),
-    ("hilrec.drivers.emulated.motion", "hilrec.sim.twin", True),
-    ("hilrec.daemon.replay.check", "hilrec.daemon.dataset.reader", True),
-])
+@pytest.mark.parametrize(
+    "source, target, allowed",
+    [
+        ("hilrec.daemon.dataset.writer", "hilrec.sim.twin", False),  # format below the twin
+        ("hilrec.sim.twin", "hilrec.drivers.bus", False),  # peers of one layer
+        ("hilrec.drivers.arm", "hilrec.drivers.emulated.emulator", False),  # upward inside drivers
+        ("hilrec.daemon.wire.server", "hilrec.daemon.control.settings", False),
+        ("hilrec.daemon.control.loop", "hilrec.daemon.wire.telemetry", True),
+        ("hilrec.drivers.emulated.motion", "hilrec.sim.twin", True),
+        ("hilrec.daemon.replay.check", "hilrec.daemon.dataset.reader", True),
+    ],
+)
 def test_the_rule_can_fail(tmp_path: Path, source: str, target: str, allowed: bool) -> None:
     """The checker itself: a planted import of each kind is (or is not) reported."""
     table = layers()
@@ -128,7 +135,6 @@ def test_the_rule_can_fail(tmp_path: Path, source: str, target: str, allowed: bo
     planted = tmp_path / own.package.replace(".", "_")
     planted.mkdir()
     (planted / "planted.py").write_text(f"def f():\n    import {target}\n")
-    fake = [Layer(la.rank, la.package, planted if la.package == own.package else la.folder)
-            for la in table]
+    fake = [Layer(la.rank, la.package, planted if la.package == own.package else la.folder) for la in table]
     reported = [p for p in violations(fake) if "planted.py" in p]
     assert bool(reported) is not allowed, reported

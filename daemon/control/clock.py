@@ -88,8 +88,14 @@ class TickPacer:
 
 # Per-tick arrays kept beside the dataset (episode npz) and summarised in its JSON.
 TIMING_ARRAYS: Final[tuple[str, ...]] = (
-    "tick_slot", "tick_deadline", "tick_start", "tick_observed", "tick_leader_read",
-    "tick_written", "tick_end", "tick_skipped",
+    "tick_slot",
+    "tick_deadline",
+    "tick_start",
+    "tick_observed",
+    "tick_leader_read",
+    "tick_written",
+    "tick_end",
+    "tick_skipped",
 )
 
 
@@ -104,12 +110,16 @@ def timing_summary(arrays: dict[str, np.ndarray], period_s: float) -> dict[str, 
     overruns = int(np.count_nonzero(arrays["tick_end"] > arrays["tick_deadline"] + period_s))
     intervals_ms = np.diff(start) * 1e3
     return {
-        "ticks": int(len(start)),
+        "ticks": len(start),
         "period_ms": period_s * 1e3,
-        "late_ms_p50": _pct(late_ms, 50), "late_ms_p99": _pct(late_ms, 99), "late_ms_max": _max(late_ms),
-        "duration_ms_p50": _pct(duration_ms, 50), "duration_ms_p99": _pct(duration_ms, 99),
+        "late_ms_p50": _pct(late_ms, 50),
+        "late_ms_p99": _pct(late_ms, 99),
+        "late_ms_max": _max(late_ms),
+        "duration_ms_p50": _pct(duration_ms, 50),
+        "duration_ms_p99": _pct(duration_ms, 99),
         "duration_ms_max": _max(duration_ms),
-        "leader_to_write_ms_p50": _pct(latency_ms, 50), "leader_to_write_ms_p99": _pct(latency_ms, 99),
+        "leader_to_write_ms_p50": _pct(latency_ms, 50),
+        "leader_to_write_ms_p99": _pct(latency_ms, 99),
         "interval_ms_min": float(intervals_ms.min()) if len(intervals_ms) else period_s * 1e3,
         "interval_ms_max": float(intervals_ms.max()) if len(intervals_ms) else period_s * 1e3,
         "overruns": overruns,

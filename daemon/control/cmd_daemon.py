@@ -14,13 +14,20 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "daemon", help="run the teleoperation and recording daemon",
+        "daemon",
+        help="run the teleoperation and recording daemon",
         description="Run the hilrec daemon: a 25 Hz leader/follower loop recording LeRobot v3.0 "
-                    "episodes, driven over ZeroMQ (control REP, telemetry PUB, remote leader PULL).")
-    parser.add_argument("--config", required=True, type=Path,
-                        help="TOML config (see configs/sim.toml, hil.toml, emulated.toml)")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="dataset directory (overrides dataset.root in the config)")
+        "episodes, driven over ZeroMQ (control REP, telemetry PUB, remote leader PULL).",
+    )
+    parser.add_argument(
+        "--config",
+        required=True,
+        type=Path,
+        help="TOML config (see configs/sim.toml, hil.toml, emulated.toml)",
+    )
+    parser.add_argument(
+        "--root", type=Path, default=None, help="dataset directory (overrides dataset.root in the config)"
+    )
     parser.set_defaults(func=run)
 
 

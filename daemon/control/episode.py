@@ -23,16 +23,24 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.control.clock import TIMING_ARRAYS, TickTimes, timing_summary
-from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
+from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag
 
 
 class EpisodeBuffer:
     """Rows of one episode, appended by the loop thread once per recorded tick."""
 
-    def __init__(self, *, index: int, task: str, seed: int | None, period_s: float,
-                 context: Mapping[str, Any], start_fields: Mapping[str, Any],
-                 start_arrays: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        *,
+        index: int,
+        task: str,
+        seed: int | None,
+        period_s: float,
+        context: Mapping[str, Any],
+        start_fields: Mapping[str, Any],
+        start_arrays: Mapping[str, np.ndarray],
+    ) -> None:
         self.index = index
         self.task = task
         self.seed = seed
@@ -52,8 +60,15 @@ class EpisodeBuffer:
         self._faults: list[dict[str, Any]] = []
         self._flag_union = 0
 
-    def append(self, tick: TickTimes, flags: int, measured: np.ndarray, commanded: np.ndarray,
-               twin: np.ndarray | None, leader: np.ndarray | None = None) -> None:
+    def append(
+        self,
+        tick: TickTimes,
+        flags: int,
+        measured: np.ndarray,
+        commanded: np.ndarray,
+        twin: np.ndarray | None,
+        leader: np.ndarray | None = None,
+    ) -> None:
         t = self._timing
         t["tick_slot"].append(tick.slot)
         t["tick_deadline"].append(tick.deadline)
@@ -76,9 +91,14 @@ class EpisodeBuffer:
         self._faults.append({**fault, "frame_index": self.frames})
 
     def summary(self) -> dict[str, Any]:
-        return {"index": self.index, "task": self.task, "seed": self.seed, "frames": self.frames,
-                "elapsed_s": time.monotonic() - self.started_mono,
-                "flags": [f.name.lower() for f in FrameFlag if f.name and self._flag_union & f]}
+        return {
+            "index": self.index,
+            "task": self.task,
+            "seed": self.seed,
+            "frames": self.frames,
+            "elapsed_s": time.monotonic() - self.started_mono,
+            "flags": [f.name.lower() for f in FrameFlag if f.name and self._flag_union & f],
+        }
 
     def arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -93,8 +113,9 @@ class EpisodeBuffer:
         out.update(self.start_arrays)
         return out
 
-    def finish(self, *, success: bool | None, ended_by: str,
-               outcome: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def finish(
+        self, *, success: bool | None, ended_by: str, outcome: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """The sidecar JSON fields and arrays for ``save_episode``."""
         arrays = self.arrays()
         flags = arrays["frame_flags"]
@@ -110,11 +131,14 @@ class EpisodeBuffer:
             "frames": self.frames,
             "timing": _finite(timing_summary(arrays, self.period_s)),
             "timing_clock": "time.monotonic seconds; frame k's dataset timestamp is k/fps, its real "
-                            "start is tick_start[k] (late ticks are recorded, not dilated)",
+            "start is tick_start[k] (late ticks are recorded, not dilated)",
             "frame_flags": {
                 "bits": {f.name.lower(): int(f.value) for f in FrameFlag if f.name},
-                "counts": {f.name.lower(): int(np.count_nonzero(flags & int(f.value)))
-                           for f in FrameFlag if f.name and np.any(flags & int(f.value))},
+                "counts": {
+                    f.name.lower(): int(np.count_nonzero(flags & int(f.value)))
+                    for f in FrameFlag
+                    if f.name and np.any(flags & int(f.value))
+                },
             },
             "faults": list(self._faults),
             "divergence": self.divergence(),
@@ -135,8 +159,10 @@ class EpisodeBuffer:
         ``twin_vs_measured``: the mirroring twin against the measured joints at the same tick.
         ``twin_vs_commanded``: the twin at tick k+1 against the command sent at tick k.
         """
-        result: dict[str, Any] = {"units": "degrees (body joints), 0..100 (gripper)",
-                                  "joints": list(JOINT_NAMES)}
+        result: dict[str, Any] = {
+            "units": "degrees (body joints), 0..100 (gripper)",
+            "joints": list(JOINT_NAMES),
+        }
         if self.frames < 2:
             return result
         measured = np.stack(self._measured).astype(np.float64)
@@ -154,8 +180,10 @@ _NO_LEADER = np.full(NUM_JOINTS, np.nan, dtype=np.float32)
 
 def _stats(diff: np.ndarray) -> dict[str, list[float]]:
     assert diff.shape[1] == NUM_JOINTS
-    return {"max_abs": [float(x) for x in np.abs(diff).max(axis=0)],
-            "rms": [float(x) for x in np.sqrt((diff ** 2).mean(axis=0))]}
+    return {
+        "max_abs": [float(x) for x in np.abs(diff).max(axis=0)],
+        "rms": [float(x) for x in np.sqrt((diff**2).mean(axis=0))],
+    }
 
 
 def _finite(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,13 +27,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraStalledError, ConfigError,
-                                  DeviceError)
 from hilrec.daemon.control.rig import Mirror, Rig, RigFactory, remote_leader
-from hilrec.daemon.wire.security import Security
 from hilrec.daemon.control.session import EpisodeHooks, NoHooks
 from hilrec.daemon.control.settings import CameraSettings, DaemonSettings
 from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
+from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CameraStalledError, ConfigError, DeviceError
+from hilrec.daemon.wire.security import Security
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +86,28 @@ class ArmLeader:
 class EmulatorProcess:
     """One ``hilrec emulate ROLE`` child; ``port`` is its pty, read from its first stdout line."""
 
-    def __init__(self, role: str, *, calibration_out: Path, wire_timing: bool, motion: str,
-                 seed: int, faults: tuple[str, ...], timeout_s: float) -> None:
-        command = [sys.executable, "-m", "hilrec.daemon.cli", "emulate", role,
-                   "--write-calibration", str(calibration_out), "--seed", str(seed)]
+    def __init__(
+        self,
+        role: str,
+        *,
+        calibration_out: Path,
+        wire_timing: bool,
+        motion: str,
+        seed: int,
+        faults: tuple[str, ...],
+        timeout_s: float,
+    ) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "hilrec.daemon.cli",
+            "emulate",
+            role,
+            "--write-calibration",
+            str(calibration_out),
+            "--seed",
+            str(seed),
+        ]
         if motion != "auto":
             command += ["--motion", motion]
         if wire_timing:
@@ -98,8 +115,9 @@ class EmulatorProcess:
         for fault in faults:
             command += ["--fault", fault]
         self.role = role
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                        preexec_fn=_child_setup)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=_child_setup
+        )
         self.port = self._first_line(timeout_s)
 
     def _first_line(self, timeout_s: float) -> str:
@@ -111,8 +129,10 @@ class EmulatorProcess:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.process.poll() is not None:
                 self.stop()
-                raise DeviceError(f"emulated {self.role} did not report its port within {timeout_s:.0f} s "
-                                  f"(exit status {self.process.returncode})")
+                raise DeviceError(
+                    f"emulated {self.role} did not report its port within {timeout_s:.0f} s "
+                    f"(exit status {self.process.returncode})"
+                )
             ready, _, _ = select.select([fd], [], [], remaining)
             if ready:
                 chunk = os.read(fd, 4096)
@@ -179,8 +199,10 @@ class FreshCamera:
         frame = self.camera.latest()
         age = time.monotonic() - frame.captured_at
         if age > self.stall_s:
-            raise CameraStalledError(f"camera '{self.name}': no new frame for {age * 1000:.0f} ms "
-                                     f"(limit {self.stall_s * 1000:.0f} ms)")
+            raise CameraStalledError(
+                f"camera '{self.name}': no new frame for {age * 1000:.0f} ms "
+                f"(limit {self.stall_s * 1000:.0f} ms)"
+            )
         return frame.image  # type: ignore[no-any-return]
 
     def close(self) -> None:
@@ -197,26 +219,43 @@ def open_camera(name: str, cam: CameraSettings, mirror: Mirror | None, fps: int)
         from hilrec.sim.twin import Twin
 
         if mirror is None:
-            raise ConfigError(f"cameras.{name}.source", "a 'twin' camera films the mirroring twin; "
-                                                        "it needs twin.mirror = true")
-        renderer = Twin(fps=fps, cameras=(name,), image_size=(cam.height, cam.width),
-                        scene=mirror.twin.scene)
+            raise ConfigError(
+                f"cameras.{name}.source",
+                "a 'twin' camera films the mirroring twin; it needs twin.mirror = true",
+            )
+        renderer = Twin(fps=fps, cameras=(name,), image_size=(cam.height, cam.width), scene=mirror.twin.scene)
         # The first render builds the GL context (seconds on a loaded machine), so the driver's
         # own freshness limit is generous and ours is applied per read.
-        camera = SimCamera(name=name, snapshot=mirror.snapshot, renderer=renderer, fps=cam.fps,
-                           stall_timeout_s=FIRST_RENDER_GRACE_S)
+        camera = SimCamera(
+            name=name,
+            snapshot=mirror.snapshot,
+            renderer=renderer,
+            fps=cam.fps,
+            stall_timeout_s=FIRST_RENDER_GRACE_S,
+        )
         camera.open()
         return FreshCamera(camera, stall_s)
     source = cam.device if cam.source == "opencv" else str(cam.path)
-    opencv = OpenCVCamera(CameraConfig(
-        name=name, source=source, width=cam.width, height=cam.height,
-        fps=float(cam.fps) if cam.source == "opencv" else None, fourcc=cam.fourcc or None,
-        stall_timeout_s=stall_s, realtime=True, loop=cam.loop))
+    opencv = OpenCVCamera(
+        CameraConfig(
+            name=name,
+            source=source,
+            width=cam.width,
+            height=cam.height,
+            fps=float(cam.fps) if cam.source == "opencv" else None,
+            fourcc=cam.fourcc or None,
+            stall_timeout_s=stall_s,
+            realtime=True,
+            loop=cam.loop,
+        )
+    )
     opencv.open()
     return opencv
 
 
-def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
+def hardware_rig_factory(
+    settings: DaemonSettings, context: zmq.Context[Any], security: Security
+) -> RigFactory:
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
         from hilrec.drivers.arm import FollowerConfig, LeaderConfig, SO101Follower, SO101Leader
 
@@ -229,35 +268,60 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
             emu = settings.emulated
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
             follower_cal = workdir / "follower.json"
-            follower_emu = EmulatorProcess("follower", calibration_out=follower_cal,
-                                           wire_timing=emu.wire_timing, motion="twin", seed=emu.seed,
-                                           faults=emu.follower_faults, timeout_s=emu.start_timeout_s)
+            follower_emu = EmulatorProcess(
+                "follower",
+                calibration_out=follower_cal,
+                wire_timing=emu.wire_timing,
+                motion="twin",
+                seed=emu.seed,
+                faults=emu.follower_faults,
+                timeout_s=emu.start_timeout_s,
+            )
             stack.callback(follower_emu.stop)
             follower_port = follower_emu.port
             devices["follower"] = {"emulator_pid": follower_emu.process.pid}
             if settings.leader.source == "serial":
                 leader_cal = workdir / "leader.json"
                 motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
-                leader_emu = EmulatorProcess("leader", calibration_out=leader_cal,
-                                             wire_timing=emu.wire_timing, motion=motion, seed=emu.seed,
-                                             faults=emu.leader_faults, timeout_s=emu.start_timeout_s)
+                leader_emu = EmulatorProcess(
+                    "leader",
+                    calibration_out=leader_cal,
+                    wire_timing=emu.wire_timing,
+                    motion=motion,
+                    seed=emu.seed,
+                    faults=emu.leader_faults,
+                    timeout_s=emu.start_timeout_s,
+                )
                 stack.callback(leader_emu.stop)
                 leader_port = leader_emu.port
                 devices["leader"] = {"emulator_pid": leader_emu.process.pid}
-        follower_arm = SO101Follower(FollowerConfig(
-            port=follower_port, id=settings.follower.id, calibration=follower_cal,
-            body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
-            reply_timeout_ms=reply_timeout, max_relative_target=settings.follower.max_relative_target,
-            tolerated_status=settings.follower.tolerated_status))
+        follower_arm = SO101Follower(
+            FollowerConfig(
+                port=follower_port,
+                id=settings.follower.id,
+                calibration=follower_cal,
+                body_mode=settings.follower.body_mode,
+                read_retries=faults.bus_retries,
+                reply_timeout_ms=reply_timeout,
+                max_relative_target=settings.follower.max_relative_target,
+                tolerated_status=settings.follower.tolerated_status,
+            )
+        )
         open_with_retries(follower_arm)
         stack.callback(follower_arm.close)
         follower = ArmFollower(follower_arm)
         leader: Leader
         if settings.leader.source == "serial":
-            leader_arm = SO101Leader(LeaderConfig(
-                port=leader_port, id=settings.leader.id, calibration=leader_cal,
-                body_mode=settings.follower.body_mode, read_retries=faults.bus_retries,
-                reply_timeout_ms=reply_timeout))
+            leader_arm = SO101Leader(
+                LeaderConfig(
+                    port=leader_port,
+                    id=settings.leader.id,
+                    calibration=leader_cal,
+                    body_mode=settings.follower.body_mode,
+                    read_retries=faults.bus_retries,
+                    reply_timeout_ms=reply_timeout,
+                )
+            )
             open_with_retries(leader_arm)
             stack.callback(leader_arm.close)
             leader = ArmLeader(leader_arm)
@@ -267,7 +331,9 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
             leader = remote
         from hilrec.sim.twin import Twin
 
-        mirror = Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=()))) if settings.twin.mirror else None
+        mirror = (
+            Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=()))) if settings.twin.mirror else None
+        )
         cameras: dict[str, Camera] = {}
         for name, cam in settings.cameras.items():
             camera = open_camera(name, cam, mirror, settings.fps)
@@ -276,8 +342,14 @@ def hardware_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], se
         devices.setdefault("follower", {})["port"] = follower_port
         if settings.leader.source == "serial":
             devices.setdefault("leader", {})["port"] = leader_port
-        rig = Rig(follower=follower, leader=leader, cameras=cameras, mirror=mirror,
-                  dataset_fields=_dataset_fields(settings, follower_arm, leader), devices=devices)
+        rig = Rig(
+            follower=follower,
+            leader=leader,
+            cameras=cameras,
+            mirror=mirror,
+            dataset_fields=_dataset_fields(settings, follower_arm, leader),
+            devices=devices,
+        )
         return rig, NoHooks()
 
     return build

@@ -25,19 +25,25 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hilrec.daemon.control.clock import TickPacer, TickTimes
-from hilrec.daemon.errors import (BusPacketError, BusTimeoutError, CameraError, CameraStalledError,
-                                  DeviceError, PortGoneError, WriterStalledError)
-from hilrec.daemon.wire.protocol import LATE_BUDGET_S, FrameFlag, flag_names
-from hilrec.daemon.control.session import Fault, Session
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from hilrec.daemon.control.rig import Rig
-from hilrec.daemon.control.sources import Camera, Follower, JointReading, Leader
+from hilrec.daemon.control.session import Fault, Session
+from hilrec.daemon.control.sources import JointReading
+from hilrec.daemon.errors import (
+    BusPacketError,
+    BusTimeoutError,
+    CameraError,
+    CameraStalledError,
+    DeviceError,
+    PortGoneError,
+    WriterStalledError,
+)
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
+from hilrec.daemon.wire.protocol import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -47,8 +53,16 @@ PROBE_PERIOD_S = 1.0
 
 
 class ControlLoop:
-    def __init__(self, *, rig: Rig, session: Session, telemetry: Telemetry, pacer: TickPacer,
-                 max_failed_ticks: int, watchdog_faults: bool) -> None:
+    def __init__(
+        self,
+        *,
+        rig: Rig,
+        session: Session,
+        telemetry: Telemetry,
+        pacer: TickPacer,
+        max_failed_ticks: int,
+        watchdog_faults: bool,
+    ) -> None:
         self.rig = rig
         self.session = session
         self.telemetry = telemetry
@@ -75,14 +89,15 @@ class ControlLoop:
         try:
             while not stop.is_set():
                 self.step()
-        except Exception as exc:  # noqa: BLE001 - not handled here: the loop *stops*
+        except Exception as exc:
             # Device faults are handled per tick; anything reaching this point (a twin gone
             # unstable, a bug) ends the loop. Say so, save the open episode by policy, and keep
             # the control server and the saved episodes alive.
             self.crashed = f"{type(exc).__name__}: {exc}"
             log.exception("control loop stopped")
-            self.session.raise_fault(Fault(kind="loop", device="loop", message=self.crashed,
-                                           ends_episode=True))
+            self.session.raise_fault(
+                Fault(kind="loop", device="loop", message=self.crashed, ends_episode=True)
+            )
 
     def step(self) -> None:
         tick = self.pacer.next_tick()
@@ -111,13 +126,16 @@ class ControlLoop:
         if self.session.recording and measured is not None and sent is not None and images is not None:
             recorded = self._hand_off(measured, sent, images)
 
-        twin = self.rig.mirror.follow(measured) if self.rig.mirror is not None and measured is not None else None
+        twin = (
+            self.rig.mirror.follow(measured) if self.rig.mirror is not None and measured is not None else None
+        )
         tick.end = time.monotonic()
         if tick.overran(self.period_s):
             flags |= FrameFlag.OVERRUN
         if recorded:
-            self.session.append_row(tick, int(flags), measured, sent, twin,
-                                    leader.values if leader is not None else None)
+            self.session.append_row(
+                tick, int(flags), measured, sent, twin, leader.values if leader is not None else None
+            )
         self._account(tick, flags)
         self._publish(tick, flags, frame_index if recorded else None, measured, sent, leader, twin, images)
 
@@ -159,11 +177,15 @@ class ControlLoop:
 
     # --- 2. action -----------------------------------------------------------------------------
 
-    def _read_leader(self, measured: np.ndarray | None, flags: FrameFlag) -> tuple[JointReading | None, FrameFlag]:
+    def _read_leader(
+        self, measured: np.ndarray | None, flags: FrameFlag
+    ) -> tuple[JointReading | None, FrameFlag]:
         if not self._device_usable("leader"):
             return None, flags | FrameFlag.LEADER_FAILED
         observation = measured if measured is not None else np.zeros(6, np.float32)
-        reading = self._read_arm("leader", lambda: self.rig.leader.read(self.session.frame_index, observation))
+        reading = self._read_arm(
+            "leader", lambda: self.rig.leader.read(self.session.frame_index, observation)
+        )
         if reading is None:
             return None, flags | FrameFlag.LEADER_FAILED
         if reading is _NO_COMMAND:
@@ -186,10 +208,15 @@ class ControlLoop:
         status = self.rig.leader.status()
         if status.get("state") == "stale" and "leader" not in self.session.faults:
             self._leader_was_live = False
-            self.session.raise_fault(Fault(
-                kind="leader_timeout", device="leader", ends_episode=False,
-                message=f"no remote leader command for {status.get('age_ms', 0):.0f} ms "
-                        f"(watchdog {status.get('watchdog_ms', 0):.0f} ms); the follower holds position"))
+            self.session.raise_fault(
+                Fault(
+                    kind="leader_timeout",
+                    device="leader",
+                    ends_episode=False,
+                    message=f"no remote leader command for {status.get('age_ms', 0):.0f} ms "
+                    f"(watchdog {status.get('watchdog_ms', 0):.0f} ms); the follower holds position",
+                )
+            )
 
     def _hold_target(self, measured: np.ndarray | None) -> np.ndarray | None:
         # Hold = keep the last goal sent (no new motion); before any goal, hold where it is.
@@ -235,8 +262,11 @@ class ControlLoop:
         except _RETRYABLE as exc:
             self._failures[device] += 1
             if self._failures[device] >= self.max_failed_ticks:
-                self._fault("device_lost", device, f"{self._failures[device]} ticks in a row failed "
-                                                   f"after bus retries; last: {exc}")
+                self._fault(
+                    "device_lost",
+                    device,
+                    f"{self._failures[device]} ticks in a row failed after bus retries; last: {exc}",
+                )
             return None
         except PortGoneError as exc:
             self._fault("device_lost", device, str(exc))
@@ -273,9 +303,17 @@ class ControlLoop:
         if flags & FrameFlag.OVERRUN:
             self.overruns += 1
 
-    def _publish(self, tick: TickTimes, flags: FrameFlag, frame_index: int | None, measured: np.ndarray | None,
-                 sent: np.ndarray | None, leader: JointReading | None, twin: np.ndarray | None,
-                 images: Mapping[str, np.ndarray] | None) -> None:
+    def _publish(
+        self,
+        tick: TickTimes,
+        flags: FrameFlag,
+        frame_index: int | None,
+        measured: np.ndarray | None,
+        sent: np.ndarray | None,
+        leader: JointReading | None,
+        twin: np.ndarray | None,
+        images: Mapping[str, np.ndarray] | None,
+    ) -> None:
         previous = self.last_tick.get("action")
         divergence: dict[str, Any] = {}
         if measured is not None and previous is not None:
@@ -295,11 +333,14 @@ class ControlLoop:
             "twin": _list(twin),
             "divergence": divergence,
             "timing": {
-                "deadline": tick.deadline, "start": tick.start, "late_ms": tick.late_s * 1e3,
+                "deadline": tick.deadline,
+                "start": tick.start,
+                "late_ms": tick.late_s * 1e3,
                 "duration_ms": (tick.end - tick.start) * 1e3,
                 "observe_ms": (tick.observed - tick.start) * 1e3,
                 "leader_to_write_ms": (tick.written - tick.leader_read) * 1e3 if sent is not None else None,
-                "skipped": tick.skipped, "overrun": bool(flags & FrameFlag.OVERRUN),
+                "skipped": tick.skipped,
+                "overrun": bool(flags & FrameFlag.OVERRUN),
             },
             "flags": flag_names(int(flags)),
             "faults": sorted(self.session.faults),
@@ -310,10 +351,16 @@ class ControlLoop:
             self.telemetry.preview(tick.start, frame_index, images)
 
     def stats(self) -> dict[str, Any]:
-        return {"ticks": self.ticks, "late_ticks": self.late_ticks, "overruns": self.overruns,
-                "skipped_slots": self.skipped_slots, "period_ms": self.period_s * 1e3,
-                "realtime": self.pacer.realtime, "last": self.last_tick.get("timing"),
-                "crashed": self.crashed}
+        return {
+            "ticks": self.ticks,
+            "late_ticks": self.late_ticks,
+            "overruns": self.overruns,
+            "skipped_slots": self.skipped_slots,
+            "period_ms": self.period_s * 1e3,
+            "realtime": self.pacer.realtime,
+            "last": self.last_tick.get("timing"),
+            "crashed": self.crashed,
+        }
 
 
 _NO_COMMAND: Any = object()

@@ -52,8 +52,14 @@ class RecorderStats:
 class Recorder:
     """Owns a sink and the one thread that calls it. Lifecycle: start() ... close()."""
 
-    def __init__(self, sink_factory: Callable[[], FrameSink], *, queue_frames: int,
-                 stall_s: float, on_saved: Callable[[int, Mapping[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        sink_factory: Callable[[], FrameSink],
+        *,
+        queue_frames: int,
+        stall_s: float,
+        on_saved: Callable[[int, Mapping[str, Any]], None] | None = None,
+    ) -> None:
         self._sink_factory = sink_factory
         self._queue: queue.Queue[_Op] = queue.Queue(maxsize=queue_frames)
         self._stall_s = stall_s
@@ -95,7 +101,8 @@ class Recorder:
         except queue.Full:
             raise WriterStalledError(
                 f"dataset writer for {self._root()} took no frame for {self._stall_s:.1f} s "
-                f"({self._queue.maxsize} frames queued)") from None
+                f"({self._queue.maxsize} frames queued)"
+            ) from None
 
     def save(self, *, sidecar: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Future[int]:
         with self._lock:
@@ -129,10 +136,15 @@ class Recorder:
     def stats(self) -> RecorderStats:
         with self._lock:
             s = self._stats
-            return RecorderStats(frames_written=s.frames_written, episodes_saved=s.episodes_saved,
-                                 episodes_discarded=s.episodes_discarded, saving=s.saving,
-                                 finalized=s.finalized, last_saved_index=s.last_saved_index,
-                                 errors=list(s.errors[-10:]))
+            return RecorderStats(
+                frames_written=s.frames_written,
+                episodes_saved=s.episodes_saved,
+                episodes_discarded=s.episodes_discarded,
+                saving=s.saving,
+                finalized=s.finalized,
+                last_saved_index=s.last_saved_index,
+                errors=list(s.errors[-10:]),
+            )
 
     # --- the writer thread -------------------------------------------------------------------
 
@@ -145,8 +157,9 @@ class Recorder:
         try:
             self._queue.put(op, timeout=timeout_s)
         except queue.Full:
-            raise WriterStalledError(f"dataset writer for {self._root()} took no request for "
-                                     f"{timeout_s:.1f} s") from None
+            raise WriterStalledError(
+                f"dataset writer for {self._root()} took no request for {timeout_s:.1f} s"
+            ) from None
 
     def _root(self) -> str:
         return str(self._sink.root) if self._sink is not None else "<not open>"

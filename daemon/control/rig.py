@@ -77,8 +77,12 @@ RigFactory = Callable[[contextlib.ExitStack], tuple[Rig, EpisodeHooks]]
 
 
 def remote_leader(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RemoteLeader:
-    leader = RemoteLeader(context, endpoint(settings.zmq.host, settings.zmq.leader_port),
-                          watchdog_s=settings.leader.watchdog_ms / 1000.0,
-                          max_bytes=settings.zmq.max_leader_bytes, configure_socket=security.configure)
+    leader = RemoteLeader(
+        context,
+        endpoint(settings.zmq.host, settings.zmq.leader_port),
+        watchdog_s=settings.leader.watchdog_ms / 1000.0,
+        max_bytes=settings.zmq.max_leader_bytes,
+        configure_socket=security.configure,
+    )
     leader.open()
     return leader

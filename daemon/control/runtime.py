@@ -28,17 +28,17 @@ from typing import Any
 import zmq
 
 from hilrec.daemon.control.clock import TickPacer
-from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.control.loop import ControlLoop
 from hilrec.daemon.control.priority import set_thread_priority
-from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig, RigFactory
-from hilrec.daemon.wire.security import Security, endpoint
-from hilrec.daemon.wire.server import ControlServer
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.settings import DaemonSettings
+from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
+from hilrec.daemon.wire.security import Security, endpoint
+from hilrec.daemon.wire.server import ControlServer
 from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,14 @@ class LoopThread:
     """Builds the rig and runs the loop on one thread; closes the open episode and the devices
     on that same thread when stopped."""
 
-    def __init__(self, factory: RigFactory, make_loop: Callable[[Rig], ControlLoop], session: Session,
-                 *, realtime_priority: int = 0) -> None:
+    def __init__(
+        self,
+        factory: RigFactory,
+        make_loop: Callable[[Rig], ControlLoop],
+        session: Session,
+        *,
+        realtime_priority: int = 0,
+    ) -> None:
         self._factory = factory
         self._realtime_priority = realtime_priority
         self.priority = "normal"
@@ -105,7 +111,9 @@ class LoopThread:
 
 
 class Daemon:
-    def __init__(self, settings: DaemonSettings, rig_factory_for: Callable[..., RigFactory] | None = None) -> None:
+    def __init__(
+        self, settings: DaemonSettings, rig_factory_for: Callable[..., RigFactory] | None = None
+    ) -> None:
         self.settings = settings
         self._rig_factory_for = rig_factory_for or default_rig_factory
         self._stop = threading.Event()
@@ -130,22 +138,34 @@ class Daemon:
             stack.callback(security.close)
             server = ControlServer(context, s.zmq, security, self._handle)
             stack.callback(server.close)
-            self.telemetry = Telemetry(context, endpoint(s.zmq.host, s.zmq.telemetry_port),
-                                       hwm=s.zmq.telemetry_hwm, preview_hz=s.telemetry.preview_hz,
-                                       preview_width=s.telemetry.preview_width,
-                                       jpeg_quality=s.telemetry.jpeg_quality,
-                                       configure_socket=security.configure)
+            self.telemetry = Telemetry(
+                context,
+                endpoint(s.zmq.host, s.zmq.telemetry_port),
+                hwm=s.zmq.telemetry_hwm,
+                preview_hz=s.telemetry.preview_hz,
+                preview_width=s.telemetry.preview_width,
+                jpeg_quality=s.telemetry.jpeg_quality,
+                configure_socket=security.configure,
+            )
             self.telemetry.start()
             stack.callback(self.telemetry.close)
-            self.recorder = Recorder(self._open_sink, queue_frames=s.dataset.writer_queue_frames,
-                                     stall_s=s.dataset.writer_stall_ms / 1000.0)
-            self.session = Session(recorder=self.recorder, period_s=s.period_s,
-                                   on_device_lost=s.faults.on_device_lost, context=self._episode_context(),
-                                   publish_event=self.telemetry.event)
+            self.recorder = Recorder(
+                self._open_sink,
+                queue_frames=s.dataset.writer_queue_frames,
+                stall_s=s.dataset.writer_stall_ms / 1000.0,
+            )
+            self.session = Session(
+                recorder=self.recorder,
+                period_s=s.period_s,
+                on_device_lost=s.faults.on_device_lost,
+                context=self._episode_context(),
+                publish_event=self.telemetry.event,
+            )
             factory = self._rig_factory_for(s, context, security)
             sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
-            self.loop_thread = LoopThread(factory, self._make_loop, self.session,
-                                          realtime_priority=s.loop.realtime_priority)
+            self.loop_thread = LoopThread(
+                factory, self._make_loop, self.session, realtime_priority=s.loop.realtime_priority
+            )
             # Devices first: a rig that cannot start leaves no dataset behind. Nothing is handed
             # to the writer before start_episode, which needs the control server (below).
             self.loop_thread.start()
@@ -155,9 +175,13 @@ class Daemon:
             if self.loop_thread.rig is not None and self.loop_thread.rig.dataset_fields:
                 self.recorder.update_dataset_sidecar(self.loop_thread.rig.dataset_fields).result(timeout=30)
             self._install_signals()
-            log.info("hilrec daemon (%s mode) serving control on %s, telemetry on %s, dataset %s",
-                     s.mode, endpoint(s.zmq.host, s.zmq.control_port),
-                     endpoint(s.zmq.host, s.zmq.telemetry_port), s.dataset.root)
+            log.info(
+                "hilrec daemon (%s mode) serving control on %s, telemetry on %s, dataset %s",
+                s.mode,
+                endpoint(s.zmq.host, s.zmq.control_port),
+                endpoint(s.zmq.host, s.zmq.telemetry_port),
+                s.dataset.root,
+            )
             self.telemetry.event("daemon_started", mode=s.mode, root=str(s.dataset.root))
             # Last, so that no thread this one starts inherits the policy.
             self.control_priority = set_thread_priority(s.loop.control_priority, "the control server")
@@ -168,8 +192,10 @@ class Daemon:
     def _shut_down(self) -> int:
         log.info("shutting down (%s)", self._stop_reason)
         if not self.loop_thread.stop(self._stop_reason, LOOP_STOP_TIMEOUT_S):
-            log.error("the loop did not stop within %.0f s; closing the episode from the main thread",
-                      LOOP_STOP_TIMEOUT_S)
+            log.error(
+                "the loop did not stop within %.0f s; closing the episode from the main thread",
+                LOOP_STOP_TIMEOUT_S,
+            )
             self.session.close_open_episode(self._stop_reason)
         finalized = self.session.finalize(FINALIZE_TIMEOUT_S)
         self.telemetry.event("daemon_stopped", reason=self._stop_reason, finalized=finalized)
@@ -186,10 +212,14 @@ class Daemon:
     def _make_loop(self, rig: Rig) -> ControlLoop:
         s = self.settings
         realtime = s.sim.realtime if s.mode == "sim" else True
-        return ControlLoop(rig=rig, session=self.session, telemetry=self.telemetry,
-                           pacer=TickPacer(s.period_s, realtime=realtime, spin_s=s.loop.spin_us / 1e6),
-                           max_failed_ticks=s.faults.max_failed_ticks,
-                           watchdog_faults=s.leader.source == "remote")
+        return ControlLoop(
+            rig=rig,
+            session=self.session,
+            telemetry=self.telemetry,
+            pacer=TickPacer(s.period_s, realtime=realtime, spin_s=s.loop.spin_us / 1e6),
+            max_failed_ticks=s.faults.max_failed_ticks,
+            watchdog_faults=s.leader.source == "remote",
+        )
 
     # --- the dataset ---------------------------------------------------------------------------
 
@@ -208,12 +238,16 @@ class Daemon:
             theirs = _shape_map(sink.features)
             if theirs != _shape_map(features) or sink.fps != s.fps:
                 sink.finalize()
-                raise ConfigError("dataset.root", f"{root} holds a dataset with fps {sink.fps} and "
-                                                  f"features {theirs}; this config records "
-                                                  f"fps {s.fps} and {_shape_map(features)}")
+                raise ConfigError(
+                    "dataset.root",
+                    f"{root} holds a dataset with fps {sink.fps} and "
+                    f"features {theirs}; this config records "
+                    f"fps {s.fps} and {_shape_map(features)}",
+                )
         else:
-            sink = DatasetWriter.create(root, fps=s.fps, features=features, robot_type=ROBOT_TYPE,
-                                        video_codec=s.dataset.video_codec)
+            sink = DatasetWriter.create(
+                root, fps=s.fps, features=features, robot_type=ROBOT_TYPE, video_codec=s.dataset.video_codec
+            )
         update_dataset_sidecar(root, {"daemon": self._dataset_provenance()})
         return sink
 
@@ -221,13 +255,23 @@ class Daemon:
         s = self.settings
         config = dataclasses.asdict(s)
         config.get("zmq", {}).pop("curve", None)  # key paths are nobody's business in a dataset
-        return {"mode": s.mode, "fps": s.fps, "protocol_version": PROTOCOL_VERSION,
-                "config": _jsonable(config), "started_unix_s": self.started_wall}
+        return {
+            "mode": s.mode,
+            "fps": s.fps,
+            "protocol_version": PROTOCOL_VERSION,
+            "config": _jsonable(config),
+            "started_unix_s": self.started_wall,
+        }
 
     def _episode_context(self) -> dict[str, Any]:
         s = self.settings
-        return {"root": str(s.dataset.root), "mode": s.mode, "fps": s.fps,
-                "leader_source": s.leader.source, "cameras": sorted(s.cameras)}
+        return {
+            "root": str(s.dataset.root),
+            "mode": s.mode,
+            "fps": s.fps,
+            "leader_source": s.leader.source,
+            "cameras": sorted(s.cameras),
+        }
 
     # --- control requests (main thread) --------------------------------------------------------
 
@@ -239,16 +283,21 @@ class Daemon:
             self._stop.set()
             return {"shutting_down": True, "episode_open": self.session.recording}
         if not self.loop_thread.alive:
-            raise RequestRefusedError(f"the control loop is not running ({self._loop_problem()}); "
-                             "only status and shutdown are served", CODE_FAULT)
+            raise RequestRefusedError(
+                f"the control loop is not running ({self._loop_problem()}); "
+                "only status and shutdown are served",
+                CODE_FAULT,
+            )
         future = self.session.submit(request)
         timeout = self.settings.zmq.apply_timeout_ms / 1000.0
         try:
             return future.result(timeout=timeout)
         except TimeoutError:
             if future.cancel():
-                raise RequestRefusedError(f"the loop did not take {request.cmd!r} within {timeout * 1000:.0f} ms; "
-                                 "nothing was done", CODE_TIMEOUT) from None
+                raise RequestRefusedError(
+                    f"the loop did not take {request.cmd!r} within {timeout * 1000:.0f} ms; nothing was done",
+                    CODE_TIMEOUT,
+                ) from None
             return future.result(timeout=timeout)  # it started just now: it will finish
         except RequestRefusedError:
             raise
@@ -264,23 +313,32 @@ class Daemon:
         out = self.session.snapshot()
         loop = self.loop_thread.loop
         rig = self.loop_thread.rig
-        out.update({
-            "protocol_version": PROTOCOL_VERSION,
-            "mode": s.mode,
-            "fps": s.fps,
-            "uptime_s": time.time() - self.started_wall,
-            "loop": {**loop.stats(), "priority": self.loop_thread.priority,
-                     "control_priority": self.control_priority} if loop is not None else None,
-            "leader": rig.leader.status() if rig is not None else None,
-            "follower": rig.follower.description if rig is not None else None,
-            "cameras": sorted(s.cameras),
-            "devices": rig.devices if rig is not None else {},
-            "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
-        })
+        out.update(
+            {
+                "protocol_version": PROTOCOL_VERSION,
+                "mode": s.mode,
+                "fps": s.fps,
+                "uptime_s": time.time() - self.started_wall,
+                "loop": {
+                    **loop.stats(),
+                    "priority": self.loop_thread.priority,
+                    "control_priority": self.control_priority,
+                }
+                if loop is not None
+                else None,
+                "leader": rig.leader.status() if rig is not None else None,
+                "follower": rig.follower.description if rig is not None else None,
+                "cameras": sorted(s.cameras),
+                "devices": rig.devices if rig is not None else {},
+                "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
+            }
+        )
         return out
 
 
-def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
+def default_rig_factory(
+    settings: DaemonSettings, context: zmq.Context[Any], security: Security
+) -> RigFactory:
     if settings.mode == "sim":
         from hilrec.daemon.control.sim_rig import sim_rig_factory
 
@@ -291,8 +349,11 @@ def default_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], sec
 
 
 def _shape_map(features: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {k: (v["dtype"], tuple(v["shape"])) for k, v in features.items()
-            if k == "action" or k.startswith("observation")}
+    return {
+        k: (v["dtype"], tuple(v["shape"]))
+        for k, v in features.items()
+        if k == "action" or k.startswith("observation")
+    }
 
 
 def _jsonable(value: Any) -> Any:

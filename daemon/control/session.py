@@ -29,9 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from hilrec.daemon.control.episode import EpisodeBuffer
+from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.errors import HilrecError, RequestRefusedError, WriterStalledError
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, Request
-from hilrec.daemon.control.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,13 @@ class Fault:
     since_mono: float = field(default_factory=time.monotonic)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.device, "message": self.message,
-                "since": self.since_wall, "ends_episode": self.ends_episode}
+        return {
+            "kind": self.kind,
+            "device": self.device,
+            "message": self.message,
+            "since": self.since_wall,
+            "ends_episode": self.ends_episode,
+        }
 
 
 class EpisodeHooks(Protocol):
@@ -92,9 +97,15 @@ class _Pending:
 
 
 class Session:
-    def __init__(self, *, recorder: Recorder, period_s: float,
-                 on_device_lost: str, context: Mapping[str, Any],
-                 publish_event: Callable[..., None]) -> None:
+    def __init__(
+        self,
+        *,
+        recorder: Recorder,
+        period_s: float,
+        on_device_lost: str,
+        context: Mapping[str, Any],
+        publish_event: Callable[..., None],
+    ) -> None:
         self._recorder = recorder
         self.hooks: EpisodeHooks = NoHooks()  # the rig's, set once the loop thread has built it
         self._period_s = period_s
@@ -116,8 +127,9 @@ class Session:
         prepared = None
         if request.cmd == "start_episode":
             if self._episode is not None:  # refuse early rather than plan for nothing
-                raise _refused(f"episode {self._episode.index} is already recording; "
-                               "stop or discard it first")
+                raise _refused(
+                    f"episode {self._episode.index} is already recording; stop or discard it first"
+                )
             prepared = self.hooks.prepare(request.args.get("seed"))
         future: Future[dict[str, Any]] = Future()
         self._pending.put(_Pending(request, future, prepared))
@@ -196,8 +208,15 @@ class Session:
         """Give the writer this tick's frame (call only while recording)."""
         self._recorder.add_frame(frame)
 
-    def append_row(self, tick: Any, flags: int, measured: np.ndarray, commanded: np.ndarray,
-                   twin: np.ndarray | None, leader: np.ndarray | None) -> None:
+    def append_row(
+        self,
+        tick: Any,
+        flags: int,
+        measured: np.ndarray,
+        commanded: np.ndarray,
+        twin: np.ndarray | None,
+        leader: np.ndarray | None,
+    ) -> None:
         assert self._episode is not None
         with self._lock:
             self._episode.append(tick, flags, measured, commanded, twin, leader)
@@ -262,22 +281,31 @@ class Session:
 
     def _start(self, task: str, prepared: Any) -> dict[str, Any]:
         if self._state == FINALIZED:
-            raise _refused(f"dataset {self._context.get('root')} is finalized; "
-                                 "restart the daemon to record more episodes")
+            raise _refused(
+                f"dataset {self._context.get('root')} is finalized; "
+                "restart the daemon to record more episodes"
+            )
         if self._episode is not None:
-            raise _refused(f"episode {self._episode.index} is already recording; "
-                                 "stop or discard it first")
+            raise _refused(f"episode {self._episode.index} is already recording; stop or discard it first")
         blocking = [f for f in self._faults.values() if f.ends_episode]
         if blocking:
-            raise _refused(f"cannot start an episode while {blocking[0].device} is faulted: "
-                                 f"{blocking[0].message}", CODE_FAULT)
+            raise _refused(
+                f"cannot start an episode while {blocking[0].device} is faulted: {blocking[0].message}",
+                CODE_FAULT,
+            )
         if not self._recorder.alive:
             raise _refused("the dataset writer is not running", CODE_FAULT)
         index = self._recorder.initial_episodes + self._saves_queued
         seed_used, start_fields, start_arrays = self.hooks.begin(prepared)
-        episode = EpisodeBuffer(index=index, task=task, seed=seed_used, period_s=self._period_s,
-                                context=self._context, start_fields=start_fields,
-                                start_arrays=start_arrays)
+        episode = EpisodeBuffer(
+            index=index,
+            task=task,
+            seed=seed_used,
+            period_s=self._period_s,
+            context=self._context,
+            start_fields=start_fields,
+            start_arrays=start_arrays,
+        )
         with self._lock:
             self._episode = episode
             self._state = RECORDING
@@ -328,8 +356,11 @@ class Session:
             self._episode = None
             if self._state == RECORDING:
                 self._state = IDLE
-        result: dict[str, Any] = {"episode_index": episode.index, "frames": episode.frames,
-                                  "ended_by": ended_by}
+        result: dict[str, Any] = {
+            "episode_index": episode.index,
+            "frames": episode.frames,
+            "ended_by": ended_by,
+        }
         try:
             if save:
                 sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import zmq
 
 from hilrec.daemon.control.rig import Rig, RigFactory, remote_leader
-from hilrec.daemon.wire.security import Security, endpoint
 from hilrec.daemon.control.session import EpisodeHooks, entropy_seed
 from hilrec.daemon.control.settings import DaemonSettings
-from hilrec.daemon.control.sources import Leader, RemoteLeader, ScriptedLeader, TwinCamera, TwinFollower
+from hilrec.daemon.control.sources import Leader, ScriptedLeader, TwinCamera, TwinFollower
+from hilrec.daemon.wire.security import Security
+
 
 class SimHooks:
     def __init__(self, twin: Any, scripted: ScriptedLeader | None, fps: int) -> None:
@@ -65,8 +65,11 @@ class SimHooks:
                 "physics": self._twin.physics_info(),
                 "leader": "scripted" if self._scripted is not None else "remote",
                 "operator_phase_starts": operator.phase_starts if operator is not None else {},
-                "initial_state": {"array": "initial_state", "spec": "mjSTATE_INTEGRATION",
-                                  "size": int(start.state.size)},
+                "initial_state": {
+                    "array": "initial_state",
+                    "spec": "mjSTATE_INTEGRATION",
+                    "size": int(start.state.size),
+                },
                 "push_rate_hz": 0.0,
                 "disturbances": [],
             },
@@ -103,11 +106,19 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
         from hilrec.sim.provenance import dataset_provenance
 
         provenance = dataset_provenance(
-            scene=twin.scene, physics=twin.physics_info(),
+            scene=twin.scene,
+            physics=twin.physics_info(),
             operator_config=OperatorConfig() if scripted is not None else None,
-            cameras={name: size for name in names}, render_quality="fast", push_rate=0.0)
-        rig = Rig(follower=follower, leader=leader, cameras=cameras,
-                  dataset_fields={**provenance, "twin": twin.physics_info()})
+            cameras=dict.fromkeys(names, size),
+            render_quality="fast",
+            push_rate=0.0,
+        )
+        rig = Rig(
+            follower=follower,
+            leader=leader,
+            cameras=cameras,
+            dataset_fields={**provenance, "twin": twin.physics_info()},
+        )
         return rig, SimHooks(twin, scripted, settings.fps)
 
     return build

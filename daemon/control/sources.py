@@ -20,9 +20,9 @@ import numpy as np
 import zmq
 
 from hilrec.daemon.errors import ProtocolError
+from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.daemon.wire.protocol import parse_leader
 from hilrec.daemon.wire.security import bind
-from hilrec.daemon.so101 import NUM_JOINTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +56,7 @@ class Follower(Protocol):
         """Let the commanded step happen (the twin steps physics; hardware moves by itself)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class Leader(Protocol):
@@ -67,11 +66,9 @@ class Leader(Protocol):
         """The operator's command, or None when there is no live one (the follower holds)."""
         ...
 
-    def status(self) -> dict[str, Any]:
-        ...
+    def status(self) -> dict[str, Any]: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class Camera(Protocol):
@@ -83,8 +80,7 @@ class Camera(Protocol):
         """The newest frame, uint8 (H, W, 3) RGB, never blocking; CameraStalledError if too old."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 # --- the twin as the follower (sim mode) ------------------------------------------------------
@@ -165,8 +161,15 @@ class RemoteLeader:
     follower, and :meth:`status` reports ``stale`` so the daemon can raise the fault.
     """
 
-    def __init__(self, context: zmq.Context[Any], endpoint: str, *, watchdog_s: float,
-                 max_bytes: int, configure_socket: Any = None) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        endpoint: str,
+        *,
+        watchdog_s: float,
+        max_bytes: int,
+        configure_socket: Any = None,
+    ) -> None:
         self._context = context
         self._endpoint = endpoint
         self._watchdog_s = watchdog_s
@@ -233,9 +236,16 @@ class RemoteLeader:
             else:
                 age_ms = (time.monotonic() - self._latest_at) * 1e3
                 state = "live" if age_ms <= self._watchdog_s * 1e3 else "stale"
-            return {"source": "remote", "state": state, "age_ms": age_ms, "seq": self._latest_seq,
-                    "received": self.received, "rejected": self.rejected, "last_error": self.last_error,
-                    "watchdog_ms": self._watchdog_s * 1e3}
+            return {
+                "source": "remote",
+                "state": state,
+                "age_ms": age_ms,
+                "seq": self._latest_seq,
+                "received": self.received,
+                "rejected": self.rejected,
+                "last_error": self.last_error,
+                "watchdog_ms": self._watchdog_s * 1e3,
+            }
 
     def close(self) -> None:
         if self._socket is not None:

@@ -28,28 +28,26 @@ from hilrec.daemon.dataset.checks_common import Contents, Failure, Findings
 # rule -> what it demands. The order is the order of the report.
 RULES: Final[dict[str, str]] = {
     "file.unreadable": "every metadata, data and video file named by the dataset can be read",
-    "info.fields": "info.json has the fields of LeRobot v3.0 with valid values and the five "
-                   "default columns",
+    "info.fields": "info.json has the fields of LeRobot v3.0 with valid values and the five default columns",
     "info.totals": "total_episodes, total_frames, total_tasks and splits match the files",
     "schema.columns": "each data file has exactly one column per non-video feature",
     "schema.dtype": "each column stores the dtype info.json declares",
     "schema.shape": "each row of a column holds the shape info.json declares, no nulls",
     "data.finite": "float columns hold no NaN or infinity",
     "index.contiguous": "index runs 0 .. total_frames-1 through the data files in order",
-    "episode_index.contiguous": "episodes are 0 .. N-1, each a single block of rows with a "
-                                "metadata row",
+    "episode_index.contiguous": "episodes are 0 .. N-1, each a single block of rows with a metadata row",
     "frame_index.contiguous": "frame_index runs 0 .. length-1 in every episode",
     "timestamp.grid": "timestamp is frame_index / fps within 1e-4 s",
     "tasks.table": "tasks.parquet maps task_index 0 .. T-1 to distinct non-empty strings",
     "tasks.unknown": "every row's task_index is in tasks.parquet",
     "tasks.episode": "an episode's metadata lists exactly the tasks its rows use",
     "episodes.range": "length, dataset_from/to_index and data chunk/file of each episode match "
-                      "its rows; the metadata row sits in the file it names",
+    "its rows; the metadata row sits in the file it names",
     "video.file": "each episode's video file exists and its stream can be demuxed and decoded",
     "video.range": "from/to timestamps: to - from = length / fps, no overlap inside a file",
     "video.frame_count": "an episode's span of its video holds exactly `length` frames",
     "video.timestamps": "frame i of an episode is presented at from_timestamp + i / fps "
-                        "(within 1e-4 s, LeRobot's tolerance)",
+    "(within 1e-4 s, LeRobot's tolerance)",
     "video.fps": "the stream's frame rate and info's video.fps equal info fps",
     "video.size": "the stream's frame size equals the feature's [height, width] (and info's)",
     "stats.episode": "each episode's stats/* columns match its data",
@@ -88,17 +86,19 @@ class CheckReport:
 
     def format_text(self) -> str:
         s = self.summary
-        head = (f"hilrec check {self.root}: {s.get('episodes', '?')} episodes, "
-                f"{s.get('frames', '?')} frames, fps {s.get('fps', '?')}, "
-                f"video keys {s.get('video_keys', [])}")
+        head = (
+            f"hilrec check {self.root}: {s.get('episodes', '?')} episodes, "
+            f"{s.get('frames', '?')} frames, fps {s.get('fps', '?')}, "
+            f"video keys {s.get('video_keys', [])}"
+        )
         lines = [head]
         if self.failures:
-            lines.append(f"FAILED: {len(self.failures)} problem(s) in "
-                         f"{len(self.rules_failed())} rule(s)")
+            lines.append(f"FAILED: {len(self.failures)} problem(s) in {len(self.rules_failed())} rule(s)")
             order = {rule: i for i, rule in enumerate(RULES)}
-            for failure in sorted(self.failures, key=lambda f: (order.get(f.rule, 99), f.file,
-                                                                 -1 if f.episode is None
-                                                                 else f.episode)):
+            for failure in sorted(
+                self.failures,
+                key=lambda f: (order.get(f.rule, 99), f.file, -1 if f.episode is None else f.episode),
+            ):
                 lines.append("  " + failure.format())
         else:
             lines.append(f"data checks: all {len(RULES)} rules passed")

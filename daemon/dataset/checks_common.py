@@ -36,15 +36,23 @@ class Findings:
         self.failures: list[Failure] = []
         self._seen: set[tuple[str, str, int | None, str | None]] = set()
 
-    def add(self, rule: str, file: str | Path, message: str, *, episode: int | None = None,
-            key: str | None = None) -> None:
+    def add(
+        self, rule: str, file: str | Path, message: str, *, episode: int | None = None, key: str | None = None
+    ) -> None:
         rel = self.rel(file)
         ident = (rule, rel, episode, key)
         if ident in self._seen:
             return
         self._seen.add(ident)
-        self.failures.append(Failure(rule=rule, file=rel, message=message,
-                                     episode=None if episode is None else int(episode), key=key))
+        self.failures.append(
+            Failure(
+                rule=rule,
+                file=rel,
+                message=message,
+                episode=None if episode is None else int(episode),
+                key=key,
+            )
+        )
 
     def rel(self, path: str | Path) -> str:
         path = Path(path)
@@ -54,8 +62,7 @@ class Findings:
             return path.as_posix()
 
     def has(self, rule: str, *, episode: int | None = None) -> bool:
-        return any(f.rule == rule and (episode is None or f.episode == episode)
-                   for f in self.failures)
+        return any(f.rule == rule and (episode is None or f.episode == episode) for f in self.failures)
 
 
 @dataclass
@@ -63,8 +70,8 @@ class EpisodeRows:
     """The data rows of one episode, as read from its data file."""
 
     file: Path
-    first_row: int                      # row offset of the episode inside its file
-    columns: dict[str, np.ndarray]      # key -> (n,) or (n, *shape), stored dtype
+    first_row: int  # row offset of the episode inside its file
+    columns: dict[str, np.ndarray]  # key -> (n,) or (n, *shape), stored dtype
 
     @property
     def length(self) -> int:
@@ -100,8 +107,11 @@ class Contents:
 
     @property
     def numeric_keys(self) -> list[str]:
-        return [k for k, ft in self.features.items()
-                if ft.get("dtype") not in ("video", "image", "string", "language")]
+        return [
+            k
+            for k, ft in self.features.items()
+            if ft.get("dtype") not in ("video", "image", "string", "language")
+        ]
 
     def episodes_file(self, episode: int) -> Path:
         return self.episode_files.get(episode, self.root / "meta/episodes")

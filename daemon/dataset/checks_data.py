@@ -17,16 +17,30 @@ import pyarrow as pa
 from hilrec.daemon.dataset.checks_common import Contents, EpisodeRows, Findings
 from hilrec.daemon.dataset.features import DEFAULT_FEATURES
 from hilrec.daemon.dataset.reader import (
-    INFO_PATH, TASKS_PATH, chunk_file_index, column_to_numpy, data_files, episodes_files, load_info,
-    read_parquet, read_parquet_schema, tasks_from_table,
+    INFO_PATH,
+    TASKS_PATH,
+    chunk_file_index,
+    column_to_numpy,
+    data_files,
+    episodes_files,
+    load_info,
+    read_parquet,
+    read_parquet_schema,
+    tasks_from_table,
 )
 from hilrec.daemon.dataset.stats import unflatten_episode_stats
 from hilrec.daemon.errors import CorruptDatasetError
 
 CODEBASE_VERSION: Final[str] = "v3.0"
 EPISODE_COLUMNS: Final[tuple[str, ...]] = (
-    "episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
-    "dataset_from_index", "dataset_to_index")
+    "episode_index",
+    "tasks",
+    "length",
+    "data/chunk_index",
+    "data/file_index",
+    "dataset_from_index",
+    "dataset_to_index",
+)
 
 
 # --- loading ---------------------------------------------------------------------------------------
@@ -42,8 +56,14 @@ def load_contents(root: Path, findings: Findings) -> Contents | None:
     features = _check_info(info, findings, info_path)
     if features is None:
         return None
-    contents = Contents(root=root, info=info, features=features, fps=int(info["fps"]),
-                        tasks=_load_tasks(root, findings), tasks_file=root / TASKS_PATH)
+    contents = Contents(
+        root=root,
+        info=info,
+        features=features,
+        fps=int(info["fps"]),
+        tasks=_load_tasks(root, findings),
+        tasks_file=root / TASKS_PATH,
+    )
     _load_episodes(contents, findings)
     _load_rows(contents, findings)
     return contents
@@ -51,22 +71,23 @@ def load_contents(root: Path, findings: Findings) -> Contents | None:
 
 def _check_info(info: dict[str, Any], findings: Findings, path: Path) -> dict[str, Any] | None:
     """info.fields; returns the well-formed features, or None when the rest cannot be checked."""
+
     def fail(message: str, key: str | None = None) -> None:
         findings.add("info.fields", path, message, key=key)
 
     if info.get("codebase_version") != CODEBASE_VERSION:
-        fail(f"codebase_version is {info.get('codebase_version')!r}, expected {CODEBASE_VERSION!r}",
-             "codebase_version")
+        fail(
+            f"codebase_version is {info.get('codebase_version')!r}, expected {CODEBASE_VERSION!r}",
+            "codebase_version",
+        )
     fps = info.get("fps")
     usable = True
     if isinstance(fps, bool) or not isinstance(fps, int) or fps <= 0:
         fail(f"fps must be a positive integer, got {fps!r}", "fps")
         usable = False
     data_path = info.get("data_path")
-    if not isinstance(data_path, str) or "{chunk_index" not in data_path \
-            or "{file_index" not in data_path:
-        fail(f"data_path must be a template with chunk_index and file_index, got {data_path!r}",
-             "data_path")
+    if not isinstance(data_path, str) or "{chunk_index" not in data_path or "{file_index" not in data_path:
+        fail(f"data_path must be a template with chunk_index and file_index, got {data_path!r}", "data_path")
         usable = False
     for name in ("total_episodes", "total_frames", "total_tasks", "chunks_size"):
         value = info.get(name)
@@ -85,14 +106,16 @@ def _check_info(info: dict[str, Any], findings: Findings, path: Path) -> dict[st
             fail("default column missing from features", key)
             usable = False
         elif spec.get("dtype") != default["dtype"] or list(spec.get("shape", [])) != default["shape"]:
-            fail(f"must be {default['dtype']} {default['shape']}, declared "
-                 f"{spec.get('dtype')} {spec.get('shape')}", key)
+            fail(
+                f"must be {default['dtype']} {default['shape']}, declared "
+                f"{spec.get('dtype')} {spec.get('shape')}",
+                key,
+            )
             usable = False
     has_video = any(ft.get("dtype") == "video" for ft in features.values())
     video_path = info.get("video_path")
     if has_video and (not isinstance(video_path, str) or "{video_key" not in video_path):
-        fail(f"video features need a video_path template with video_key, got {video_path!r}",
-             "video_path")
+        fail(f"video features need a video_path template with video_key, got {video_path!r}", "video_path")
     return features if usable else None
 
 
@@ -102,8 +125,11 @@ def _spec_problem(key: str, spec: Any) -> str | None:
     if not isinstance(spec, dict):
         return f"spec must be a mapping, got {type(spec).__name__}"
     dtype, shape = spec.get("dtype"), spec.get("shape")
-    if not isinstance(shape, list) or not shape or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+    ):
         return f"shape must be a non-empty list of positive ints, got {shape!r}"
     if dtype in ("video", "image"):
         if len(shape) != 3:
@@ -126,11 +152,13 @@ def _load_tasks(root: Path, findings: Findings) -> dict[int, str] | None:
         return None
     indices = sorted(tasks)
     if len(indices) != table.num_rows:
-        findings.add("tasks.table", path, f"{table.num_rows} rows but {len(indices)} distinct "
-                                          f"task_index values")
+        findings.add(
+            "tasks.table", path, f"{table.num_rows} rows but {len(indices)} distinct task_index values"
+        )
     if indices != list(range(len(indices))):
-        findings.add("tasks.table", path, f"task_index values are {indices[:10]}, expected 0 .. "
-                                          f"{len(indices) - 1}")
+        findings.add(
+            "tasks.table", path, f"task_index values are {indices[:10]}, expected 0 .. {len(indices) - 1}"
+        )
     strings = list(tasks.values())
     if len(set(strings)) != len(strings):
         dup = next(s for s in strings if strings.count(s) > 1)
@@ -143,8 +171,11 @@ def _load_tasks(root: Path, findings: Findings) -> dict[int, str] | None:
 def _load_episodes(contents: Contents, findings: Findings) -> None:
     files = episodes_files(contents.root)
     if not files:
-        findings.add("file.unreadable", contents.root / "meta/episodes",
-                     "no meta/episodes/chunk-XXX/file-XXX.parquet file")
+        findings.add(
+            "file.unreadable",
+            contents.root / "meta/episodes",
+            "no meta/episodes/chunk-XXX/file-XXX.parquet file",
+        )
         return
     for path in files:
         try:
@@ -160,27 +191,35 @@ def _load_episodes(contents: Contents, findings: Findings) -> None:
                 findings.add("episodes.range", path, "a row has no episode_index")
                 continue
             if missing:
-                findings.add("episodes.range", path, f"columns {missing} missing or null",
-                             episode=episode)
+                findings.add("episodes.range", path, f"columns {missing} missing or null", episode=episode)
                 continue
             if episode in contents.episodes:
-                findings.add("episode_index.contiguous", path,
-                             f"episode {episode} has more than one metadata row", episode=episode)
+                findings.add(
+                    "episode_index.contiguous",
+                    path,
+                    f"episode {episode} has more than one metadata row",
+                    episode=episode,
+                )
                 continue
             meta_ref = (row.get("meta/episodes/chunk_index"), row.get("meta/episodes/file_index"))
             if ref is not None and meta_ref != ref:
-                findings.add("episodes.range", path, f"meta/episodes chunk/file index say {meta_ref}, "
-                                                     f"but the row is in chunk/file {ref}",
-                             episode=episode)
+                findings.add(
+                    "episodes.range",
+                    path,
+                    f"meta/episodes chunk/file index say {meta_ref}, but the row is in chunk/file {ref}",
+                    episode=episode,
+                )
             row["stats"] = unflatten_episode_stats(row)
-            contents.episodes[episode] = {k: v for k, v in row.items()
-                                          if not k.startswith("stats/")}
+            contents.episodes[episode] = {k: v for k, v in row.items() if not k.startswith("stats/")}
             contents.episode_files[episode] = path
     indices = sorted(contents.episodes)
     if indices != list(range(len(indices))):
         gaps = sorted(set(range(max(indices, default=-1) + 1)) - set(indices))
-        findings.add("episode_index.contiguous", files[0],
-                     f"episode indices are not 0 .. {len(indices) - 1}: missing {gaps[:10]}")
+        findings.add(
+            "episode_index.contiguous",
+            files[0],
+            f"episode indices are not 0 .. {len(indices) - 1}: missing {gaps[:10]}",
+        )
 
 
 def _load_rows(contents: Contents, findings: Findings) -> None:
@@ -208,31 +247,40 @@ def _load_rows(contents: Contents, findings: Findings) -> None:
         ends = [*starts[1:], len(episodes)]
         for start, end in zip(starts, ends):
             blocks.append((path, int(start), int(end), int(episodes[start]), columns))
-    contents.global_index = (np.concatenate(global_index) if global_index and index_complete
-                             else np.array([], np.int64))
+    contents.global_index = (
+        np.concatenate(global_index) if global_index and index_complete else np.array([], np.int64)
+    )
     seen: dict[int, tuple[Path, int]] = {}
     previous = -1
     for path, start, end, episode, columns in blocks:
         if episode in seen:
             first_path, first_start = seen[episode]
-            findings.add("episode_index.contiguous", path,
-                         f"rows of episode {episode} are split: a block at row {first_start} of "
-                         f"{findings.rel(first_path)} and another at row {start} of this file",
-                         episode=episode)
+            findings.add(
+                "episode_index.contiguous",
+                path,
+                f"rows of episode {episode} are split: a block at row {first_start} of "
+                f"{findings.rel(first_path)} and another at row {start} of this file",
+                episode=episode,
+            )
             contents.rows.pop(episode, None)
             continue
         if episode < previous:
-            findings.add("episode_index.contiguous", path,
-                         f"episode {episode} starts at row {start}, after episode {previous}",
-                         episode=episode)
+            findings.add(
+                "episode_index.contiguous",
+                path,
+                f"episode {episode} starts at row {start}, after episode {previous}",
+                episode=episode,
+            )
         previous = max(previous, episode)
         seen[episode] = (path, start)
-        contents.rows[episode] = EpisodeRows(file=path, first_row=start,
-                                             columns={k: v[start:end] for k, v in columns.items()})
+        contents.rows[episode] = EpisodeRows(
+            file=path, first_row=start, columns={k: v[start:end] for k, v in columns.items()}
+        )
 
 
-def _read_data_file(path: Path, contents: Contents, keys: list[str],
-                    findings: Findings) -> dict[str, np.ndarray] | None:
+def _read_data_file(
+    path: Path, contents: Contents, keys: list[str], findings: Findings
+) -> dict[str, np.ndarray] | None:
     try:
         schema = read_parquet_schema(path)
     except CorruptDatasetError as exc:
@@ -244,10 +292,14 @@ def _read_data_file(path: Path, contents: Contents, keys: list[str],
             findings.add("schema.columns", path, "declared in info.json but not a column", key=key)
     for name in schema.names:
         if name not in keys:
-            findings.add("schema.columns", path, "column not declared in info.json (or is a video "
-                                                 "feature)", key=name)
-    readable = [k for k in keys if k in names
-                and _type_ok(path, k, schema.field(k).type, contents.features[k], findings)]
+            findings.add(
+                "schema.columns", path, "column not declared in info.json (or is a video feature)", key=name
+            )
+    readable = [
+        k
+        for k in keys
+        if k in names and _type_ok(path, k, schema.field(k).type, contents.features[k], findings)
+    ]
     try:
         table = read_parquet(path, columns=readable)
     except CorruptDatasetError as exc:
@@ -266,13 +318,16 @@ def _read_data_file(path: Path, contents: Contents, keys: list[str],
     return columns
 
 
-def _type_ok(path: Path, key: str, arrow_type: pa.DataType, spec: dict[str, Any],
-             findings: Findings) -> bool:
+def _type_ok(path: Path, key: str, arrow_type: pa.DataType, spec: dict[str, Any], findings: Findings) -> bool:
     if spec["dtype"] == "image":
         if pa.types.is_struct(arrow_type) and arrow_type.get_field_index("bytes") >= 0:
             return True
-        findings.add("schema.dtype", path, f"image column stored as {arrow_type}, expected "
-                                           f"struct<bytes, path>", key=key)
+        findings.add(
+            "schema.dtype",
+            path,
+            f"image column stored as {arrow_type}, expected struct<bytes, path>",
+            key=key,
+        )
         return False
     depth, leaf = 0, arrow_type
     while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or pa.types.is_fixed_size_list(leaf):
@@ -281,8 +336,12 @@ def _type_ok(path: Path, key: str, arrow_type: pa.DataType, spec: dict[str, Any]
     shape = spec["shape"]
     want_depth = 0 if shape == [1] else len(shape)
     if depth != want_depth:
-        findings.add("schema.shape", path, f"stored as {arrow_type} ({depth} list levels), shape "
-                                           f"{shape} needs {want_depth}", key=key)
+        findings.add(
+            "schema.shape",
+            path,
+            f"stored as {arrow_type} ({depth} list levels), shape {shape} needs {want_depth}",
+            key=key,
+        )
         return False
     try:
         stored = np.dtype(leaf.to_pandas_dtype())

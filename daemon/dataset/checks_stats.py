@@ -32,10 +32,15 @@ from typing import Final
 import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
-from hilrec.daemon.dataset.reader import STATS_PATH, load_stats
 from hilrec.daemon.dataset.checks_video import image_stats_problem
+from hilrec.daemon.dataset.reader import STATS_PATH, load_stats
 from hilrec.daemon.dataset.stats import (
-    HISTOGRAM_BINS, QUANTILE_KEYS, QUANTILES, STAT_KEYS, aggregate_stats, downsample_image,
+    HISTOGRAM_BINS,
+    QUANTILE_KEYS,
+    QUANTILES,
+    STAT_KEYS,
+    aggregate_stats,
+    downsample_image,
     sample_indices,
 )
 from hilrec.daemon.errors import CorruptDatasetError
@@ -58,13 +63,11 @@ def check_episode_stats(contents: Contents, findings: Findings) -> None:
                 continue
             stored = stats.get(key)
             if stored is None:
-                findings.add("stats.episode", file, f"no stats/{key}/* columns", episode=episode,
-                             key=key)
+                findings.add("stats.episode", file, f"no stats/{key}/* columns", episode=episode, key=key)
                 continue
             missing = [s for s in STAT_KEYS if s not in stored]
             if missing:
-                findings.add("stats.episode", file, f"stats {missing} missing", episode=episode,
-                             key=key)
+                findings.add("stats.episode", file, f"stats {missing} missing", episode=episode, key=key)
                 continue
             problem = vector_stats_problem(stored, rows.columns[key])
             if problem:
@@ -81,17 +84,22 @@ def check_image_feature_stats(contents: Contents, findings: Findings) -> None:
             file = contents.episodes_file(episode)
             stored = meta.get("stats", {}).get(key)
             if stored is None or any(n not in stored for n in STAT_KEYS):
-                findings.add("stats.episode", file, f"stats/{key}/* columns missing or incomplete",
-                             episode=episode, key=key)
+                findings.add(
+                    "stats.episode",
+                    file,
+                    f"stats/{key}/* columns missing or incomplete",
+                    episode=episode,
+                    key=key,
+                )
                 continue
             try:
-                samples = [downsample_image(_decode_png(rows.columns[key][i]))
-                           for i in sample_indices(rows.length)]
+                samples = [
+                    downsample_image(_decode_png(rows.columns[key][i])) for i in sample_indices(rows.length)
+                ]
             except ValueError as exc:
                 findings.add("schema.shape", rows.file, str(exc), episode=episode, key=key)
                 continue
-            problem = image_stats_problem(stored, rows.length, samples,
-                                          contents.features[key]["shape"])
+            problem = image_stats_problem(stored, rows.length, samples, contents.features[key]["shape"])
             if problem:
                 findings.add("stats.episode", file, problem, episode=episode, key=key)
 
@@ -131,8 +139,11 @@ def vector_stats_problem(stored: Mapping[str, np.ndarray], values: np.ndarray) -
             return f"{name}[{i}] is {float(got[i])!r}, the data's {name} is {float(actual[i])!r}"
     scale = np.maximum(np.abs(as64).max(axis=0), TINY)
     # Values computed before the column's rounding differ from the stored ones by its epsilon.
-    rtol = FLOAT64_RTOL if table.dtype.kind != "f" or table.dtype.itemsize >= 8 \
+    rtol = (
+        FLOAT64_RTOL
+        if table.dtype.kind != "f" or table.dtype.itemsize >= 8
         else max(FLOAT64_RTOL, 2 * float(np.finfo(table.dtype).eps))
+    )
     mean64 = as64.mean(axis=0)
     var64 = ((as64 - mean64) ** 2).mean(axis=0)
     meansq64 = (as64**2).mean(axis=0)
@@ -156,13 +167,13 @@ def vector_stats_problem(stored: Mapping[str, np.ndarray], values: np.ndarray) -
         ok |= np.abs(got_var - var_n) <= NATIVE_RTOL * np.maximum(meansq_n, TINY)
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
-        return (f"std[{i}] is {float(flat['std'][i])!r}, the data's std is "
-                f"{math.sqrt(var64[i])!r}")
+        return f"std[{i}] is {float(flat['std'][i])!r}, the data's std is {math.sqrt(var64[i])!r}"
     return _quantile_problem(flat, as64, scale, native)
 
 
-def _quantile_problem(flat: Mapping[str, np.ndarray], as64: np.ndarray, scale: np.ndarray,
-                      native: bool) -> str | None:
+def _quantile_problem(
+    flat: Mapping[str, np.ndarray], as64: np.ndarray, scale: np.ndarray, native: bool
+) -> str | None:
     n = len(as64)
     ordered = np.sort(as64, axis=0)
     bin_width = (ordered[-1] - ordered[0]) / HISTOGRAM_BINS
@@ -177,9 +188,11 @@ def _quantile_problem(flat: Mapping[str, np.ndarray], as64: np.ndarray, scale: n
         bad = (got < low) | (got > high) | ~np.isfinite(got)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            return (f"{name}[{i}] is {float(got[i])!r}, outside [{float(low[i])!r}, "
-                    f"{float(high[i])!r}] (order "
-                    f"statistics {lo}..{hi} of {n} values, widened by one histogram bin)")
+            return (
+                f"{name}[{i}] is {float(got[i])!r}, outside [{float(low[i])!r}, "
+                f"{float(high[i])!r}] (order "
+                f"statistics {lo}..{hi} of {n} values, widened by one histogram bin)"
+            )
     return None
 
 
@@ -198,8 +211,11 @@ def check_dataset_stats(contents: Contents, findings: Findings) -> None:
             findings.add("stats.dataset", path, "missing")
         return
     episode_stats = [meta["stats"] for _, meta in sorted(contents.episodes.items())]
-    keys = [k for k in contents.features
-            if k in contents.numeric_keys or k in contents.video_keys or k in contents.image_keys]
+    keys = [
+        k
+        for k in contents.features
+        if k in contents.numeric_keys or k in contents.video_keys or k in contents.image_keys
+    ]
     for key in keys:
         have = [s[key] for s in episode_stats if key in s and all(n in s[key] for n in STAT_KEYS)]
         if key not in stored:
@@ -216,27 +232,37 @@ def check_dataset_stats(contents: Contents, findings: Findings) -> None:
             findings.add("stats.dataset", path, problem, key=key)
     for key in stored:
         if key not in contents.features:
-            findings.add("stats.dataset", path, "stats for a feature info.json does not declare",
-                         key=key)
+            findings.add("stats.dataset", path, "stats for a feature info.json does not declare", key=key)
 
 
-def _aggregate_problem(stored: Mapping[str, np.ndarray],
-                       episodes: list[Mapping[str, np.ndarray]]) -> str | None:
+def _aggregate_problem(
+    stored: Mapping[str, np.ndarray], episodes: list[Mapping[str, np.ndarray]]
+) -> str | None:
     try:
         expected = aggregate_stats([{"k": e} for e in episodes])["k"]
     except (ValueError, KeyError) as exc:
         return f"episode stats cannot be aggregated: {exc}"
-    envelope = {name: (np.min if q <= 0.5 else np.max)(
-        np.stack([np.asarray(e[name], dtype=np.float64) for e in episodes]), axis=0)
-        for q, name in zip(QUANTILES, QUANTILE_KEYS)}
+    envelope = {
+        name: (np.min if q <= 0.5 else np.max)(
+            np.stack([np.asarray(e[name], dtype=np.float64) for e in episodes]), axis=0
+        )
+        for q, name in zip(QUANTILES, QUANTILE_KEYS)
+    }
     for name in STAT_KEYS:
         got = np.asarray(stored[name], dtype=np.float64)
         want = np.asarray(expected[name], dtype=np.float64)
         if got.shape != want.shape and got.size != want.size:
             return f"{name} has shape {list(got.shape)}, the episodes' have {list(want.shape)}"
         got, want = got.reshape(-1), want.reshape(-1)
-        scale = np.maximum.reduce([np.abs(np.asarray(expected[s], dtype=np.float64)).reshape(-1)
-                                   for s in ("min", "max", "mean")]) + TINY
+        scale = (
+            np.maximum.reduce(
+                [
+                    np.abs(np.asarray(expected[s], dtype=np.float64)).reshape(-1)
+                    for s in ("min", "max", "mean")
+                ]
+            )
+            + TINY
+        )
         if name in ("count", "min", "max"):
             ok = got == want
         else:
@@ -245,6 +271,8 @@ def _aggregate_problem(stored: Mapping[str, np.ndarray],
                 ok |= np.abs(got - envelope[name].reshape(-1)) <= DATASET_RTOL * scale
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
-            return (f"{name}[{i}] is {float(got[i])!r}, the aggregate of the {len(episodes)} "
-                    f"episodes' stats is {float(want[i])!r}")
+            return (
+                f"{name}[{i}] is {float(got[i])!r}, the aggregate of the {len(episodes)} "
+                f"episodes' stats is {float(want[i])!r}"
+            )
     return None

@@ -16,9 +16,11 @@ from hilrec.daemon.errors import DatasetError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("repair", help="make a crashed dataset load again, keeping every "
-                                                  "saved episode",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "repair",
+        help="make a crashed dataset load again, keeping every saved episode",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("root", type=Path, help="dataset root (the folder holding meta/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run)
@@ -42,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
 
 def format_report(report: RepairReport) -> str:
     lines = [f"repair {report.root}: {'rebuilt' if report.rebuilt else 'recovered'}"]
-    lines.append(f"  kept {len(report.kept)} episode(s)"
-                 + (f": {_ranges(report.kept)}" if report.kept else ""))
+    lines.append(
+        f"  kept {len(report.kept)} episode(s)" + (f": {_ranges(report.kept)}" if report.kept else "")
+    )
     for item in report.dropped:
         lines.append(f"  DROPPED episode {item['episode']}: {item['reason']}")
     for old, new in sorted(report.renumbered.items()):

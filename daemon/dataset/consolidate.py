@@ -25,8 +25,21 @@ import pyarrow.parquet as pq
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.features import video_keys
 from hilrec.daemon.dataset.layout import (
-    EPISODES_DIR, INFO_PATH, MB, PARQUET_OPTIONS, STATS_PATH, TASKS_PATH, FileRef, data_path,
-    data_schema, episodes_path, episodes_table, read_info, read_parquet, read_tasks, tasks_table,
+    EPISODES_DIR,
+    INFO_PATH,
+    MB,
+    PARQUET_OPTIONS,
+    STATS_PATH,
+    TASKS_PATH,
+    FileRef,
+    data_path,
+    data_schema,
+    episodes_path,
+    episodes_table,
+    read_info,
+    read_parquet,
+    read_tasks,
+    tasks_table,
     video_path,
 )
 from hilrec.daemon.dataset.stats import aggregate_stats, stats_to_json, unflatten_episode_stats
@@ -58,9 +71,10 @@ class ConsolidatedState:
         if [r["episode_index"] for r in rows] != list(range(len(rows))):
             raise CorruptDatasetError(str(root / EPISODES_DIR), "episode_index is not 0..n-1")
         if len(rows) != info.get("total_episodes"):
-            raise CorruptDatasetError(str(root / INFO_PATH),
-                                      f"total_episodes={info.get('total_episodes')} but "
-                                      f"{EPISODES_DIR} holds {len(rows)} episodes")
+            raise CorruptDatasetError(
+                str(root / INFO_PATH),
+                f"total_episodes={info.get('total_episodes')} but {EPISODES_DIR} holds {len(rows)} episodes",
+            )
         return cls(root=root, info=info, tasks=tasks, episodes=rows)
 
     @property
@@ -95,8 +109,9 @@ class _Placement:
     rows_before: bool  # the file already held earlier episodes
 
 
-def _assign(last_ref: FileRef | None, last_size: int, sizes: Sequence[int], limit_bytes: int,
-            chunks_size: int) -> list[_Placement]:
+def _assign(
+    last_ref: FileRef | None, last_size: int, sizes: Sequence[int], limit_bytes: int, chunks_size: int
+) -> list[_Placement]:
     """LeRobot's roll-over rule: a new file when current + next episode would reach the limit."""
     placements = []
     ref = last_ref or FileRef()
@@ -111,8 +126,12 @@ def _assign(last_ref: FileRef | None, last_size: int, sizes: Sequence[int], limi
     return placements
 
 
-def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = None,
-                ) -> ConsolidatedState:
+def consolidate(
+    state: ConsolidatedState,
+    batch: Sequence[int],
+    *,
+    hook: Hook = None,
+) -> ConsolidatedState:
     """Merge the committed journal episodes ``batch`` (the next indices, in order)."""
     root = state.root
     info = dict(state.info)
@@ -125,14 +144,15 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
     tasks = list(state.tasks)
     for offset, meta in enumerate(metas):
         if meta["episode_index"] != first + offset or meta["dataset_from_index"] != frames_so_far:
-            raise DatasetError(f"journal episode {meta['episode_index']} does not follow the "
-                               f"consolidated dataset ({first + offset} episodes, "
-                               f"{frames_so_far} frames)")
+            raise DatasetError(
+                f"journal episode {meta['episode_index']} does not follow the "
+                f"consolidated dataset ({first + offset} episodes, "
+                f"{frames_so_far} frames)"
+            )
         frames_so_far += meta["length"]
         for task in meta["new_tasks"]:
             if task in tasks:
-                raise DatasetError(f"journal episode {meta['episode_index']}: task {task!r} "
-                                   "already exists")
+                raise DatasetError(f"journal episode {meta['episode_index']}: task {task!r} already exists")
             tasks.append(task)
     rows = [_base_row(meta) for meta in metas]
     targets: list[str] = []
@@ -141,16 +161,20 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
     # data/
     last_ref = FileRef(last["data/chunk_index"], last["data/file_index"]) if last else None
     last_size = data_path(root, last_ref).stat().st_size if last_ref else 0
-    placements = _assign(last_ref, last_size, [m["data_bytes"] for m in metas],
-                         int(float(info["data_files_size_in_mb"]) * MB), chunks)
+    placements = _assign(
+        last_ref,
+        last_size,
+        [m["data_bytes"] for m in metas],
+        int(float(info["data_files_size_in_mb"]) * MB),
+        chunks,
+    )
     schema = data_schema(features)
     for ref in dict.fromkeys(p.ref for p in placements):
         members = [i for i, p in enumerate(placements) if p.ref == ref]
         tables = []
         if placements[members[0]].rows_before:
             tables.append(read_parquet(data_path(root, ref)))
-        tables += [read_parquet(journal.episode_dir(root, batch[i]) / journal.EPISODE_DATA)
-                   for i in members]
+        tables += [read_parquet(journal.episode_dir(root, batch[i]) / journal.EPISODE_DATA) for i in members]
         merged = pa.concat_tables([t.replace_schema_metadata(schema.metadata) for t in tables])
         _write_new_parquet(merged, data_path(root, ref))
         targets.append(_rel(root, data_path(root, ref)))
@@ -163,8 +187,13 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
         v_last = FileRef(last[prefix + "chunk_index"], last[prefix + "file_index"]) if last else None
         v_size = video_path(root, key, v_last).stat().st_size if v_last else 0
         staged = [journal.episode_dir(root, index) / journal.video_file_name(key) for index in batch]
-        v_places = _assign(v_last, v_size, [p.stat().st_size for p in staged],
-                           int(float(info["video_files_size_in_mb"]) * MB), chunks)
+        v_places = _assign(
+            v_last,
+            v_size,
+            [p.stat().st_size for p in staged],
+            int(float(info["video_files_size_in_mb"]) * MB),
+            chunks,
+        )
         for ref in dict.fromkeys(p.ref for p in v_places):
             members = [i for i, p in enumerate(v_places) if p.ref == ref]
             target = video_path(root, key, ref)
@@ -175,27 +204,40 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
             target.parent.mkdir(parents=True, exist_ok=True)
             placed = concat_segments(journal.new_path(target), segments, fps=fps)
             journal.fsync_file(journal.new_path(target))
-            placed = placed[len(segments) - len(members):]
+            placed = placed[len(segments) - len(members) :]
             for i, (start, end, frames) in zip(members, placed):
                 if frames != metas[i]["length"]:
-                    raise DatasetError(f"{staged[i]}: {frames} video frames for "
-                                       f"{metas[i]['length']} rows (episode {batch[i]})")
-                rows[i].update({prefix + "chunk_index": ref.chunk, prefix + "file_index": ref.file,
-                                prefix + "from_timestamp": start, prefix + "to_timestamp": end})
+                    raise DatasetError(
+                        f"{staged[i]}: {frames} video frames for "
+                        f"{metas[i]['length']} rows (episode {batch[i]})"
+                    )
+                rows[i].update(
+                    {
+                        prefix + "chunk_index": ref.chunk,
+                        prefix + "file_index": ref.file,
+                        prefix + "from_timestamp": start,
+                        prefix + "to_timestamp": end,
+                    }
+                )
             targets.append(_rel(root, target))
             if not features[key].get("info"):
-                features = {**features, key: {**features[key],
-                                              "info": video_info(probe_video(journal.new_path(target)))}}
+                features = {
+                    **features,
+                    key: {**features[key], "info": video_info(probe_video(journal.new_path(target)))},
+                }
 
     # meta/episodes/
     e_last = FileRef(last["meta/episodes/chunk_index"], last["meta/episodes/file_index"]) if last else None
     e_size = episodes_path(root, e_last).stat().st_size if e_last else 0
     per_row = e_size // max(1, sum(1 for r in state.episodes if _meta_ref(r) == e_last)) if e_last else 0
-    e_places = _assign(e_last, e_size, [per_row] * len(rows), int(float(info["data_files_size_in_mb"]) * MB),
-                       chunks)
+    e_places = _assign(
+        e_last, e_size, [per_row] * len(rows), int(float(info["data_files_size_in_mb"]) * MB), chunks
+    )
     for row, placement in zip(rows, e_places):
-        row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = (placement.ref.chunk,
-                                                                              placement.ref.file)
+        row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = (
+            placement.ref.chunk,
+            placement.ref.file,
+        )
     all_rows = state.episodes + rows
     for ref in dict.fromkeys(p.ref for p in e_places):
         members = [r for r in all_rows if _meta_ref(r) == ref]
@@ -209,9 +251,13 @@ def consolidate(state: ConsolidatedState, batch: Sequence[int], *, hook: Hook = 
     stats = aggregate_stats([unflatten_episode_stats(r) for r in all_rows])
     _write_new_json(stats_to_json(stats), root / STATS_PATH)
     targets.append(STATS_PATH)
-    info.update(features=features, total_episodes=len(all_rows),
-                total_frames=all_rows[-1]["dataset_to_index"], total_tasks=len(tasks),
-                splits={"train": f"0:{len(all_rows)}"})
+    info.update(
+        features=features,
+        total_episodes=len(all_rows),
+        total_frames=all_rows[-1]["dataset_to_index"],
+        total_tasks=len(tasks),
+        splits={"train": f"0:{len(all_rows)}"},
+    )
     _write_new_json(info, root / INFO_PATH)
     targets.append(INFO_PATH)
 
@@ -260,8 +306,7 @@ def pending_episodes(root: Path, state: ConsolidatedState) -> list[int]:
         if index < expected:
             continue
         if index != expected:
-            log.warning("journal: episode %d follows a gap at %d; it is not consolidated", index,
-                        expected)
+            log.warning("journal: episode %d follows a gap at %d; it is not consolidated", index, expected)
             break
         pending.append(index)
         expected += 1
@@ -278,8 +323,7 @@ class BackgroundMerger:
     :meth:`wait` asks again.
     """
 
-    def __init__(self, state: ConsolidatedState, *, hook: Hook = None,
-                 interval_s: float = 0.0) -> None:
+    def __init__(self, state: ConsolidatedState, *, hook: Hook = None, interval_s: float = 0.0) -> None:
         self.state = state
         self._hook = hook
         self._interval = interval_s
@@ -315,7 +359,8 @@ class BackgroundMerger:
             if self._error is not None:
                 raise DatasetError(
                     f"{root}: merging saved episodes into LeRobot's files failed ({self._error}); "
-                    f"they are safe in {journal.JOURNAL_DIR}, run 'hilrec repair'") from self._error
+                    f"they are safe in {journal.JOURNAL_DIR}, run 'hilrec repair'"
+                ) from self._error
 
     def retry(self) -> None:
         with self._cond:
@@ -346,9 +391,10 @@ class BackgroundMerger:
         while (batch := self._next_batch()) is not None:
             try:
                 self.state = consolidate(self.state, batch, hook=self._hook)
-            except BaseException as exc:  # noqa: BLE001 - reported by wait()
-                log.exception("%s: merging episodes %s failed; they stay in the journal",
-                              self.state.root, batch)
+            except BaseException as exc:
+                log.exception(
+                    "%s: merging episodes %s failed; they stay in the journal", self.state.root, batch
+                )
                 _undo_failed_merge(self.state.root)
                 with self._cond:
                     self._error = exc
@@ -356,7 +402,7 @@ class BackgroundMerger:
                     self._cond.notify_all()
                 continue
             with self._cond:
-                del self._pending[:len(batch)]
+                del self._pending[: len(batch)]
                 self._merging = False
                 self._cond.notify_all()
 

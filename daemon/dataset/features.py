@@ -39,10 +39,22 @@ DEFAULT_FEATURES: Final[dict[str, dict[str, Any]]] = {
 }
 RESERVED_KEYS: Final[frozenset[str]] = frozenset(DEFAULT_FEATURES) | {TASK_KEY}
 
-NUMERIC_DTYPES: Final[frozenset[str]] = frozenset({
-    "float16", "float32", "float64", "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64", "bool",
-})
+NUMERIC_DTYPES: Final[frozenset[str]] = frozenset(
+    {
+        "float16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "bool",
+    }
+)
 VIDEO_DTYPE: Final[str] = "video"
 IMAGE_NAMES: Final[list[str]] = ["height", "width", "channels"]
 # The encoder writes yuv420p: three colour channels, even sides.
@@ -96,8 +108,11 @@ def _validate_spec(key: Any, spec: Any) -> dict[str, Any]:
         raise FeatureSpecError(key, f"unknown spec fields {sorted(unknown)}")
     dtype = spec.get("dtype")
     shape = spec.get("shape")
-    if not isinstance(shape, (list, tuple)) or not shape or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+    if (
+        not isinstance(shape, (list, tuple))
+        or not shape
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+    ):
         raise FeatureSpecError(key, f"shape must be a non-empty list of positive ints, got {shape!r}")
     names = spec.get("names")
     out: dict[str, Any] = {"dtype": dtype, "shape": list(shape), "names": copy.deepcopy(names)}
@@ -107,8 +122,10 @@ def _validate_spec(key: Any, spec: Any) -> dict[str, Any]:
             # Replaced by the probed stream info once the first episode's video exists.
             out["info"] = copy.deepcopy(spec["info"])
     elif dtype == "image":
-        raise FeatureSpecError(key, "dtype 'image' (PNG in parquet) is not written by the native "
-                                    "writer; declare cameras as 'video'")
+        raise FeatureSpecError(
+            key,
+            "dtype 'image' (PNG in parquet) is not written by the native writer; declare cameras as 'video'",
+        )
     elif dtype in NUMERIC_DTYPES:
         if len(shape) != 1:
             raise FeatureSpecError(key, f"numeric features are vectors: shape [n], got {list(shape)}")
@@ -119,8 +136,7 @@ def _validate_spec(key: Any, spec: Any) -> dict[str, Any]:
         if "info" in spec:
             out["info"] = copy.deepcopy(spec["info"])
     else:
-        raise FeatureSpecError(key, f"dtype {dtype!r} is not one of "
-                                    f"{sorted(NUMERIC_DTYPES | {VIDEO_DTYPE})}")
+        raise FeatureSpecError(key, f"dtype {dtype!r} is not one of {sorted(NUMERIC_DTYPES | {VIDEO_DTYPE})}")
     return out
 
 
@@ -158,9 +174,15 @@ class FrameValidator:
         self._frame_keys = frozenset(self.expected) | {TASK_KEY}
         self._last_task: str | None = None
         # (key, dtype or None for video, shape, finiteness checked on a list of a few floats)
-        self._plain = [(key, np_dtype or np.dtype(np.uint8), shape,
-                        np_dtype is not None and np_dtype.kind == "f" and math.prod(shape) <= 32)
-                       for key, (_, shape, np_dtype) in self._specs.items()]
+        self._plain = [
+            (
+                key,
+                np_dtype or np.dtype(np.uint8),
+                shape,
+                np_dtype is not None and np_dtype.kind == "f" and math.prod(shape) <= 32,
+            )
+            for key, (_, shape, np_dtype) in self._specs.items()
+        ]
 
     def validate(self, frame: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], str]:
         """Return (values by key, task). Values are the caller's arrays, not copies."""
@@ -220,11 +242,15 @@ class FrameValidator:
         if isinstance(value, np.generic) and shape == (1,):
             value = np.asarray(value).reshape(1)
         if not isinstance(value, np.ndarray):
-            raise FrameError(key, f"must be a numpy array of {dtype_name} {list(shape)}, "
-                                  f"got {type(value).__name__}")
+            raise FrameError(
+                key, f"must be a numpy array of {dtype_name} {list(shape)}, got {type(value).__name__}"
+            )
         if value.dtype != np_dtype:
-            raise FrameError(key, f"dtype is {value.dtype}, declared {dtype_name} (cast it before "
-                                  f"use, so the stored number is the one used)")
+            raise FrameError(
+                key,
+                f"dtype is {value.dtype}, declared {dtype_name} (cast it before "
+                f"use, so the stored number is the one used)",
+            )
         if value.shape != shape:
             if shape == (1,) and value.shape == ():
                 value = value.reshape(1)
@@ -238,8 +264,9 @@ class FrameValidator:
 
 def _check_image(key: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
     if not isinstance(value, np.ndarray):
-        raise FrameError(key, f"must be a uint8 numpy array (H, W, C) = {list(shape)}, "
-                              f"got {type(value).__name__}")
+        raise FrameError(
+            key, f"must be a uint8 numpy array (H, W, C) = {list(shape)}, got {type(value).__name__}"
+        )
     if value.dtype != np.uint8:
         raise FrameError(key, f"image dtype is {value.dtype}, must be uint8")
     if value.shape != shape:
@@ -247,7 +274,9 @@ def _check_image(key: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
     return value
 
 
-def validate_frame(frame: Mapping[str, Any], features: Mapping[str, Mapping[str, Any]],
-                   ) -> tuple[dict[str, np.ndarray], str]:
+def validate_frame(
+    frame: Mapping[str, Any],
+    features: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, np.ndarray], str]:
     """One-off form of :meth:`FrameValidator.validate`."""
     return FrameValidator(features).validate(frame)

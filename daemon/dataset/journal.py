@@ -80,8 +80,14 @@ def write_episode_meta(directory: Path, meta: dict[str, Any]) -> None:
     _write_durably(directory / EPISODE_META, episode_meta_bytes(meta))
 
 
-def commit_episode(root: Path, episode_index: int, *, files: Mapping[str, bytes] | None = None,
-                   beside: Mapping[Path, bytes] | None = None, hook: Any = None) -> Path:
+def commit_episode(
+    root: Path,
+    episode_index: int,
+    *,
+    files: Mapping[str, bytes] | None = None,
+    beside: Mapping[Path, bytes] | None = None,
+    hook: Any = None,
+) -> Path:
     """Make the open episode durable and rename it to its committed name.
 
     ``files`` (name -> bytes) are written into the open directory, next to what is there already
@@ -152,8 +158,9 @@ def load_episode_meta(root: Path, episode_index: int) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise CorruptDatasetError(str(path), f"cannot read journal entry: {exc}") from exc
     if meta.get("episode_index") != episode_index:
-        raise CorruptDatasetError(str(path), f"says episode {meta.get('episode_index')}, "
-                                             f"expected {episode_index}")
+        raise CorruptDatasetError(
+            str(path), f"says episode {meta.get('episode_index')}, expected {episode_index}"
+        )
     return meta
 
 
@@ -186,15 +193,20 @@ def old_path(path: Path) -> Path:
     return path.with_name(path.name + OLD_SUFFIX)
 
 
-def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str],
-                  hook: Any = None) -> None:
+def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str], hook: Any = None) -> None:
     """Rename every ``<target>.hilrec-new`` over its target, recoverably, in the given order.
 
     ``hook(name)`` (tests only) is called at each step so a crash test can kill the process there.
     """
     plan = [Target(t, (root / t).exists()) for t in targets]
-    _write_intent(root, {"episodes": list(episodes), "state": "renaming",
-                         "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
+    _write_intent(
+        root,
+        {
+            "episodes": list(episodes),
+            "state": "renaming",
+            "targets": [{"path": t.path, "existed": t.existed} for t in plan],
+        },
+    )
     _hook(hook, "intent-written")
     synced: set[Path] = set()
     for number, target in enumerate(plan):
@@ -213,13 +225,18 @@ def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str],
     directories = {(root / plan[-1].path).parent} if plan else set()
     for target in plan:
         if not target.existed:
-            directories.update(p for p in (root / target.path).parents
-                               if p == root or root in p.parents)
+            directories.update(p for p in (root / target.path).parents if p == root or root in p.parents)
     for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
         if directory not in synced or directory == (root / plan[-1].path).parent:
             fsync_dir(directory)
-    _write_intent(root, {"episodes": list(episodes), "state": "done",
-                         "targets": [{"path": t.path, "existed": t.existed} for t in plan]})
+    _write_intent(
+        root,
+        {
+            "episodes": list(episodes),
+            "state": "done",
+            "targets": [{"path": t.path, "existed": t.existed} for t in plan],
+        },
+    )
     _hook(hook, "intent-done")
     finish_intent(root)
 
@@ -291,7 +308,10 @@ def orphan_files(root: Path) -> list[Path]:
             continue
         for dirpath, _dirnames, filenames in os.walk(base):
             for name in filenames:
-                if (name.endswith(NEW_SUFFIX) or name.endswith(OLD_SUFFIX)
-                        or (name.startswith(".") and ".tmp-" in name)):
+                if (
+                    name.endswith(NEW_SUFFIX)
+                    or name.endswith(OLD_SUFFIX)
+                    or (name.startswith(".") and ".tmp-" in name)
+                ):
                     found.append(Path(dirpath) / name)
     return sorted(found)

@@ -78,10 +78,15 @@ def episodes_path(root: Path, ref: FileRef) -> Path:
 # --- info.json -----------------------------------------------------------------------------------
 
 
-def empty_info(*, fps: int, features: Mapping[str, Any], robot_type: str | None,
-               chunks_size: int = DEFAULT_CHUNK_SIZE,
-               data_files_size_in_mb: int = DEFAULT_DATA_FILE_SIZE_IN_MB,
-               video_files_size_in_mb: int = DEFAULT_VIDEO_FILE_SIZE_IN_MB) -> dict[str, Any]:
+def empty_info(
+    *,
+    fps: int,
+    features: Mapping[str, Any],
+    robot_type: str | None,
+    chunks_size: int = DEFAULT_CHUNK_SIZE,
+    data_files_size_in_mb: int = DEFAULT_DATA_FILE_SIZE_IN_MB,
+    video_files_size_in_mb: int = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+) -> dict[str, Any]:
     """info.json of a dataset with no episode yet, LeRobot's keys and order."""
     return {
         "codebase_version": CODEBASE_VERSION,
@@ -191,14 +196,16 @@ def arrow_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
                 raise ValueError(f"a null in a column of {arrow_type}")
             flat.extend(value)
             offsets[i + 1] = len(flat)
-        return pa.ListArray.from_arrays(_primitive_array(offsets, pa.int32()),
-                                        arrow_array(flat, arrow_type.value_type), type=arrow_type)
+        return pa.ListArray.from_arrays(
+            _primitive_array(offsets, pa.int32()), arrow_array(flat, arrow_type.value_type), type=arrow_type
+        )
     if pa.types.is_string(arrow_type):
         encoded = [value.encode() for value in values]
         offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
         np.cumsum([len(data) for data in encoded], out=offsets[1:])
-        return pa.Array.from_buffers(arrow_type, len(encoded),
-                                     [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+        return pa.Array.from_buffers(
+            arrow_type, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+        )
     return _primitive_array(np.asarray(values, dtype=arrow_type.to_pandas_dtype()), arrow_type)
 
 
@@ -235,8 +242,10 @@ def episodes_schema(features: Mapping[str, Mapping[str, Any]]) -> pa.Schema:
         ]
     for key, spec in features.items():
         fields += [pa.field(f"stats/{key}/{name}", _stat_type(spec, name)) for name in STAT_KEYS]
-    fields += [pa.field("meta/episodes/chunk_index", pa.int64()),
-               pa.field("meta/episodes/file_index", pa.int64())]
+    fields += [
+        pa.field("meta/episodes/chunk_index", pa.int64()),
+        pa.field("meta/episodes/file_index", pa.int64()),
+    ]
     return pa.schema(fields)
 
 
@@ -251,12 +260,15 @@ def _stat_type(spec: Mapping[str, Any], name: str) -> pa.DataType:
     return pa.list_(pa.float64())
 
 
-def episodes_table(rows: Sequence[Mapping[str, Any]], features: Mapping[str, Mapping[str, Any]],
-                   ) -> pa.Table:
+def episodes_table(
+    rows: Sequence[Mapping[str, Any]],
+    features: Mapping[str, Mapping[str, Any]],
+) -> pa.Table:
     """Arrow table of episode rows. Stats columns may be numpy arrays or lists."""
     schema = episodes_schema(features)
-    return pa.Table.from_arrays([arrow_array([row[field.name] for row in rows], field.type)
-                                 for field in schema], schema=schema)
+    return pa.Table.from_arrays(
+        [arrow_array([row[field.name] for row in rows], field.type) for field in schema], schema=schema
+    )
 
 
 # --- meta/tasks.parquet --------------------------------------------------------------------------
@@ -266,22 +278,42 @@ def tasks_table(tasks: Sequence[str]) -> pa.Table:
     """tasks.parquet as LeRobot writes it through pandas (task string in the index)."""
     pandas_meta = {
         "index_columns": [TASK_INDEX_COLUMN],
-        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode",
-                            "numpy_type": "object", "metadata": {"encoding": "UTF-8"}}],
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
-             "numpy_type": "int64", "metadata": None},
-            {"name": None, "field_name": TASK_INDEX_COLUMN, "pandas_type": "unicode",
-             "numpy_type": "object", "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": TASK_INDEX_COLUMN,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],
         "attributes": {},
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.3",
     }
-    schema = pa.schema([pa.field("task_index", pa.int64()), pa.field(TASK_INDEX_COLUMN, pa.string())],
-                       metadata={b"pandas": json.dumps(pandas_meta).encode()})
-    return pa.Table.from_arrays([arrow_array(range(len(tasks)), pa.int64()),
-                                 arrow_array(list(tasks), pa.string())], schema=schema)
+    schema = pa.schema(
+        [pa.field("task_index", pa.int64()), pa.field(TASK_INDEX_COLUMN, pa.string())],
+        metadata={b"pandas": json.dumps(pandas_meta).encode()},
+    )
+    return pa.Table.from_arrays(
+        [arrow_array(range(len(tasks)), pa.int64()), arrow_array(list(tasks), pa.string())], schema=schema
+    )
 
 
 def read_tasks(root: Path) -> list[str]:

@@ -42,15 +42,23 @@ def _import_lerobot() -> tuple[Any, str]:
         raise DatasetError(
             f"the LeRobot-backed writer needs lerobot=={SUPPORTED_LEROBOT} (a compatibility extra, "
             f"not a runtime dependency): pip install -r requirements-compat.txt && "
-            f"pip install --no-deps lerobot=={SUPPORTED_LEROBOT} ({exc})") from exc
+            f"pip install --no-deps lerobot=={SUPPORTED_LEROBOT} ({exc})"
+        ) from exc
     return LeRobotDataset, str(getattr(lerobot, "__version__", "unknown"))
 
 
 class LeRobotSink:
     """Frames in, LeRobot v3.0 on disk, written by LeRobot itself."""
 
-    def __init__(self, dataset: Any, *, root: Path, fps: int, features: dict[str, dict[str, Any]],
-                 robot_type: str | None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        root: Path,
+        fps: int,
+        features: dict[str, dict[str, Any]],
+        robot_type: str | None,
+    ) -> None:
         self._dataset = dataset
         self.root = root
         self.fps = fps
@@ -62,9 +70,17 @@ class LeRobotSink:
         self._finalized = False
 
     @classmethod
-    def create(cls, root: str | Path, *, fps: int, features: Mapping[str, Mapping[str, Any]],
-               robot_type: str | None, video_codec: str = "libsvtav1", repo_id: str | None = None,
-               streaming_encoding: bool = False) -> LeRobotSink:
+    def create(
+        cls,
+        root: str | Path,
+        *,
+        fps: int,
+        features: Mapping[str, Mapping[str, Any]],
+        robot_type: str | None,
+        video_codec: str = "libsvtav1",
+        repo_id: str | None = None,
+        streaming_encoding: bool = False,
+    ) -> LeRobotSink:
         """Create a new dataset at ``root`` (which must not exist, as LeRobot requires).
 
         ``features`` are the user features (no default columns), as for the native writer.
@@ -79,18 +95,27 @@ class LeRobotSink:
         full = validate_features(features)
         LeRobotDataset, version = _import_lerobot()
         # LeRobot's frame validation compares shapes as tuples; ours are JSON lists.
-        lerobot_features = {key: {**spec, "shape": tuple(spec["shape"])}
-                            for key, spec in full.items() if key in user_keys(full)}
+        lerobot_features = {
+            key: {**spec, "shape": tuple(spec["shape"])}
+            for key, spec in full.items()
+            if key in user_keys(full)
+        }
         try:
             dataset = LeRobotDataset.create(
-                repo_id=repo_id or f"hilrec/{root.name}", fps=fps, features=lerobot_features,
-                root=root, robot_type=robot_type, use_videos=bool(video_keys(full)),
+                repo_id=repo_id or f"hilrec/{root.name}",
+                fps=fps,
+                features=lerobot_features,
+                root=root,
+                robot_type=robot_type,
+                use_videos=bool(video_keys(full)),
                 vcodec=_LEROBOT_CODEC_NAMES.get(video_codec, video_codec),
-                streaming_encoding=streaming_encoding)
+                streaming_encoding=streaming_encoding,
+            )
         except (ValueError, OSError) as exc:
             raise DatasetError(f"{root}: LeRobotDataset.create refused: {exc}") from exc
-        update_dataset_sidecar(root, {"writer": {"name": "lerobot", "version": version,
-                                                 "video_codec": video_codec}})
+        update_dataset_sidecar(
+            root, {"writer": {"name": "lerobot", "version": version, "video_codec": video_codec}}
+        )
         return cls(dataset, root=root, fps=fps, features=full, robot_type=robot_type)
 
     # --- FrameSink ------------------------------------------------------------------------------
@@ -106,8 +131,9 @@ class LeRobotSink:
             raise FrameError("<frame>", f"LeRobot refused the frame: {exc}") from exc
         self._frames_open += 1
 
-    def save_episode(self, *, sidecar: Mapping[str, Any] | None = None,
-                     arrays: Mapping[str, np.ndarray] | None = None) -> int:
+    def save_episode(
+        self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> int:
         self._require_open_dataset("save_episode")
         if not self._frames_open:
             raise DatasetStateError(f"{self.root}: save_episode() with no frame added")
@@ -134,8 +160,10 @@ class LeRobotSink:
         if self._finalized:
             return
         if self._frames_open:
-            raise DatasetStateError(f"{self.root}: finalize() with an episode open "
-                                    f"({self._frames_open} frames); save or discard it first")
+            raise DatasetStateError(
+                f"{self.root}: finalize() with an episode open "
+                f"({self._frames_open} frames); save or discard it first"
+            )
         self._dataset.finalize()
         self._finalized = True
 
@@ -152,8 +180,9 @@ class LeRobotSink:
     def __enter__(self) -> LeRobotSink:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is not None:
             self.discard_episode()
         self.finalize()

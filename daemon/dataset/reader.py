@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -195,19 +195,26 @@ def read_episode_rows(path: PathLike, episode_index: int, columns: Sequence[str]
         groups = []
         for i in range(parquet.metadata.num_row_groups):
             stats = parquet.metadata.row_group(i).column(position).statistics
-            if stats is not None and stats.has_min_max and not (
-                    stats.min <= episode_index <= stats.max):
+            if stats is not None and stats.has_min_max and not (stats.min <= episode_index <= stats.max):
                 continue
             groups.append(i)
-        table = parquet.read_row_groups(groups, columns=wanted) if groups else \
-            parquet.schema_arrow.empty_table().select(wanted)
+        table = (
+            parquet.read_row_groups(groups, columns=wanted)
+            if groups
+            else parquet.schema_arrow.empty_table().select(wanted)
+        )
     except (OSError, pa.ArrowException) as exc:
         raise CorruptDatasetError(str(path), f"unreadable parquet: {exc}") from exc
     return table.filter(pc.equal(table.column("episode_index"), episode_index))
 
 
-def column_to_numpy(column: pa.ChunkedArray | pa.Array, shape: Sequence[int], *,
-                    name: str = "<column>", path: PathLike = "<table>") -> np.ndarray:
+def column_to_numpy(
+    column: pa.ChunkedArray | pa.Array,
+    shape: Sequence[int],
+    *,
+    name: str = "<column>",
+    path: PathLike = "<table>",
+) -> np.ndarray:
     """Arrow column -> ``(n,)`` for shape ``[1]`` or ``(n, *shape)``, in the stored dtype.
 
     Vectors may be stored as fixed-size lists (LeRobot's ``Sequence(length=d)``) or plain lists;
@@ -222,14 +229,19 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, shape: Sequence[int], *,
         return array.to_numpy(zero_copy_only=False)
     for depth, size in enumerate(shape):
         if not _is_list(array.type):
-            raise CorruptDatasetError(str(path), f"column '{name}' is {column.type}, "
-                                                 f"not nested {len(shape)} deep for shape {list(shape)}")
+            raise CorruptDatasetError(
+                str(path),
+                f"column '{name}' is {column.type}, not nested {len(shape)} deep for shape {list(shape)}",
+            )
         lengths = pc.list_value_length(array)
         if pc.any(pc.not_equal(lengths, size)).as_py():
             bad = pc.index(pc.not_equal(lengths, size), True).as_py()
-            raise CorruptDatasetError(str(path), f"column '{name}': a row holds "
-                                                 f"{lengths[bad].as_py()} values at depth {depth}, "
-                                                 f"declared shape {list(shape)}")
+            raise CorruptDatasetError(
+                str(path),
+                f"column '{name}': a row holds "
+                f"{lengths[bad].as_py()} values at depth {depth}, "
+                f"declared shape {list(shape)}",
+            )
         array = array.flatten()
         if array.null_count:
             raise CorruptDatasetError(str(path), f"column '{name}' has null values")
@@ -239,12 +251,16 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, shape: Sequence[int], *,
 
 
 def _is_list(arrow_type: pa.DataType) -> bool:
-    return (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
-            or pa.types.is_fixed_size_list(arrow_type))
+    return (
+        pa.types.is_list(arrow_type)
+        or pa.types.is_large_list(arrow_type)
+        or pa.types.is_fixed_size_list(arrow_type)
+    )
 
 
-def read_episode(root: PathLike, episode_index: int,
-                 columns: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+def read_episode(
+    root: PathLike, episode_index: int, columns: Iterable[str] | None = None
+) -> dict[str, np.ndarray]:
     """The parquet columns of one episode: vectors ``(n, d)``, scalars ``(n,)``, stored dtype.
 
     ``columns`` defaults to every non-video, non-image feature of ``info.json``.
@@ -252,20 +268,26 @@ def read_episode(root: PathLike, episode_index: int,
     root = Path(root)
     info = load_info(root)
     features = info["features"]
-    wanted = list(columns) if columns is not None else [
-        k for k, ft in features.items() if ft.get("dtype") not in ("video", "image")]
+    wanted = (
+        list(columns)
+        if columns is not None
+        else [k for k, ft in features.items() if ft.get("dtype") not in ("video", "image")]
+    )
     for key in wanted:
         if key not in features or features[key].get("dtype") in ("video", "image"):
             raise DatasetError(f"{root}: '{key}' is not a numeric feature of this dataset")
     row = episode_row(root, episode_index)
-    path = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
-                                           file_index=row["data/file_index"])
+    path = root / info["data_path"].format(
+        chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+    )
     table = read_episode_rows(path, episode_index, wanted)
     if table.num_rows != row["length"]:
-        raise CorruptDatasetError(str(path), f"episode {episode_index} has {table.num_rows} rows, "
-                                             f"its metadata says {row['length']}")
-    return {key: column_to_numpy(table.column(key), features[key]["shape"], name=key, path=path)
-            for key in wanted}
+        raise CorruptDatasetError(
+            str(path), f"episode {episode_index} has {table.num_rows} rows, its metadata says {row['length']}"
+        )
+    return {
+        key: column_to_numpy(table.column(key), features[key]["shape"], name=key, path=path) for key in wanted
+    }
 
 
 # --- video ---------------------------------------------------------------------------------------
@@ -280,7 +302,7 @@ class VideoStreamInfo:
     pix_fmt: str | None
     width: int
     height: int
-    fps: Fraction | None        # the stream's average frame rate
+    fps: Fraction | None  # the stream's average frame rate
     frame_timestamps: np.ndarray  # seconds, float64, sorted: one per packet that carries a frame
 
     @property
@@ -299,13 +321,19 @@ def probe_video(path: PathLike) -> VideoStreamInfo:
                 raise CorruptDatasetError(str(path), "has no video stream")
             stream = container.streams.video[0]
             time_base = stream.time_base
-            pts = [packet.pts for packet in container.demux(stream)
-                   if packet.pts is not None and packet.size > 0]
+            pts = [
+                packet.pts for packet in container.demux(stream) if packet.pts is not None and packet.size > 0
+            ]
             rate = stream.average_rate
             return VideoStreamInfo(
-                path=path, codec=stream.codec.canonical_name, pix_fmt=stream.pix_fmt, width=stream.width, height=stream.height,
+                path=path,
+                codec=stream.codec.canonical_name,
+                pix_fmt=stream.pix_fmt,
+                width=stream.width,
+                height=stream.height,
                 fps=Fraction(rate) if rate else None,
-                frame_timestamps=np.sort(np.asarray(pts, dtype=np.float64) * float(time_base)))
+                frame_timestamps=np.sort(np.asarray(pts, dtype=np.float64) * float(time_base)),
+            )
     except av.FFmpegError as exc:
         raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
 
@@ -322,8 +350,9 @@ def decoded_frames(path: PathLike) -> Iterator[tuple[float, av.VideoFrame]]:
                 yield float(frame.pts * stream.time_base), frame
 
 
-def decode_video(path: PathLike, timestamps: Sequence[float] | np.ndarray, *,
-                 tolerance_s: float = 1e-4) -> np.ndarray:
+def decode_video(
+    path: PathLike, timestamps: Sequence[float] | np.ndarray, *, tolerance_s: float = 1e-4
+) -> np.ndarray:
     """Decode the frames presented at ``timestamps`` (seconds): ``(k, H, W, 3)`` uint8 RGB.
 
     Like LeRobot's decoder, a timestamp takes the nearest frame and must be within
@@ -347,19 +376,22 @@ def decode_video(path: PathLike, timestamps: Sequence[float] | np.ndarray, *,
     except av.FFmpegError as exc:
         raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
     if not found:
-        raise CorruptDatasetError(str(path), f"no frame within {tolerance_s} s of the "
-                                             f"{len(wanted)} requested timestamps")
+        raise CorruptDatasetError(
+            str(path), f"no frame within {tolerance_s} s of the {len(wanted)} requested timestamps"
+        )
     have = np.asarray(found_ts)
     picks = [int(np.abs(have - t).argmin()) for t in wanted]
     misses = [float(t) for t, p in zip(wanted, picks) if abs(have[p] - t) > tolerance_s]
     if misses:
-        raise CorruptDatasetError(str(path), f"no frame within {tolerance_s} s of timestamps "
-                                             f"{misses[:5]} ({len(misses)} in all)")
+        raise CorruptDatasetError(
+            str(path), f"no frame within {tolerance_s} s of timestamps {misses[:5]} ({len(misses)} in all)"
+        )
     return np.stack([found[p] for p in picks])
 
 
-def read_episode_frames(root: PathLike, episode_index: int, key: str,
-                        frame_indices: Sequence[int] | None = None) -> np.ndarray:
+def read_episode_frames(
+    root: PathLike, episode_index: int, key: str, frame_indices: Sequence[int] | None = None
+) -> np.ndarray:
     """Decoded frames of one video feature of one episode: ``(n, H, W, 3)`` uint8.
 
     Frame ``i`` is the one presented at ``from_timestamp + i / fps`` of the episode's file, the
@@ -380,9 +412,11 @@ def video_file_path(root: PathLike, info: dict[str, Any], row: dict[str, Any], k
     template = info.get("video_path")
     if not template:
         raise CorruptDatasetError(str(Path(root) / INFO_PATH), "has video features but no video_path")
-    return Path(root) / template.format(video_key=key,
-                                        chunk_index=row[f"videos/{key}/chunk_index"],
-                                        file_index=row[f"videos/{key}/file_index"])
+    return Path(root) / template.format(
+        video_key=key,
+        chunk_index=row[f"videos/{key}/chunk_index"],
+        file_index=row[f"videos/{key}/file_index"],
+    )
 
 
 def episode_stats(row: dict[str, Any]) -> DatasetStats:

@@ -33,13 +33,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hilrec.daemon.dataset import journal
 from hilrec.daemon.atomic import fsync_dir
+from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.consolidate import ConsolidatedState, consolidate, pending_episodes
 from hilrec.daemon.dataset.features import video_keys
 from hilrec.daemon.dataset.layout import (
-    EPISODES_DIR, INFO_PATH, PARQUET_OPTIONS, FileRef, column_to_numpy, data_path, data_schema,
-    empty_info, read_info, read_parquet, read_tasks, video_path, write_info,
+    EPISODES_DIR,
+    INFO_PATH,
+    PARQUET_OPTIONS,
+    FileRef,
+    column_to_numpy,
+    data_path,
+    data_schema,
+    empty_info,
+    read_info,
+    read_parquet,
+    read_tasks,
+    video_path,
+    write_info,
 )
 from hilrec.daemon.dataset.sidecar import episode_json_path, episode_npz_path
 from hilrec.daemon.dataset.stats import compute_episode_stats, stats_to_json, unflatten_episode_stats
@@ -66,9 +77,15 @@ class RepairReport:
         return EXIT_DROPPED if self.dropped else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
-        return {"root": self.root, "kept_episodes": self.kept, "dropped": self.dropped,
-                "renumbered": {str(k): v for k, v in self.renumbered.items()},
-                "rebuilt": self.rebuilt, "actions": self.actions, "exit_code": self.exit_code}
+        return {
+            "root": self.root,
+            "kept_episodes": self.kept,
+            "dropped": self.dropped,
+            "renumbered": {str(k): v for k, v in self.renumbered.items()},
+            "rebuilt": self.rebuilt,
+            "actions": self.actions,
+            "exit_code": self.exit_code,
+        }
 
 
 def recover(root: Path) -> RepairReport:
@@ -85,8 +102,13 @@ def recover(root: Path) -> RepairReport:
         directory = journal.open_episode_dir(root, index)
         frames = _count_video_frames(directory)
         journal.remove_dir(directory)
-        report.dropped.append({"episode": index, "reason": "open (never saved) when the writer "
-                                                           "stopped", "video_frames_on_disk": frames})
+        report.dropped.append(
+            {
+                "episode": index,
+                "reason": "open (never saved) when the writer stopped",
+                "video_frames_on_disk": frames,
+            }
+        )
     state = ConsolidatedState.load(root)
     pending = pending_episodes(root, state)
     if pending:
@@ -153,8 +175,9 @@ def _verify_files(root: Path, state: ConsolidatedState) -> None:
         prefix = f"videos/{key}/"
         by_file: dict[FileRef, list[dict[str, Any]]] = {}
         for row in state.episodes:
-            by_file.setdefault(FileRef(row[prefix + "chunk_index"], row[prefix + "file_index"]),
-                               []).append(row)
+            by_file.setdefault(FileRef(row[prefix + "chunk_index"], row[prefix + "file_index"]), []).append(
+                row
+            )
         for ref, rows in by_file.items():
             path = video_path(root, key, ref)
             frames = probe_video(path).frames
@@ -162,8 +185,10 @@ def _verify_files(root: Path, state: ConsolidatedState) -> None:
             if frames != expected:
                 raise CorruptDatasetError(str(path), f"{frames} video frames, episodes say {expected}")
     if state.total_frames != state.info.get("total_frames"):
-        raise CorruptDatasetError(str(root / INFO_PATH), f"total_frames={state.info.get('total_frames')}"
-                                                         f" but episodes hold {state.total_frames}")
+        raise CorruptDatasetError(
+            str(root / INFO_PATH),
+            f"total_frames={state.info.get('total_frames')} but episodes hold {state.total_frames}",
+        )
 
 
 def repair(root: Path) -> RepairReport:
@@ -207,10 +232,14 @@ def rebuild(root: Path) -> RepairReport:
     work = root / "hilrec" / f".rebuild-{os.getpid()}"
     if work.exists():
         shutil.rmtree(work)
-    fresh = empty_info(fps=int(info["fps"]), features=features, robot_type=info.get("robot_type"),
-                       chunks_size=int(info["chunks_size"]),
-                       data_files_size_in_mb=info["data_files_size_in_mb"],
-                       video_files_size_in_mb=info["video_files_size_in_mb"])
+    fresh = empty_info(
+        fps=int(info["fps"]),
+        features=features,
+        robot_type=info.get("robot_type"),
+        chunks_size=int(info["chunks_size"]),
+        data_files_size_in_mb=info["data_files_size_in_mb"],
+        video_files_size_in_mb=info["video_files_size_in_mb"],
+    )
     (work / journal.JOURNAL_DIR).mkdir(parents=True)
     write_info(work, fresh)
     schema = data_schema(features)
@@ -223,8 +252,15 @@ def rebuild(root: Path) -> RepairReport:
             source_dir = journal.open_episode_dir(work, new_index)
             source_dir.mkdir(parents=True)
             for key in keys:
-                _extract_video(root, old, key, rows.get(old), source_dir / journal.video_file_name(key),
-                               int(info["fps"]), table.num_rows)
+                _extract_video(
+                    root,
+                    old,
+                    key,
+                    rows.get(old),
+                    source_dir / journal.video_file_name(key),
+                    int(info["fps"]),
+                    table.num_rows,
+                )
         except (CorruptDatasetError, DatasetError, VideoEncodingError, KeyError) as exc:
             journal.remove_dir(journal.open_episode_dir(work, new_index))
             report.dropped.append({"episode": old, "reason": str(exc)})
@@ -232,18 +268,28 @@ def rebuild(root: Path) -> RepairReport:
         task_names = [tasks[i] for i in table.column("task_index").to_pylist()]
         new_tasks = [t for t in dict.fromkeys(task_names) if t not in used_tasks]
         used_tasks.extend(new_tasks)
-        table = _renumber(table, schema, new_index, frames, {t: used_tasks.index(t) for t in used_tasks},
-                          task_names)
+        table = _renumber(
+            table, schema, new_index, frames, {t: used_tasks.index(t) for t in used_tasks}, task_names
+        )
         pq.write_table(table, source_dir / journal.EPISODE_DATA, **PARQUET_OPTIONS)
         columns = {name: column_to_numpy(table.column(name)) for name in table.column_names}
         stats = compute_episode_stats(columns, features)
         stats.update(video_stats)
         ordered = {k: stats[k] for k in features if k in stats}
-        journal.write_episode_meta(source_dir, {
-            "episode_index": new_index, "length": table.num_rows, "tasks": meta_tasks,
-            "new_tasks": new_tasks, "dataset_from_index": frames,
-            "data_bytes": (source_dir / journal.EPISODE_DATA).stat().st_size,
-            "videos": {}, "stats": stats_to_json(ordered), "rebuilt_from_episode": old})
+        journal.write_episode_meta(
+            source_dir,
+            {
+                "episode_index": new_index,
+                "length": table.num_rows,
+                "tasks": meta_tasks,
+                "new_tasks": new_tasks,
+                "dataset_from_index": frames,
+                "data_bytes": (source_dir / journal.EPISODE_DATA).stat().st_size,
+                "videos": {},
+                "stats": stats_to_json(ordered),
+                "rebuilt_from_episode": old,
+            },
+        )
         journal.commit_episode(work, new_index)
         report.renumbered[old] = new_index
         new_index += 1
@@ -279,8 +325,9 @@ def _tasks_from_journal(root: Path, candidates: list[int], tasks: list[str]) -> 
     return out
 
 
-def _episode_rows(root: Path, index: int, row: dict[str, Any] | None, schema: pa.Schema,
-                  features: dict[str, Any]) -> tuple[pa.Table, list[str], dict[str, Any]]:
+def _episode_rows(
+    root: Path, index: int, row: dict[str, Any] | None, schema: pa.Schema, features: dict[str, Any]
+) -> tuple[pa.Table, list[str], dict[str, Any]]:
     """The episode's rows (journal copy first), its task list, and its video stats."""
     keys = video_keys(features)
     meta = None
@@ -299,8 +346,9 @@ def _episode_rows(root: Path, index: int, row: dict[str, Any] | None, schema: pa
         whole = read_parquet(path)
         table = whole.filter(pc.equal(whole.column("episode_index"), index))
         if table.num_rows != row["length"]:
-            raise CorruptDatasetError(str(path), f"episode {index}: {table.num_rows} rows, "
-                                                 f"expected {row['length']}")
+            raise CorruptDatasetError(
+                str(path), f"episode {index}: {table.num_rows} rows, expected {row['length']}"
+            )
     if meta is not None:
         stats = {k: v for k, v in meta["stats"].items() if k in keys}
         return table.select(schema.names), list(meta["tasks"]), stats
@@ -309,8 +357,9 @@ def _episode_rows(root: Path, index: int, row: dict[str, Any] | None, schema: pa
     return table.select(schema.names), list(row["tasks"]), stats
 
 
-def _extract_video(root: Path, index: int, key: str, row: dict[str, Any] | None, out: Path,
-                   fps: int, length: int) -> None:
+def _extract_video(
+    root: Path, index: int, key: str, row: dict[str, Any] | None, out: Path, fps: int, length: int
+) -> None:
     staged = journal.episode_dir(root, index) / journal.video_file_name(key)
     if staged.exists() and probe_video(staged).frames == length:
         shutil.copyfile(staged, out)
@@ -319,23 +368,30 @@ def _extract_video(root: Path, index: int, key: str, row: dict[str, Any] | None,
         raise CorruptDatasetError(str(staged), f"episode {index}: no video for '{key}'")
     prefix = f"videos/{key}/"
     source = video_path(root, key, FileRef(row[prefix + "chunk_index"], row[prefix + "file_index"]))
-    placed = concat_segments(out, [Segment(source, row[prefix + "from_timestamp"],
-                                           row[prefix + "to_timestamp"])], fps=fps)
+    placed = concat_segments(
+        out, [Segment(source, row[prefix + "from_timestamp"], row[prefix + "to_timestamp"])], fps=fps
+    )
     if placed[0][2] != length:
-        raise CorruptDatasetError(str(source), f"episode {index}: {placed[0][2]} frames of '{key}' "
-                                               f"for {length} rows")
+        raise CorruptDatasetError(
+            str(source), f"episode {index}: {placed[0][2]} frames of '{key}' for {length} rows"
+        )
 
 
-def _renumber(table: pa.Table, schema: pa.Schema, episode_index: int, first_frame: int,
-              task_ids: dict[str, int], task_names: list[str]) -> pa.Table:
+def _renumber(
+    table: pa.Table,
+    schema: pa.Schema,
+    episode_index: int,
+    first_frame: int,
+    task_ids: dict[str, int],
+    task_names: list[str],
+) -> pa.Table:
     n = table.num_rows
     replace = {
         "episode_index": np.full(n, episode_index, dtype=np.int64),
         "index": np.arange(first_frame, first_frame + n, dtype=np.int64),
         "task_index": np.array([task_ids[t] for t in task_names], dtype=np.int64),
     }
-    arrays = [pa.array(replace[name]) if name in replace else table.column(name)
-              for name in schema.names]
+    arrays = [pa.array(replace[name]) if name in replace else table.column(name) for name in schema.names]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
@@ -374,8 +430,10 @@ def _renumber_sidecars(root: Path, mapping: dict[int, int]) -> None:
     for old, new in sorted(mapping.items()):
         if old == new:
             continue
-        for src, dst in ((episode_json_path(root, old), episode_json_path(root, new)),
-                         (episode_npz_path(root, old), episode_npz_path(root, new))):
+        for src, dst in (
+            (episode_json_path(root, old), episode_json_path(root, new)),
+            (episode_npz_path(root, old), episode_npz_path(root, new)),
+        ):
             if src.exists():
                 if src.suffix == ".json":
                     payload = json.loads(src.read_text())

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.atomic import (atomic_write_bytes, atomic_write_json, json_bytes,
-                                          npz_bytes)
+from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json, json_bytes, npz_bytes
 from hilrec.daemon.errors import CorruptDatasetError
 
 SIDECAR_DIR = "hilrec"
@@ -60,22 +59,29 @@ def load_dataset_sidecar(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     return _load_json(sidecar_dir(root) / DATASET_FILE)
 
 
-def write_episode_sidecar(root: str | os.PathLike[str], episode_index: int,
-                          data: Mapping[str, Any] | None,
-                          arrays: Mapping[str, np.ndarray] | None = None) -> None:
+def write_episode_sidecar(
+    root: str | os.PathLike[str],
+    episode_index: int,
+    data: Mapping[str, Any] | None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+) -> None:
     for path, content in episode_sidecar_files(root, episode_index, data, arrays).items():
         atomic_write_bytes(path, content)
 
 
-def episode_sidecar_files(root: str | os.PathLike[str], episode_index: int,
-                          data: Mapping[str, Any] | None,
-                          arrays: Mapping[str, np.ndarray] | None = None) -> dict[Path, bytes]:
+def episode_sidecar_files(
+    root: str | os.PathLike[str],
+    episode_index: int,
+    data: Mapping[str, Any] | None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+) -> dict[Path, bytes]:
     """The episode's sidecar files and their bytes, in the order they must be published: the
     JSON goes last, its presence says the episode's sidecar is complete."""
     files: dict[Path, bytes] = {}
     if arrays:
         files[episode_npz_path(root, episode_index)] = npz_bytes(
-            {k: np.asarray(v) for k, v in arrays.items()})
+            {k: np.asarray(v) for k, v in arrays.items()}
+        )
     payload = dict(data or {})
     payload["episode_index"] = episode_index
     payload["has_arrays"] = bool(arrays)
@@ -83,8 +89,9 @@ def episode_sidecar_files(root: str | os.PathLike[str], episode_index: int,
     return files
 
 
-def load_episode_sidecar(root: str | os.PathLike[str],
-                         episode_index: int) -> tuple[dict[str, Any] | None, dict[str, np.ndarray]]:
+def load_episode_sidecar(
+    root: str | os.PathLike[str], episode_index: int
+) -> tuple[dict[str, Any] | None, dict[str, np.ndarray]]:
     """Return (json, arrays) for one episode; (None, {}) when it has no sidecar."""
     meta = _load_json(episode_json_path(root, episode_index))
     if meta is None:

@@ -29,8 +29,9 @@ class FrameSink(Protocol):
         """Accept one frame: every declared feature key (no defaults) plus ``"task"``."""
         ...
 
-    def save_episode(self, *, sidecar: Mapping[str, Any] | None = None,
-                     arrays: Mapping[str, np.ndarray] | None = None) -> int:
+    def save_episode(
+        self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> int:
         """Make the open episode durable and return its episode_index."""
         ...
 
@@ -43,9 +44,7 @@ class FrameSink(Protocol):
         ...
 
     @property
-    def episode_open(self) -> bool:
-        ...
+    def episode_open(self) -> bool: ...
 
     @property
-    def num_episodes(self) -> int:
-        ...
+    def num_episodes(self) -> int: ...

@@ -130,8 +130,10 @@ def channel_counts(image: np.ndarray) -> np.ndarray:
 # --- per-episode stats ---------------------------------------------------------------------------
 
 
-def compute_episode_stats(columns: Mapping[str, Any], features: Mapping[str, Mapping[str, Any]],
-                          ) -> DatasetStats:
+def compute_episode_stats(
+    columns: Mapping[str, Any],
+    features: Mapping[str, Mapping[str, Any]],
+) -> DatasetStats:
     """Stats of one episode for every numeric feature present in ``columns``.
 
     ``columns[key]`` is an array with the frame axis first: ``(n,)`` or ``(n, d)`` for numeric
@@ -164,8 +166,9 @@ def vector_stats(values: np.ndarray) -> Stats:
 def image_stats(samples: np.ndarray) -> Stats:
     """Per-channel stats ``(C, 1, 1)`` in [0, 1] of already sampled ``(k, h, w, C)`` uint8 frames."""
     if samples.ndim != 4 or samples.dtype != np.uint8:
-        raise ValueError(f"image_stats expects (k, h, w, C) uint8 frames, got {samples.dtype} "
-                         f"{samples.shape}")
+        raise ValueError(
+            f"image_stats expects (k, h, w, C) uint8 frames, got {samples.dtype} {samples.shape}"
+        )
     return image_stats_from_counts(np.stack([channel_counts(frame) for frame in samples]))
 
 
@@ -173,8 +176,9 @@ def image_stats_from_counts(counts: np.ndarray) -> Stats:
     """Image stats from ``(k, C, 256)`` per-frame pixel counts (see :func:`channel_counts`)."""
     frames, channels, _ = counts.shape
     raw = _stats_from_value_counts(counts.sum(axis=0).astype(np.float64))
-    stats: Stats = {name: (np.asarray(v, dtype=np.float64) / 255.0).reshape(channels, 1, 1)
-                    for name, v in raw.items()}
+    stats: Stats = {
+        name: (np.asarray(v, dtype=np.float64) / 255.0).reshape(channels, 1, 1) for name, v in raw.items()
+    }
     stats["count"] = np.array([frames], dtype=np.int64)
     return {name: stats[name] for name in STAT_KEYS}
 
@@ -185,8 +189,12 @@ def _column_stats(table: np.ndarray) -> Stats:
         # LeRobot has no histogram for a single sample: every quantile is the mean.
         as_float = table.astype(np.float64)
         mean = as_float.mean(axis=0)
-        stats = {"min": table.min(axis=0), "max": table.max(axis=0), "mean": mean,
-                 "std": as_float.std(axis=0)}
+        stats = {
+            "min": table.min(axis=0),
+            "max": table.max(axis=0),
+            "mean": mean,
+            "std": as_float.std(axis=0),
+        }
         stats.update({q: mean.copy() for q in QUANTILE_KEYS})
         return stats
     if table.dtype == np.uint8:
@@ -223,9 +231,11 @@ def _quantiles_of_sorted(ordered: np.ndarray, edges: np.ndarray) -> np.ndarray:
     kth = ordered[np.ceil(targets).astype(np.intp) - 1]
     bins = np.minimum(np.searchsorted(edges, kth, side="right"), HISTOGRAM_BINS) - 1
     left = ordered.searchsorted(edges[bins], side="left")
-    right = np.where(bins < HISTOGRAM_BINS - 1,
-                     ordered.searchsorted(edges[np.minimum(bins + 1, HISTOGRAM_BINS - 1)],
-                                          side="left"), n)
+    right = np.where(
+        bins < HISTOGRAM_BINS - 1,
+        ordered.searchsorted(edges[np.minimum(bins + 1, HISTOGRAM_BINS - 1)], side="left"),
+        n,
+    )
     result = edges[bins] + (targets - left) / (right - left) * (edges[bins + 1] - edges[bins])
     result[bins == 0] = edges[0]
     return result
@@ -254,8 +264,9 @@ def _stats_from_value_counts(counts: np.ndarray) -> Stats:
         mean_sq = column_counts @ (values * values) / total
         std[column] = np.sqrt(max(0.0, mean_sq - mean[column] ** 2))
         edges = _edges(float(present[0]), float(present[-1]))
-        bins = np.clip(np.searchsorted(edges, present.astype(np.float64), side="right") - 1,
-                       0, HISTOGRAM_BINS - 1)
+        bins = np.clip(
+            np.searchsorted(edges, present.astype(np.float64), side="right") - 1, 0, HISTOGRAM_BINS - 1
+        )
         hist = np.zeros(HISTOGRAM_BINS)
         np.add.at(hist, bins, column_counts[present])
         quantiles[:, column] = _quantiles_from_histogram(hist, edges, total)
@@ -331,8 +342,9 @@ def aggregate_feature_stats(stats_list: Sequence[Mapping[str, Any]]) -> Stats:
 
 def stats_to_json(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Nested lists, as LeRobot writes ``meta/stats.json``."""
-    return {key: {name: np.asarray(value).tolist() for name, value in ft.items()}
-            for key, ft in stats.items()}
+    return {
+        key: {name: np.asarray(value).tolist() for name, value in ft.items()} for key, ft in stats.items()
+    }
 
 
 def stats_from_json(data: Mapping[str, Mapping[str, Any]]) -> DatasetStats:
@@ -341,8 +353,9 @@ def stats_from_json(data: Mapping[str, Mapping[str, Any]]) -> DatasetStats:
 
 def flatten_episode_stats(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """``{"stats/<feature>/<stat>": array}``, the episodes-parquet column form."""
-    return {f"stats/{key}/{name}": np.asarray(value)
-            for key, ft in stats.items() for name, value in ft.items()}
+    return {
+        f"stats/{key}/{name}": np.asarray(value) for key, ft in stats.items() for name, value in ft.items()
+    }
 
 
 def unflatten_episode_stats(row: Mapping[str, Any]) -> DatasetStats:
@@ -351,6 +364,6 @@ def unflatten_episode_stats(row: Mapping[str, Any]) -> DatasetStats:
     for column, value in row.items():
         if not column.startswith("stats/"):
             continue
-        key, _, name = column[len("stats/"):].rpartition("/")
+        key, _, name = column[len("stats/") :].rpartition("/")
         stats.setdefault(key, {})[name] = np.asarray(value)
     return stats

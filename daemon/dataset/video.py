@@ -68,8 +68,13 @@ class VideoSettings:
         return options
 
     def provenance(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"codec": self.codec, "pix_fmt": self.pix_fmt, "g": self.g,
-                               "crf": self.crf, "pyav": av.__version__}
+        out: dict[str, Any] = {
+            "codec": self.codec,
+            "pix_fmt": self.pix_fmt,
+            "g": self.g,
+            "crf": self.crf,
+            "pyav": av.__version__,
+        }
         if self.codec == "libsvtav1":
             out["preset"] = self.preset
             out["svtav1_params"] = self.options()["svtav1-params"]
@@ -81,9 +86,18 @@ class EpisodeVideoEncoder:
 
     _STOP: Final = object()
 
-    def __init__(self, path: Path, *, key: str, episode_index: int, fps: int, height: int,
-                 width: int, settings: VideoSettings,
-                 max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        key: str,
+        episode_index: int,
+        fps: int,
+        height: int,
+        width: int,
+        settings: VideoSettings,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+    ) -> None:
         self.path = path
         self.key = key
         self.episode_index = episode_index
@@ -98,8 +112,7 @@ class EpisodeVideoEncoder:
         self._aborted = False
         self.frames_in = 0
         self.frames_encoded = 0
-        self._thread = threading.Thread(target=self._run, name=f"encode-{key}-{episode_index}",
-                                         daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"encode-{key}-{episode_index}", daemon=True)
         self._thread.start()
 
     def _where(self) -> str:
@@ -111,7 +124,8 @@ class EpisodeVideoEncoder:
         if self._queue.qsize() >= self.max_queued:
             raise VideoEncodingError(
                 f"{self._where()}: encoder is {self._queue.qsize()} frames behind (bound "
-                f"{self.max_queued}); refusing to drop frame {self.frames_in}")
+                f"{self.max_queued}); refusing to drop frame {self.frames_in}"
+            )
         self._queue.put_nowait(np.array(frame, dtype=np.uint8, copy=True, order="C"))
         self.frames_in += 1
 
@@ -124,8 +138,9 @@ class EpisodeVideoEncoder:
             raise VideoEncodingError(f"{self._where()}: encoder did not finish within {timeout} s")
         self._raise_if_failed()
         if self.frames_encoded != self.frames_in:
-            raise VideoEncodingError(f"{self._where()}: encoded {self.frames_encoded} frames of "
-                                     f"{self.frames_in}")
+            raise VideoEncodingError(
+                f"{self._where()}: encoded {self.frames_encoded} frames of {self.frames_in}"
+            )
         return self.frames_encoded
 
     def abort(self) -> None:
@@ -149,8 +164,7 @@ class EpisodeVideoEncoder:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             container = av.open(str(self.path), "w", format="mp4")
-            stream = container.add_stream(self.settings.codec, rate=self.fps,
-                                          options=self.settings.options())
+            stream = container.add_stream(self.settings.codec, rate=self.fps, options=self.settings.options())
             stream.width = self.width
             stream.height = self.height
             stream.pix_fmt = self.settings.pix_fmt
@@ -212,11 +226,18 @@ def probe_video(path: Path) -> VideoProbe:
             fps = int(stream.base_rate) if stream.base_rate else 0
             frame_ticks = _frame_ticks(time_base, fps) if fps else 0
             duration = float(len(pts) * frame_ticks * time_base)
-            return VideoProbe(frames=len(pts), duration_s=duration, width=stream.width,
-                              height=stream.height, codec=stream.codec.canonical_name,
-                              pix_fmt=stream.pix_fmt or "", fps=fps,
-                              has_audio=bool(container.streams.audio), pts=pts,
-                              time_base=time_base)
+            return VideoProbe(
+                frames=len(pts),
+                duration_s=duration,
+                width=stream.width,
+                height=stream.height,
+                codec=stream.codec.canonical_name,
+                pix_fmt=stream.pix_fmt or "",
+                fps=fps,
+                has_audio=bool(container.streams.audio),
+                pts=pts,
+                time_base=time_base,
+            )
     except (av.error.FFmpegError, OSError) as exc:
         raise CorruptDatasetError(str(path), f"cannot read video: {exc}") from exc
 
@@ -254,8 +275,12 @@ class Segment:
     end_s: float | None = None
 
 
-def concat_segments(output: Path, segments: Sequence[Segment], *, fps: int,
-                    ) -> list[tuple[float, float, int]]:
+def concat_segments(
+    output: Path,
+    segments: Sequence[Segment],
+    *,
+    fps: int,
+) -> list[tuple[float, float, int]]:
     """Write ``segments`` back to back into ``output`` (a temp path is the caller's business).
 
     Returns ``(from_s, to_s, frames)`` of each segment inside ``output``. Packets are copied, not

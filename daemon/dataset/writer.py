@@ -41,22 +41,37 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hilrec.daemon.dataset import journal
 from hilrec.daemon.atomic import fsync_dir
+from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState, Hook
 from hilrec.daemon.dataset.features import (
-    DEFAULT_FEATURES, FrameValidator, is_video, validate_features, video_keys,
+    DEFAULT_FEATURES,
+    FrameValidator,
+    is_video,
+    validate_features,
+    video_keys,
 )
 from hilrec.daemon.dataset.layout import (
-    DEFAULT_CHUNK_SIZE, DEFAULT_DATA_FILE_SIZE_IN_MB, DEFAULT_VIDEO_FILE_SIZE_IN_MB,
-    PARQUET_OPTIONS, data_schema, empty_info, episode_data_table, write_info,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_DATA_FILE_SIZE_IN_MB,
+    DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+    PARQUET_OPTIONS,
+    data_schema,
+    empty_info,
+    episode_data_table,
+    write_info,
 )
 from hilrec.daemon.dataset.sidecar import episode_sidecar_files, update_dataset_sidecar
 from hilrec.daemon.dataset.stats import (
-    ImageSampler, compute_episode_stats, stats_to_json,
+    ImageSampler,
+    compute_episode_stats,
+    stats_to_json,
 )
 from hilrec.daemon.dataset.video import (
-    DEFAULT_MAX_QUEUE_BYTES, EpisodeVideoEncoder, VideoSettings, probe_video,
+    DEFAULT_MAX_QUEUE_BYTES,
+    EpisodeVideoEncoder,
+    VideoSettings,
+    probe_video,
 )
 from hilrec.daemon.errors import DatasetError, DatasetStateError, VideoEncodingError
 
@@ -66,7 +81,6 @@ WRITER_NAME = "hilrec.native"
 EXIT_MERGE_TIMEOUT_S = 120.0
 # Episodes encoded but not yet durable before save_episode_nowait() waits for the commit thread.
 MAX_SAVES_IN_FLIGHT = 4
-
 
 
 class _OpenEpisode:
@@ -90,8 +104,15 @@ class _OpenEpisode:
 class _Save:
     """An encoded episode on its way to the commit thread."""
 
-    def __init__(self, episode: _OpenEpisode, files: dict[str, bytes],
-                 beside: dict[Path, bytes], new_tasks: list[str], *, keep_on_failure: bool) -> None:
+    def __init__(
+        self,
+        episode: _OpenEpisode,
+        files: dict[str, bytes],
+        beside: dict[Path, bytes],
+        new_tasks: list[str],
+        *,
+        keep_on_failure: bool,
+    ) -> None:
         self.episode = episode
         self.files = files
         self.beside = beside
@@ -109,8 +130,16 @@ _STOP = object()
 class DatasetWriter:
     """Writes a LeRobot v3.0 dataset. Implements :class:`hilrec.daemon.dataset.sink.FrameSink`."""
 
-    def __init__(self, root: Path, state: ConsolidatedState, *, settings: VideoSettings,
-                 max_video_queue_bytes: int, hook: Hook, merge_interval_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        root: Path,
+        state: ConsolidatedState,
+        *,
+        settings: VideoSettings,
+        max_video_queue_bytes: int,
+        hook: Hook,
+        merge_interval_s: float = 0.0,
+    ) -> None:
         self.root = root
         self.fps = int(state.info["fps"])
         self.features: dict[str, Any] = state.info["features"]
@@ -135,8 +164,7 @@ class DatasetWriter:
         self._saves: queue.Queue[Any] = queue.Queue()
         self._in_flight = threading.BoundedSemaphore(MAX_SAVES_IN_FLIGHT)
         self._save_error: BaseException | None = None
-        self._committer = threading.Thread(target=self._commit_loop, name="episode-commit",
-                                           daemon=True)
+        self._committer = threading.Thread(target=self._commit_loop, name="episode-commit", daemon=True)
         self._committer.start()
         self._merger = BackgroundMerger(state, hook=hook, interval_s=merge_interval_s)
         # A forgotten finalize() still leaves a dataset that loads without repair.
@@ -145,13 +173,21 @@ class DatasetWriter:
     # --- construction ----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, root: str | Path, *, fps: int, features: Mapping[str, Any],
-               robot_type: str | None, video_codec: str = "libsvtav1",
-               chunks_size: int = DEFAULT_CHUNK_SIZE,
-               data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
-               video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
-               max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, hook: Hook = None,
-               merge_interval_s: float = 0.0) -> DatasetWriter:
+    def create(
+        cls,
+        root: str | Path,
+        *,
+        fps: int,
+        features: Mapping[str, Any],
+        robot_type: str | None,
+        video_codec: str = "libsvtav1",
+        chunks_size: int = DEFAULT_CHUNK_SIZE,
+        data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+        video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+        max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        hook: Hook = None,
+        merge_interval_s: float = 0.0,
+    ) -> DatasetWriter:
         """Start a new dataset at ``root`` (which must not exist or be empty).
 
         ``merge_interval_s`` > 0 merges saved episodes into LeRobot's files at most that often
@@ -160,35 +196,60 @@ class DatasetWriter:
         root = Path(root)
         if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
             raise DatasetError(f"{root}: fps must be a positive int, got {fps!r}")
-        for name, value in (("chunks_size", chunks_size), ("data_files_size_in_mb", data_files_size_in_mb),
-                            ("video_files_size_in_mb", video_files_size_in_mb)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0 or (
-                    name == "chunks_size" and not isinstance(value, int)):
+        for name, value in (
+            ("chunks_size", chunks_size),
+            ("data_files_size_in_mb", data_files_size_in_mb),
+            ("video_files_size_in_mb", video_files_size_in_mb),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or value <= 0
+                or (name == "chunks_size" and not isinstance(value, int))
+            ):
                 raise DatasetError(f"{root}: {name} must be positive, got {value!r}")
         if not merge_interval_s >= 0:
             raise DatasetError(f"{root}: merge_interval_s must be >= 0, got {merge_interval_s!r}")
         full = validate_features(features)
         settings = VideoSettings(codec=video_codec)
         if root.exists() and any(root.iterdir()):
-            raise DatasetStateError(f"{root}: already exists and is not empty; "
-                                    "use DatasetWriter.open() to add episodes to it")
+            raise DatasetStateError(
+                f"{root}: already exists and is not empty; use DatasetWriter.open() to add episodes to it"
+            )
         root.mkdir(parents=True, exist_ok=True)
-        info = empty_info(fps=fps, features=full, robot_type=robot_type, chunks_size=chunks_size,
-                          data_files_size_in_mb=data_files_size_in_mb,
-                          video_files_size_in_mb=video_files_size_in_mb)
+        info = empty_info(
+            fps=fps,
+            features=full,
+            robot_type=robot_type,
+            chunks_size=chunks_size,
+            data_files_size_in_mb=data_files_size_in_mb,
+            video_files_size_in_mb=video_files_size_in_mb,
+        )
         journal.journal_dir(root).mkdir(parents=True, exist_ok=True)
         update_dataset_sidecar(root, {"writer": cls._provenance(settings)})
         write_info(root, info)
         for directory in (journal.journal_dir(root).parent, root, root.parent):
             fsync_dir(directory)
         state = ConsolidatedState(root=root, info=info, tasks=[], episodes=[])
-        return cls(root, state, settings=settings, max_video_queue_bytes=max_video_queue_bytes,
-                   hook=hook, merge_interval_s=merge_interval_s)
+        return cls(
+            root,
+            state,
+            settings=settings,
+            max_video_queue_bytes=max_video_queue_bytes,
+            hook=hook,
+            merge_interval_s=merge_interval_s,
+        )
 
     @classmethod
-    def open(cls, root: str | Path, *, video_codec: str = "libsvtav1",
-             max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, hook: Hook = None,
-             merge_interval_s: float = 0.0) -> DatasetWriter:
+    def open(
+        cls,
+        root: str | Path,
+        *,
+        video_codec: str = "libsvtav1",
+        max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        hook: Hook = None,
+        merge_interval_s: float = 0.0,
+    ) -> DatasetWriter:
         """Reopen an existing dataset to add episodes; finishes any merge a crash interrupted.
 
         An episode that was open (never saved) when the previous writer died is dropped.
@@ -201,9 +262,14 @@ class DatasetWriter:
             log.warning("%s: dropped on reopen: %s", root, report.dropped)
         settings = VideoSettings(codec=video_codec)
         update_dataset_sidecar(root, {"writer": cls._provenance(settings)})
-        return cls(root, ConsolidatedState.load(root), settings=settings,
-                   max_video_queue_bytes=max_video_queue_bytes, hook=hook,
-                   merge_interval_s=merge_interval_s)
+        return cls(
+            root,
+            ConsolidatedState.load(root),
+            settings=settings,
+            max_video_queue_bytes=max_video_queue_bytes,
+            hook=hook,
+            merge_interval_s=merge_interval_s,
+        )
 
     @staticmethod
     def _provenance(settings: VideoSettings) -> dict[str, Any]:
@@ -213,8 +279,12 @@ class DatasetWriter:
             hilrec_version = version("hilrec")
         except PackageNotFoundError:
             hilrec_version = "unknown"
-        return {"name": WRITER_NAME, "hilrec_version": hilrec_version,
-                "video": settings.provenance(), "journal_format": journal.JOURNAL_FORMAT}
+        return {
+            "name": WRITER_NAME,
+            "hilrec_version": hilrec_version,
+            "video": settings.provenance(),
+            "journal_format": journal.JOURNAL_FORMAT,
+        }
 
     # --- FrameSink ----------------------------------------------------------------------------------
 
@@ -236,8 +306,10 @@ class DatasetWriter:
         values, task = self._validator.validate(frame)
         episode = self._episode or self._open_episode()
         if episode.videos is not None:
-            raise DatasetStateError(f"{self.root}: episode {episode.index} is being saved (a save "
-                                    "failed); call save_episode() again or discard_episode()")
+            raise DatasetStateError(
+                f"{self.root}: episode {episode.index} is being saved (a save "
+                "failed); call save_episode() again or discard_episode()"
+            )
         for encoder in episode.encoders.values():
             encoder._raise_if_failed()
         for key in self._numeric_keys:
@@ -247,8 +319,9 @@ class DatasetWriter:
             episode.samplers[key].add(values[key])
         episode.tasks.append(task)
 
-    def save_episode(self, *, sidecar: Mapping[str, Any] | None = None,
-                     arrays: Mapping[str, np.ndarray] | None = None) -> int:
+    def save_episode(
+        self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> int:
         """Make the open episode durable and return its episode_index.
 
         If writing fails with an OS error (a full disk), the episode stays open with all its
@@ -266,14 +339,15 @@ class DatasetWriter:
             # take the episode back if its frames are to be kept for a retry.
             self._next_index = save.episode.index
             self._next_frame -= save.episode.length
-            del self._tasks[len(self._tasks) - len(save.new_tasks):]
+            del self._tasks[len(self._tasks) - len(save.new_tasks) :]
             if save.kept:
                 self._episode = save.episode
             self._save_error = None
             raise
 
-    def save_episode_nowait(self, *, sidecar: Mapping[str, Any] | None = None,
-                            arrays: Mapping[str, np.ndarray] | None = None) -> Future[int]:
+    def save_episode_nowait(
+        self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> Future[int]:
         """Encode the open episode now and commit it on the writer's commit thread.
 
         Returns at once with a future of the episode_index that resolves when the episode is
@@ -302,7 +376,8 @@ class DatasetWriter:
         if self._episode is not None:
             raise DatasetStateError(
                 f"{self.root}: finalize() with episode {self._episode.index} open "
-                f"({self._episode.length} frames); save_episode() or discard_episode() first")
+                f"({self._episode.length} frames); save_episode() or discard_episode() first"
+            )
         atexit.unregister(self._merge_at_exit)
         self._stop_committer()
         self._merger.retry()  # one more attempt if a merge failed before
@@ -320,8 +395,9 @@ class DatasetWriter:
     def __enter__(self) -> DatasetWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is not None:
             self.discard_episode()
             try:
@@ -341,8 +417,10 @@ class DatasetWriter:
         if self._finalized:
             raise DatasetStateError(f"{self.root}: the writer is finalized")
         if self._save_error is not None:
-            raise DatasetError(f"{self.root}: an earlier save failed ({self._save_error}); "
-                               "finalize() keeps the episodes saved before it")
+            raise DatasetError(
+                f"{self.root}: an earlier save failed ({self._save_error}); "
+                "finalize() keeps the episodes saved before it"
+            )
 
     def _hook_call(self, name: str) -> None:
         if self._hook is not None:
@@ -359,9 +437,15 @@ class DatasetWriter:
             for key in self._video_keys:
                 height, width, _ = self.features[key]["shape"]
                 episode.encoders[key] = EpisodeVideoEncoder(
-                    directory / journal.video_file_name(key), key=key, episode_index=index,
-                    fps=self.fps, height=height, width=width, settings=self.video_settings,
-                    max_queue_bytes=self._max_video_queue_bytes)
+                    directory / journal.video_file_name(key),
+                    key=key,
+                    episode_index=index,
+                    fps=self.fps,
+                    height=height,
+                    width=width,
+                    settings=self.video_settings,
+                    max_queue_bytes=self._max_video_queue_bytes,
+                )
                 episode.samplers[key] = ImageSampler()
         except BaseException:
             for encoder in episode.encoders.values():
@@ -371,9 +455,13 @@ class DatasetWriter:
         self._episode = episode
         return episode
 
-    def _encode_and_submit(self, sidecar: Mapping[str, Any] | None,
-                           arrays: Mapping[str, np.ndarray] | None, *,
-                           keep_on_failure: bool) -> _Save:
+    def _encode_and_submit(
+        self,
+        sidecar: Mapping[str, Any] | None,
+        arrays: Mapping[str, np.ndarray] | None,
+        *,
+        keep_on_failure: bool,
+    ) -> _Save:
         self._check_usable()
         episode = self._episode
         if episode is None or episode.length == 0:
@@ -391,8 +479,14 @@ class DatasetWriter:
         self._saves.put(save)
         return save
 
-    def _encode(self, episode: _OpenEpisode, sidecar: Mapping[str, Any] | None,
-                arrays: Mapping[str, np.ndarray] | None, *, keep_on_failure: bool) -> _Save:
+    def _encode(
+        self,
+        episode: _OpenEpisode,
+        sidecar: Mapping[str, Any] | None,
+        arrays: Mapping[str, np.ndarray] | None,
+        *,
+        keep_on_failure: bool,
+    ) -> _Save:
         """Finish the videos; the bytes of data.parquet, episode.json and the sidecar files."""
         n = episode.length
         if episode.videos is None:
@@ -401,8 +495,10 @@ class DatasetWriter:
                 encoded = encoder.finish()
                 probe = probe_video(encoder.path)
                 if encoded != n or probe.frames != n:
-                    raise VideoEncodingError(f"video '{key}' episode {episode.index}: "
-                                             f"{probe.frames} frames in {encoder.path} for {n} rows")
+                    raise VideoEncodingError(
+                        f"video '{key}' episode {episode.index}: "
+                        f"{probe.frames} frames in {encoder.path} for {n} rows"
+                    )
                 videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
             episode.videos = videos
         videos = episode.videos
@@ -414,15 +510,16 @@ class DatasetWriter:
                 known[task] = len(known)
                 new_tasks.append(task)
         frame_index = np.arange(n, dtype=np.int64)
-        columns: dict[str, np.ndarray] = {key: np.stack(episode.values[key])
-                                          for key in self._numeric_keys}
-        columns.update({
-            "timestamp": (frame_index / self.fps).astype(np.float32),
-            "frame_index": frame_index,
-            "episode_index": np.full(n, episode.index, dtype=np.int64),
-            "index": np.arange(self._next_frame, self._next_frame + n, dtype=np.int64),
-            "task_index": np.array([known[t] for t in episode.tasks], dtype=np.int64),
-        })
+        columns: dict[str, np.ndarray] = {key: np.stack(episode.values[key]) for key in self._numeric_keys}
+        columns.update(
+            {
+                "timestamp": (frame_index / self.fps).astype(np.float32),
+                "frame_index": frame_index,
+                "episode_index": np.full(n, episode.index, dtype=np.int64),
+                "index": np.arange(self._next_frame, self._next_frame + n, dtype=np.int64),
+                "task_index": np.array([known[t] for t in episode.tasks], dtype=np.int64),
+            }
+        )
         stream = pa.BufferOutputStream()
         pq.write_table(episode_data_table(columns, self._schema), stream, **PARQUET_OPTIONS)
         data = stream.getvalue().to_pybytes()
@@ -441,8 +538,11 @@ class DatasetWriter:
             "stats": stats_to_json(ordered),
             "saved_unix_s": time.time(),
         }
-        beside = (episode_sidecar_files(self.root, episode.index, sidecar, arrays)
-                  if sidecar is not None or arrays else {})
+        beside = (
+            episode_sidecar_files(self.root, episode.index, sidecar, arrays)
+            if sidecar is not None or arrays
+            else {}
+        )
         files = {journal.EPISODE_DATA: data, journal.EPISODE_META: journal.episode_meta_bytes(meta)}
         return _Save(episode, files, beside, new_tasks, keep_on_failure=keep_on_failure)
 
@@ -467,8 +567,9 @@ class DatasetWriter:
             save.future.set_exception(self._save_error)
             return
         try:
-            journal.commit_episode(self.root, episode.index, files=save.files,
-                                   beside=save.beside, hook=self._hook)
+            journal.commit_episode(
+                self.root, episode.index, files=save.files, beside=save.beside, hook=self._hook
+            )
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             for name in save.files:
                 (episode.directory / name).unlink(missing_ok=True)
@@ -477,15 +578,18 @@ class DatasetWriter:
                 error: BaseException = DatasetError(
                     f"{self.root}: saving episode {episode.index} failed ({exc}); it is still "
                     f"open with its {episode.length} frames: call save_episode() again once the "
-                    "cause is fixed, or discard_episode()")
+                    "cause is fixed, or discard_episode()"
+                )
                 error.__cause__ = exc
             else:
                 journal.remove_dir(episode.directory)
                 error = exc
                 if not save.keep_on_failure:
-                    error = DatasetError(f"{self.root}: saving episode {episode.index} failed "
-                                         f"({exc}); its frames are lost, the episodes saved "
-                                         "before it are kept")
+                    error = DatasetError(
+                        f"{self.root}: saving episode {episode.index} failed "
+                        f"({exc}); its frames are lost, the episodes saved "
+                        "before it are kept"
+                    )
                     error.__cause__ = exc
             self._save_error = error
             save.future.set_exception(error)
@@ -511,5 +615,4 @@ class DatasetWriter:
             self._stop_committer()
             self._merger.wait(timeout=EXIT_MERGE_TIMEOUT_S)
         except DatasetError:
-            log.exception("%s: saved episodes not merged at exit; 'hilrec repair' merges them",
-                          self.root)
+            log.exception("%s: saved episodes not merged at exit; 'hilrec repair' merges them", self.root)

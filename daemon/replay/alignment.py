@@ -42,19 +42,29 @@ class Alignment:
     @property
     def clean(self) -> bool:
         """No fitted joint diverges inside the fitted window: the fit saw only tracking."""
-        return all(self.excursions[j].onset >= self.window for j in self.joints
-                   if j in self.excursions)
+        return all(self.excursions[j].onset >= self.window for j in self.joints if j in self.excursions)
 
 
-def align(recorded: np.ndarray, replayed: np.ndarray, moving: Sequence[int], *,
-          min_shift: int, max_shift: int, find_excursions: ExcursionFinder) -> Alignment:
+def align(
+    recorded: np.ndarray,
+    replayed: np.ndarray,
+    moving: Sequence[int],
+    *,
+    min_shift: int,
+    max_shift: int,
+    find_excursions: ExcursionFinder,
+) -> Alignment:
     """The alignment of ``recorded`` to ``replayed`` that stays consistent longest (see module)."""
     n = recorded.shape[0]
     min_window = max(2 * (max_shift - min_shift), 25)
 
     def evaluate(joints: tuple[int, ...], window: int) -> Alignment:
-        fit = fit_shift(recorded[:window, list(joints)], replayed[:window, list(joints)],
-                        min_shift=min_shift, max_shift=max_shift)
+        fit = fit_shift(
+            recorded[:window, list(joints)],
+            replayed[:window, list(joints)],
+            min_shift=min_shift,
+            max_shift=max_shift,
+        )
         aligned = shift_by(replayed, fit.lag)
         return Alignment(fit, joints, window, aligned, find_excursions(aligned, fit.lag))
 

@@ -64,8 +64,12 @@ EXIT_CODES: dict[Verdict, int] = {
     Verdict.DIVERGED: 4,
     Verdict.NOT_REPLAYABLE: 5,
 }
-SEVERITY: tuple[Verdict, ...] = (Verdict.CONSISTENT, Verdict.LAGGING, Verdict.DIVERGED,
-                                  Verdict.NOT_REPLAYABLE)
+SEVERITY: tuple[Verdict, ...] = (
+    Verdict.CONSISTENT,
+    Verdict.LAGGING,
+    Verdict.DIVERGED,
+    Verdict.NOT_REPLAYABLE,
+)
 
 
 def worst(verdicts: list[Verdict]) -> Verdict:
@@ -147,31 +151,38 @@ class EpisodeResult:
     recorder_flags: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
-    def not_replayable(cls, episode_index: int, reason: str, *, frames: int = 0,
-                       fps: int = 0) -> EpisodeResult:
-        return cls(episode_index=episode_index, verdict=Verdict.NOT_REPLAYABLE, reason=reason,
-                   frames=frames, fps=fps)
+    def not_replayable(
+        cls, episode_index: int, reason: str, *, frames: int = 0, fps: int = 0
+    ) -> EpisodeResult:
+        return cls(
+            episode_index=episode_index, verdict=Verdict.NOT_REPLAYABLE, reason=reason, frames=frames, fps=fps
+        )
 
     def ms(self, frames: float | None) -> float | None:
         return None if frames is None or not self.fps else frames * 1000.0 / self.fps
 
     def worst_joint(self) -> JointResult | None:
         """The joint closest to (or furthest past) its limits, body and gripper alike."""
-        return max(self.joints, default=None, key=lambda j: max(
-            j.judged_rms_error / j.limits.rms, j.judged_max_error / j.limits.max))
+        return max(
+            self.joints,
+            default=None,
+            key=lambda j: max(j.judged_rms_error / j.limits.rms, j.judged_max_error / j.limits.max),
+        )
 
 
-def analyse(episode_index: int, traj: Trajectories, *, fps: int,
-            settings: ReplaySettings) -> EpisodeResult:
+def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: ReplaySettings) -> EpisodeResult:
     """Errors, lag, gripper and saturation of one replayed episode, and its verdict."""
     rec, rep, act = traj.recorded, traj.replayed, traj.action
     n = rec.shape[0]
     lag_cfg, cons = settings.lag, settings.consistency
     if n < settings.engine.min_frames or n <= lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 2:
         return EpisodeResult.not_replayable(
-            episode_index, f"only {n} frames; the check needs at least "
+            episode_index,
+            f"only {n} frames; the check needs at least "
             f"{max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)}",
-            frames=n, fps=fps)
+            frames=n,
+            fps=fps,
+        )
     min_frames = max(1, math.ceil(cons.min_duration_s * fps))
 
     gcfg = settings.gripper
@@ -194,32 +205,41 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
         found = {}
         for j in range(rec.shape[1]):
             lim = limits_of(j)
-            exc = sustained_excursion(error[:, j], limit=lim.max, min_frames=min_frames,
-                                      floor=lim.floor, valid=valid[:, j])
+            exc = sustained_excursion(
+                error[:, j], limit=lim.max, min_frames=min_frames, floor=lim.floor, valid=valid[:, j]
+            )
             if exc is not None:
                 found[j] = exc
         return found
 
-    alignment = align(rec, rep, moving, min_shift=lag_cfg.min_shift_frames,
-                      max_shift=lag_cfg.max_shift_frames, find_excursions=excursions)
-    fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned,
-                               alignment.excursions)
+    alignment = align(
+        rec,
+        rep,
+        moving,
+        min_shift=lag_cfg.min_shift_frames,
+        max_shift=lag_cfg.max_shift_frames,
+        find_excursions=excursions,
+    )
+    fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned, alignment.excursions)
     lag = alignment.lag
 
     lag_result = LagResult(
         frames=lag if fit is not None else None,
         best_shift=fit.best_shift if fit is not None else None,
-        shifts=fit.shifts if fit is not None else np.arange(lag_cfg.min_shift_frames,
-                                                             lag_cfg.max_shift_frames + 1),
+        shifts=fit.shifts
+        if fit is not None
+        else np.arange(lag_cfg.min_shift_frames, lag_cfg.max_shift_frames + 1),
         mse=fit.mse if fit is not None else None,
         joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
         fitted_frames=alignment.window if fit is not None else 0,
         response_recorded=response_lag(act[:, used], rec[:, used], lag_cfg.max_correlation_frames)
-        if used else None,
+        if used
+        else None,
         response_replayed=response_lag(act[:, used], rep[:, used], lag_cfg.max_correlation_frames)
-        if used else None,
-        at_search_edge=fit is not None and fit.best_shift in (lag_cfg.min_shift_frames,
-                                                              lag_cfg.max_shift_frames),
+        if used
+        else None,
+        at_search_edge=fit is not None
+        and fit.best_shift in (lag_cfg.min_shift_frames, lag_cfg.max_shift_frames),
     )
 
     raw_err = rec - rep
@@ -240,34 +260,63 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int,
         judged_j = judged_err[ok, j] if ok.any() else np.zeros(1)
         own_lag = None
         if j in moving and j not in exc:
-            own_lag = fit_shift(rec[:, [j]], rep[:, [j]], min_shift=lag_cfg.min_shift_frames,
-                                max_shift=lag_cfg.max_shift_frames).lag
+            own_lag = fit_shift(
+                rec[:, [j]],
+                rep[:, [j]],
+                min_shift=lag_cfg.min_shift_frames,
+                max_shift=lag_cfg.max_shift_frames,
+            ).lag
         lim = limits_of(j)
-        joints.append(JointResult(
-            name=name,
-            motion=float(motion[j]),
-            rms_error=_rms(raw_j), max_error=float(np.max(np.abs(raw_j))),
-            aligned_rms_error=_rms(al_j), aligned_max_error=float(np.max(np.abs(al_j))),
-            judged_rms_error=_rms(judged_j), judged_max_error=float(np.max(judged_j)),
-            lag_frames=own_lag,
-            limits=lim,
-            divergence=exc.get(j),
-            blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
-            stalls=[] if j == GRIPPER else find_stalls(
-                rec[:, j], rep[:, j], still=stall_cfg.still_deg, min_frames=stall_frames,
-                min_motion=stall_cfg.min_command_motion_deg),
-            at_limit_frames=int(at_limit[:, j].sum()),
-            beyond_range_frames=int(beyond[:, j].sum()),
-            leader_mismatch_frames=None if traj.leader is None else int(np.sum(
-                np.isfinite(traj.leader[:, j])
-                & (np.abs(act[:, j] - np.nan_to_num(traj.leader[:, j])) > sat.leader_tolerance))),
-        ))
+        joints.append(
+            JointResult(
+                name=name,
+                motion=float(motion[j]),
+                rms_error=_rms(raw_j),
+                max_error=float(np.max(np.abs(raw_j))),
+                aligned_rms_error=_rms(al_j),
+                aligned_max_error=float(np.max(np.abs(al_j))),
+                judged_rms_error=_rms(judged_j),
+                judged_max_error=float(np.max(judged_j)),
+                lag_frames=own_lag,
+                limits=lim,
+                divergence=exc.get(j),
+                blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
+                stalls=[]
+                if j == GRIPPER
+                else find_stalls(
+                    rec[:, j],
+                    rep[:, j],
+                    still=stall_cfg.still_deg,
+                    min_frames=stall_frames,
+                    min_motion=stall_cfg.min_command_motion_deg,
+                ),
+                at_limit_frames=int(at_limit[:, j].sum()),
+                beyond_range_frames=int(beyond[:, j].sum()),
+                leader_mismatch_frames=None
+                if traj.leader is None
+                else int(
+                    np.sum(
+                        np.isfinite(traj.leader[:, j])
+                        & (np.abs(act[:, j] - np.nan_to_num(traj.leader[:, j])) > sat.leader_tolerance)
+                    )
+                ),
+            )
+        )
 
-    result = EpisodeResult(episode_index=episode_index, verdict=Verdict.CONSISTENT, reason="",
-                           frames=n, fps=fps, lag=lag_result, joints=joints,
-                           gripper=_gripper(act, rec, rep, grasp_rec, grasp_rep),
-                           trajectories=traj, aligned_replay=aligned, judged_error=judged_err,
-                           stale_rows=stale_rows(rec, rep, moved=stall_cfg.still_deg).tolist())
+    result = EpisodeResult(
+        episode_index=episode_index,
+        verdict=Verdict.CONSISTENT,
+        reason="",
+        frames=n,
+        fps=fps,
+        lag=lag_result,
+        joints=joints,
+        gripper=_gripper(act, rec, rep, grasp_rec, grasp_rep),
+        trajectories=traj,
+        aligned_replay=aligned,
+        judged_error=judged_err,
+        stale_rows=stale_rows(rec, rep, moved=stall_cfg.still_deg).tolist(),
+    )
     _judge(result, settings)
     return result
 
@@ -276,8 +325,9 @@ def _rms(x: np.ndarray) -> float:
     return float(np.sqrt(np.mean(x * x)))
 
 
-def _gripper(act: np.ndarray, rec: np.ndarray, rep: np.ndarray, grasp_rec: np.ndarray,
-             grasp_rep: np.ndarray) -> GripperResult:
+def _gripper(
+    act: np.ndarray, rec: np.ndarray, rep: np.ndarray, grasp_rec: np.ndarray, grasp_rep: np.ndarray
+) -> GripperResult:
     a, r, p = act[:, GRIPPER], rec[:, GRIPPER], rep[:, GRIPPER]
     free = ~grasp_rec
     return GripperResult(
@@ -304,13 +354,17 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
         assert exc is not None
         limit = joint.limits.max
         unit = "" if joint.name == "gripper" else " deg"
-        reason = (f"{joint.name} diverged from frame {onset} ({onset / fps:.2f} s): the error "
-                  f"reaches {exc.peak:.1f}{unit}, limit {limit:g}{unit}")
+        reason = (
+            f"{joint.name} diverged from frame {onset} ({onset / fps:.2f} s): the error "
+            f"reaches {exc.peak:.1f}{unit}, limit {limit:g}{unit}"
+        )
         stall = next((s for s in joint.stalls if s.start <= exc.first_over < s.stop + 1), None)
         if stall is not None:
-            reason += (f"; its reading holds {stall.held_value:.1f}{unit} from frame {stall.start} "
-                       f"while the twin moves {stall.command_motion:.1f}{unit} (servo stalled or "
-                       "not responding)")
+            reason += (
+                f"; its reading holds {stall.held_value:.1f}{unit} from frame {stall.start} "
+                f"while the twin moves {stall.command_motion:.1f}{unit} (servo stalled or "
+                "not responding)"
+            )
         others = sorted({j.name for _, j in diverged} - {joint.name})
         if others:
             reason += f"; also diverged: {', '.join(others)}"
@@ -327,31 +381,38 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
         elif lag.frames is not None and abs(lag.frames) > settings.lag.tolerance_frames:
             direction = "lags" if lag.frames > 0 else "leads"
             result.verdict = Verdict.LAGGING
-            result.reason = (f"the recorded state {direction} the replay by {abs(lag.frames):.2f} "
-                             f"frames ({abs(lag.frames) * 1000.0 / fps:.0f} ms)")
+            result.reason = (
+                f"the recorded state {direction} the replay by {abs(lag.frames):.2f} "
+                f"frames ({abs(lag.frames) * 1000.0 / fps:.0f} ms)"
+            )
         else:
             result.verdict = Verdict.CONSISTENT
             result.reason = "tracks the twin within the limits"
             if lag.frames is None:
-                result.reason += (" (lag not estimable: no joint moved "
-                                  f"{settings.lag.min_motion_deg:g} deg)")
+                result.reason += f" (lag not estimable: no joint moved {settings.lag.min_motion_deg:g} deg)"
     if lag.at_search_edge:
-        result.notes.append(f"the best shift {lag.best_shift} is at the edge of the search range "
-                            f"[{settings.lag.min_shift_frames}, {settings.lag.max_shift_frames}]")
+        result.notes.append(
+            f"the best shift {lag.best_shift} is at the edge of the search range "
+            f"[{settings.lag.min_shift_frames}, {settings.lag.max_shift_frames}]"
+        )
     if lag.frames is not None and lag.response_recorded is not None and lag.response_replayed is not None:
         extra = lag.response_recorded - lag.response_replayed
         if abs(extra - lag.frames) > 1.0:
             result.notes.append(
                 f"cross-correlation puts the extra action->state delay at {extra:.2f} frames, "
-                f"the alignment at {lag.frames:.2f}")
+                f"the alignment at {lag.frames:.2f}"
+            )
     if result.stale_rows:
         result.notes.append(
             f"{len(result.stale_rows)} row(s) repeat the previous reading exactly while the twin "
-            f"moved, from frame {result.stale_rows[0]}: a stale or held observation")
+            f"moved, from frame {result.stale_rows[0]}: a stale or held observation"
+        )
     for j in result.joints:
         if j.beyond_range_frames:
-            result.notes.append(f"{j.name}: {j.beyond_range_frames} commands beyond the joint "
-                                "range (clamped)")
+            result.notes.append(
+                f"{j.name}: {j.beyond_range_frames} commands beyond the joint range (clamped)"
+            )
         if j.leader_mismatch_frames:
-            result.notes.append(f"{j.name}: recorded action differs from the leader on "
-                                f"{j.leader_mismatch_frames} frames")
+            result.notes.append(
+                f"{j.name}: recorded action differs from the leader on {j.leader_mismatch_frames} frames"
+            )

@@ -76,8 +76,9 @@ class DatasetCheck:
         frames = sum(r.frames for r in self.results if r.verdict is not Verdict.NOT_REPLAYABLE)
         return {
             "dataset": {"root": str(self.root), "fps": self.fps, "robot_type": self.robot_type},
-            "units": self.units.describe() if self.units is not None else {
-                "body": None, "gripper": None, "source": "unknown", "calibration": None},
+            "units": self.units.describe()
+            if self.units is not None
+            else {"body": None, "gripper": None, "source": "unknown", "calibration": None},
             "twin": self.twin,
             "settings_source": self.settings_source,
             "settings": dataclasses.asdict(self.settings),
@@ -127,15 +128,20 @@ def _column_order(info: dict[str, Any], key: str) -> list[int]:
     if isinstance(names, dict):  # LeRobot 2.x style {"motors": [...]}
         names = next(iter(names.values()), None)
     if not isinstance(names, list) or sorted(map(str, names)) != sorted(POSITION_NAMES):
-        raise ReplayError(f"'{key}' names {names!r}, not the six SO-101 joints "
-                          f"{POSITION_NAMES}")
+        raise ReplayError(f"'{key}' names {names!r}, not the six SO-101 joints {POSITION_NAMES}")
     return [names.index(n) for n in POSITION_NAMES]
 
 
-def check_dataset(root: str | Path, *, settings: ReplaySettings, settings_source: str,
-                  episodes: Sequence[int] | None = None, units_flag: str | None = None,
-                  calibration_flag: Path | None = None,
-                  engine_factory: EngineFactory | None = None) -> DatasetCheck:
+def check_dataset(
+    root: str | Path,
+    *,
+    settings: ReplaySettings,
+    settings_source: str,
+    episodes: Sequence[int] | None = None,
+    units_flag: str | None = None,
+    calibration_flag: Path | None = None,
+    engine_factory: EngineFactory | None = None,
+) -> DatasetCheck:
     """Replay-check the chosen episodes (all by default) of the dataset at ``root``."""
     root = Path(root)
     started = time.perf_counter()
@@ -145,23 +151,31 @@ def check_dataset(root: str | Path, *, settings: ReplaySettings, settings_source
     chosen = list(available) if episodes is None else list(episodes)
     missing = [i for i in chosen if i not in available]
     if missing:
-        raise ReplayError(f"{root}: episode(s) {missing} not in the dataset "
-                          f"(it has {len(available)}: {_ranges(sorted(available))})")
+        raise ReplayError(
+            f"{root}: episode(s) {missing} not in the dataset "
+            f"(it has {len(available)}: {_ranges(sorted(available))})"
+        )
     sidecar = load_dataset_sidecar(root)
-    check = DatasetCheck(root=root, fps=fps, robot_type=info.get("robot_type"), units=None,
-                         settings=settings, settings_source=settings_source)
+    check = DatasetCheck(
+        root=root,
+        fps=fps,
+        robot_type=info.get("robot_type"),
+        units=None,
+        settings=settings,
+        settings_source=settings_source,
+    )
 
     def refuse_all(reason: str) -> DatasetCheck:
-        check.results = [EpisodeResult.not_replayable(i, reason, frames=available[i], fps=fps)
-                         for i in chosen]
+        check.results = [
+            EpisodeResult.not_replayable(i, reason, frames=available[i], fps=fps) for i in chosen
+        ]
         check.seconds = time.perf_counter() - started
         return check
 
     try:
         action_order = _column_order(info, ACTION_KEY)
         state_order = _column_order(info, STATE_KEY)
-        check.units = resolve_units(root, sidecar, units_flag=units_flag,
-                                    calibration_flag=calibration_flag)
+        check.units = resolve_units(root, sidecar, units_flag=units_flag, calibration_flag=calibration_flag)
         engine = (engine_factory or _default_engine)(fps, sidecar, settings)
     except ReplayError as exc:
         return refuse_all(str(exc))
@@ -171,10 +185,19 @@ def check_dataset(root: str | Path, *, settings: ReplaySettings, settings_source
     with engine:
         limits = engine.limits()
         for index in chosen:
-            check.results.append(_check_episode(root, index, available[index], fps=fps,
-                                                units=check.units, engine=engine, limits=limits,
-                                                orders=(action_order, state_order),
-                                                settings=settings))
+            check.results.append(
+                _check_episode(
+                    root,
+                    index,
+                    available[index],
+                    fps=fps,
+                    units=check.units,
+                    engine=engine,
+                    limits=limits,
+                    orders=(action_order, state_order),
+                    settings=settings,
+                )
+            )
     check.seconds = time.perf_counter() - started
     return check
 
@@ -183,9 +206,18 @@ def _default_engine(fps: int, sidecar: Any, settings: ReplaySettings) -> ReplayE
     return ReplayEngine.create(fps, sidecar, settle_iterations=settings.engine.settle_iterations)
 
 
-def _check_episode(root: Path, index: int, length: int, *, fps: int, units: ColumnUnits,
-                   engine: ReplayEngine, limits: np.ndarray, orders: tuple[list[int], list[int]],
-                   settings: ReplaySettings) -> EpisodeResult:
+def _check_episode(
+    root: Path,
+    index: int,
+    length: int,
+    *,
+    fps: int,
+    units: ColumnUnits,
+    engine: ReplayEngine,
+    limits: np.ndarray,
+    orders: tuple[list[int], list[int]],
+    settings: ReplaySettings,
+) -> EpisodeResult:
     columns = reader.read_episode(root, index, columns=[ACTION_KEY, STATE_KEY])
     action = np.asarray(columns[ACTION_KEY], dtype=np.float64)[:, orders[0]]
     state = np.asarray(columns[STATE_KEY], dtype=np.float64)[:, orders[1]]
@@ -195,12 +227,12 @@ def _check_episode(root: Path, index: int, length: int, *, fps: int, units: Colu
         if bad.size:
             f, j = bad[0]
             return EpisodeResult.not_replayable(
-                index, f"'{key}' has a non-finite value at frame {f}, {POSITION_NAMES[j]}",
-                frames=n, fps=fps)
+                index, f"'{key}' has a non-finite value at frame {f}, {POSITION_NAMES[j]}", frames=n, fps=fps
+            )
     if n < settings.engine.min_frames:
         return EpisodeResult.not_replayable(
-            index, f"only {n} frames (the check needs {settings.engine.min_frames})",
-            frames=n, fps=fps)
+            index, f"only {n} frames (the check needs {settings.engine.min_frames})", frames=n, fps=fps
+        )
     action_t, state_t = units.to_twin(action), units.to_twin(state)
     try:
         _, arrays = load_episode_sidecar(root, index)
@@ -214,13 +246,14 @@ def _check_episode(root: Path, index: int, length: int, *, fps: int, units: Colu
         return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
     leader = arrays.get(LEADER_ARRAY)  # joint order, the action's units
     leader = units.to_twin(leader) if leader is not None and leader.shape == action.shape else None
-    traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits,
-                        leader=leader)
+    traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits, leader=leader)
     result = analyse(index, traj, fps=fps, settings=settings)
     _note_recorder_flags(result, arrays.get(FLAGS_ARRAY), n)
     if gaps is not None:
-        result.notes.append(f"replayed on the recorded tick slots: {int(gaps.sum()) - (n - 1)} "
-                            f"missed slot(s) held the last command, as the follower did")
+        result.notes.append(
+            f"replayed on the recorded tick slots: {int(gaps.sum()) - (n - 1)} "
+            f"missed slot(s) held the last command, as the follower did"
+        )
     return result
 
 
@@ -246,11 +279,14 @@ def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int
         hit = np.flatnonzero(flags & int(flag))
         if flag.name and hit.size:
             result.recorder_flags[flag.name.lower()] = (int(hit.size), int(hit[0]))
-    meaning = {"follower_failed": "the observation repeats the last good reading",
-               "write_failed": "the action was not executed",
-               "leader_failed": "the follower held position", "leader_stale": "the follower held position",
-               "skipped": "whole tick slots were missed, so rows are not 1/fps apart",
-               "clamped": "max_relative_target clipped the command; the action is the clipped one"}
+    meaning = {
+        "follower_failed": "the observation repeats the last good reading",
+        "write_failed": "the action was not executed",
+        "leader_failed": "the follower held position",
+        "leader_stale": "the follower held position",
+        "skipped": "whole tick slots were missed, so rows are not 1/fps apart",
+        "clamped": "max_relative_target clipped the command; the action is the clipped one",
+    }
     for name, why in meaning.items():
         if name in result.recorder_flags:
             count, first = result.recorder_flags[name]

@@ -21,14 +21,21 @@ EXIT_FAILED = 1
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
-        "check", help="check a LeRobot v3.0 dataset (and replay it with --replay)",
-        description=__doc__.splitlines()[0])
+        "check",
+        help="check a LeRobot v3.0 dataset (and replay it with --replay)",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("root", type=Path, metavar="ROOT", help="dataset directory (holds meta/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--replay", action="store_true",
-                        help="also replay the episodes on the twin and check they reproduce")
-    parser.add_argument("--no-decode", dest="decode", action="store_false",
-                        help="demux videos only: skip decoding the frames the image stats sample")
+    parser.add_argument(
+        "--replay", action="store_true", help="also replay the episodes on the twin and check they reproduce"
+    )
+    parser.add_argument(
+        "--no-decode",
+        dest="decode",
+        action="store_false",
+        help="demux videos only: skip decoding the frames the image stats sample",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -45,7 +52,8 @@ def _replay(root: Path) -> Any:
     try:
         from hilrec.sim.replay import replay_check
     except ImportError as exc:
-        raise ReplayError(f"--replay needs hilrec.sim.replay.replay_check, which is not "
-                          f"available in this installation ({exc})") from exc
+        raise ReplayError(
+            f"--replay needs hilrec.sim.replay.replay_check, which is not "
+            f"available in this installation ({exc})"
+        ) from exc
     return replay_check(root, episodes=None)
-

@@ -25,24 +25,43 @@ from hilrec.daemon.replay.analysis import EpisodeResult, Verdict
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "replay", help="replay-check hardware episodes on the twin",
+        "replay",
+        help="replay-check hardware episodes on the twin",
         description=__doc__.split("\n\n")[1],
         epilog="\n".join(__doc__.split("\n\n")[2:]),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("root", type=Path, help="the dataset's root directory")
-    parser.add_argument("--episodes", nargs="+", metavar="SPEC",
-                        help="episodes to check: indices and ranges, e.g. 0 3,5-7 (default: all)")
-    parser.add_argument("--report", type=Path, metavar="DIR",
-                        help="write a PNG per episode, summary.md and report.json into DIR")
-    parser.add_argument("--json", action="store_true",
-                        help="print the full result as JSON on stdout (and nothing else)")
-    parser.add_argument("--units", choices=("degrees", "m100_100"),
-                        help="units of the body joints when the dataset has no hilrec metadata "
-                             "(the gripper is always 0..100)")
-    parser.add_argument("--calibration", type=Path, metavar="FILE",
-                        help="the follower's LeRobot calibration JSON (needed with --units m100_100)")
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="thresholds (default: configs/replay.toml)")
+    parser.add_argument(
+        "--episodes",
+        nargs="+",
+        metavar="SPEC",
+        help="episodes to check: indices and ranges, e.g. 0 3,5-7 (default: all)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write a PNG per episode, summary.md and report.json into DIR",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the full result as JSON on stdout (and nothing else)"
+    )
+    parser.add_argument(
+        "--units",
+        choices=("degrees", "m100_100"),
+        help="units of the body joints when the dataset has no hilrec metadata "
+        "(the gripper is always 0..100)",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="the follower's LeRobot calibration JSON (needed with --units m100_100)",
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="thresholds (default: configs/replay.toml)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -53,9 +72,14 @@ def run(args: argparse.Namespace) -> int:
     settings = load_replay_settings(args.config)
     source = str(args.config or DEFAULT_CONFIG_PATH)
     episodes = parse_episode_spec(args.episodes) if args.episodes else None
-    check = check_dataset(args.root, settings=settings, settings_source=source,
-                          episodes=episodes, units_flag=args.units,
-                          calibration_flag=args.calibration)
+    check = check_dataset(
+        args.root,
+        settings=settings,
+        settings_source=source,
+        episodes=episodes,
+        units_flag=args.units,
+        calibration_flag=args.calibration,
+    )
     document = check.to_document()
     if args.report is not None:
         from hilrec.daemon.replay.report import write_report
@@ -72,8 +96,10 @@ def run(args: argparse.Namespace) -> int:
         counts = ", ".join(f"{n} {v}" for v, n in document["counts"].items() if n)
         frames = document["frames_replayed"]
         rate = frames / check.seconds if check.seconds > 0 else 0.0
-        print(f"{len(check.results)} episode(s): {counts}; {frames} frames in "
-              f"{check.seconds:.1f} s ({rate:.0f} frames/s); exit status {check.exit_status}")
+        print(
+            f"{len(check.results)} episode(s): {counts}; {frames} frames in "
+            f"{check.seconds:.1f} s ({rate:.0f} frames/s); exit status {check.exit_status}"
+        )
         if args.report is not None:
             print(f"report: {args.report / 'summary.md'}")
     return check.exit_status
@@ -88,10 +114,17 @@ def _table(results: list[EpisodeResult], fps: int) -> str:
         lag = "n/a" if r.lag.frames is None else f"{r.lag.frames:+.2f} fr {r.ms(r.lag.frames):+.0f} ms"
         wj = r.worst_joint()
         assert wj is not None
-        rows.append((str(r.episode_index), str(r.frames), r.verdict.value, lag,
-                     f"{wj.name} rms {wj.judged_rms_error:.2f} max {wj.judged_max_error:.2f}",
-                     r.reason))
+        rows.append(
+            (
+                str(r.episode_index),
+                str(r.frames),
+                r.verdict.value,
+                lag,
+                f"{wj.name} rms {wj.judged_rms_error:.2f} max {wj.judged_max_error:.2f}",
+                r.reason,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
-                     for row in rows)
-
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows
+    )

@@ -43,8 +43,7 @@ def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, st
     if sidecar:
         sim = sidecar.get("sim")
         # A sim recording keeps it in "sim"."physics" (hilrec.sim); other recorders in "physics".
-        for holder in (sidecar.get("physics"), sim.get("physics") if isinstance(sim, Mapping)
-                       else None):
+        for holder in (sidecar.get("physics"), sim.get("physics") if isinstance(sim, Mapping) else None):
             if isinstance(holder, Mapping) and isinstance(holder.get("timestep"), (int, float)):
                 return float(holder["timestep"]), "dataset metadata"
     if fps <= 0:
@@ -62,16 +61,21 @@ class ReplayEngine:
         self._settle_iterations = settle_iterations
 
     @classmethod
-    def create(cls, fps: int, sidecar: Mapping[str, Any] | None, *,
-               settle_iterations: int = 3) -> ReplayEngine:
+    def create(
+        cls, fps: int, sidecar: Mapping[str, Any] | None, *, settle_iterations: int = 3
+    ) -> ReplayEngine:
         from hilrec.sim.scene import SceneConfig
         from hilrec.sim.twin import Twin
 
         timestep, source = timestep_for(fps, sidecar)
         base = SceneConfig()
-        scene = replace(base, timestep=timestep,
-                        cube_x_range=(PARKED_CUBE_XY[0],) * 2, cube_y_range=(PARKED_CUBE_XY[1],) * 2,
-                        cube_yaw_range=(0.0, 0.0))
+        scene = replace(
+            base,
+            timestep=timestep,
+            cube_x_range=(PARKED_CUBE_XY[0],) * 2,
+            cube_y_range=(PARKED_CUBE_XY[1],) * 2,
+            cube_yaw_range=(0.0, 0.0),
+        )
         twin = Twin(fps=fps, cameras=(), scene=scene)
         return cls(twin, timestep_source=source, settle_iterations=settle_iterations)
 
@@ -107,8 +111,9 @@ class ReplayEngine:
             goal = goal + (target - rest)
         return rest
 
-    def replay(self, first_state: np.ndarray, actions: np.ndarray,
-               frames_between: np.ndarray | None = None) -> np.ndarray:
+    def replay(
+        self, first_state: np.ndarray, actions: np.ndarray, frames_between: np.ndarray | None = None
+    ) -> np.ndarray:
         """The twin's ``(n, 6)`` float64 states, driven by ``actions`` from ``first_state``.
 
         ``frames_between[t]`` (default 1) is how many frames of the dataset's rate passed between
@@ -119,8 +124,11 @@ class ReplayEngine:
         n = actions.shape[0]
         if actions.ndim != 2 or actions.shape[1] != NUM_JOINTS:
             raise ReplayError(f"the action column has shape {actions.shape}, expected (n, {NUM_JOINTS})")
-        steps = np.ones(max(n - 1, 0), dtype=np.int64) if frames_between is None else (
-            np.asarray(frames_between, dtype=np.int64))
+        steps = (
+            np.ones(max(n - 1, 0), dtype=np.int64)
+            if frames_between is None
+            else (np.asarray(frames_between, dtype=np.int64))
+        )
         if steps.shape != (max(n - 1, 0),) or np.any(steps < 1):
             raise ReplayError(f"frames between rows must be {n - 1} counts >= 1, got {steps!r}")
         out = np.empty((n, NUM_JOINTS), dtype=np.float64)

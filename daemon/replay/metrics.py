@@ -40,13 +40,12 @@ def shift_mse(recorded: np.ndarray, replayed: np.ndarray, shifts: np.ndarray) ->
     target = recorded[start:stop]
     out = np.empty((shifts.size, recorded.shape[1]))
     for i, k in enumerate(shifts):
-        diff = target - replayed[start - k:stop - k]
+        diff = target - replayed[start - k : stop - k]
         out[i] = np.mean(diff * diff, axis=0)
     return out
 
 
-def fit_shift(recorded: np.ndarray, replayed: np.ndarray, *, min_shift: int,
-              max_shift: int) -> ShiftFit:
+def fit_shift(recorded: np.ndarray, replayed: np.ndarray, *, min_shift: int, max_shift: int) -> ShiftFit:
     """The shift in ``[min_shift, max_shift]`` that best aligns the two, refined below a frame.
 
     The refinement is least squares, not curve fitting: between integer shifts k and k+1 the
@@ -66,8 +65,8 @@ def fit_shift(recorded: np.ndarray, replayed: np.ndarray, *, min_shift: int,
     for k in (best - 1, best):  # intervals [best-1, best] and [best, best+1]
         if k < min_shift or k + 1 > max_shift:
             continue
-        near = replayed[start - k:stop - k]
-        far = replayed[start - k - 1:stop - k - 1]
+        near = replayed[start - k : stop - k]
+        far = replayed[start - k - 1 : stop - k - 1]
         step = far - near
         denom = float(np.sum(step * step))
         if denom <= 0.0:
@@ -95,8 +94,9 @@ def shift_whole(series: np.ndarray, k: int) -> np.ndarray:
     return series[index]
 
 
-def slack_error(recorded: np.ndarray, replayed: np.ndarray, aligned: np.ndarray, lag: float,
-                slack: int) -> np.ndarray:
+def slack_error(
+    recorded: np.ndarray, replayed: np.ndarray, aligned: np.ndarray, lag: float, slack: int
+) -> np.ndarray:
     """Per frame and joint, the smallest ``|recorded - replay|`` over the aligned replay and the
     whole shifts within ``slack`` frames of the lag: an error that a timing slip of up to
     ``slack`` frames explains is not counted."""
@@ -135,13 +135,12 @@ def response_lag(command: np.ndarray, response: np.ndarray, max_lag: int) -> flo
     target_energy = np.sum(target * target, axis=0)
     corr = np.zeros(max_lag + 1)
     for k in range(max_lag + 1):
-        window = dc[max_lag - k:n - k]
+        window = dc[max_lag - k : n - k]
         scale = np.sqrt(target_energy * np.sum(window * window, axis=0))
         moving = scale > 0.0
         if not np.any(moving):
             return None
-        corr[k] = float(np.mean(np.sum(target[:, moving] * window[:, moving], axis=0)
-                                / scale[moving]))
+        corr[k] = float(np.mean(np.sum(target[:, moving] * window[:, moving], axis=0) / scale[moving]))
     peak = int(np.argmax(corr))
     if corr[peak] <= 0.0:
         return None
@@ -171,8 +170,9 @@ class Excursion:
     floor: float  # the "quiet" level used to date the onset
 
 
-def sustained_excursion(error: np.ndarray, *, limit: float, min_frames: int,
-                        floor: float, valid: np.ndarray | None = None) -> Excursion | None:
+def sustained_excursion(
+    error: np.ndarray, *, limit: float, min_frames: int, floor: float, valid: np.ndarray | None = None
+) -> Excursion | None:
     """The first run of ``|error| > limit`` lasting ``min_frames`` or more, with its onset.
 
     The onset is dated from the error's departure, not from the (larger) limit crossing: walking
@@ -201,13 +201,13 @@ def sustained_excursion(error: np.ndarray, *, limit: float, min_frames: int,
             else:
                 quiet = 0
                 onset = t
-        return Excursion(onset=onset, first_over=start, peak=float(mag[start:].max()),
-                         blips=blips, floor=level)
+        return Excursion(
+            onset=onset, first_over=start, peak=float(mag[start:].max()), blips=blips, floor=level
+        )
     return None
 
 
-def count_blips(error: np.ndarray, *, limit: float, min_frames: int,
-                valid: np.ndarray | None = None) -> int:
+def count_blips(error: np.ndarray, *, limit: float, min_frames: int, valid: np.ndarray | None = None) -> int:
     mag = np.abs(error) if valid is None else np.where(valid, np.abs(error), 0.0)
     return sum(1 for a, b in runs(mag > limit) if b - a < max(min_frames, 1))
 
@@ -222,8 +222,9 @@ class Stall:
     command_motion: float  # peak-to-peak of the replayed position over the interval
 
 
-def find_stalls(recorded: np.ndarray, replayed: np.ndarray, *, still: float, min_frames: int,
-                min_motion: float) -> list[Stall]:
+def find_stalls(
+    recorded: np.ndarray, replayed: np.ndarray, *, still: float, min_frames: int, min_motion: float
+) -> list[Stall]:
     """Intervals of at least ``min_frames`` where ``recorded`` (1-D) moved less than ``still`` per
     frame while ``replayed`` moved at least ``min_motion`` peak to peak."""
     if recorded.shape[0] < 2:
@@ -237,8 +238,9 @@ def find_stalls(recorded: np.ndarray, replayed: np.ndarray, *, still: float, min
         window = replayed[start:stop]
         motion = float(window.max() - window.min())
         if motion >= min_motion:
-            found.append(Stall(start=start, stop=stop, held_value=float(recorded[start]),
-                               command_motion=motion))
+            found.append(
+                Stall(start=start, stop=stop, held_value=float(recorded[start]), command_motion=motion)
+            )
     return found
 
 
@@ -250,8 +252,9 @@ def grasp_mask(command: np.ndarray, reading: np.ndarray, *, gap: float, still: f
     return blocked & (speed < still)
 
 
-def limit_hits(command: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-               margin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def limit_hits(
+    command: np.ndarray, lo: np.ndarray, hi: np.ndarray, margin: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per joint, frames at a range end (within ``margin``) and frames beyond the range.
 
     ``command`` is ``(n, d)``; returns two ``(n, d)`` boolean masks ``(at_or_beyond, beyond)``.

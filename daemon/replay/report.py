@@ -24,10 +24,20 @@ from hilrec.daemon.atomic import atomic_write_bytes
 from hilrec.daemon.replay.analysis import GRIPPER, EpisodeResult, Verdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
-_COLOURS = {"recorded": "#1f77b4", "replayed": "#ff7f0e", "action": "#7f7f7f",
-            "raw": "#bbbbbb", "aligned": "#d62728", "limit": "#2ca02c"}
-_VERDICT_MARK = {Verdict.CONSISTENT: "OK", Verdict.LAGGING: "LAG", Verdict.DIVERGED: "FAIL",
-                 Verdict.NOT_REPLAYABLE: "N/A"}
+_COLOURS = {
+    "recorded": "#1f77b4",
+    "replayed": "#ff7f0e",
+    "action": "#7f7f7f",
+    "raw": "#bbbbbb",
+    "aligned": "#d62728",
+    "limit": "#2ca02c",
+}
+_VERDICT_MARK = {
+    Verdict.CONSISTENT: "OK",
+    Verdict.LAGGING: "LAG",
+    Verdict.DIVERGED: "FAIL",
+    Verdict.NOT_REPLAYABLE: "N/A",
+}
 
 
 def plot_name(episode_index: int) -> str:
@@ -49,11 +59,23 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     t = np.arange(result.frames) / fps
     # Fixed margins: matplotlib's constrained layout would draw the figure twice to place them.
     fig = Figure(figsize=(13, 2.0 * (len(JOINT_NAMES) + 1)))
-    grid = fig.add_gridspec(len(JOINT_NAMES) + 1, 2, width_ratios=(3, 2), left=0.08, right=0.98,
-                            top=0.93, bottom=0.05, hspace=0.5, wspace=0.15)
+    grid = fig.add_gridspec(
+        len(JOINT_NAMES) + 1,
+        2,
+        width_ratios=(3, 2),
+        left=0.08,
+        right=0.98,
+        top=0.93,
+        bottom=0.05,
+        hspace=0.5,
+        wspace=0.15,
+    )
     lag_text = "n/a" if lag.frames is None else f"{lag.frames:.2f} frames ({result.ms(lag.frames):.0f} ms)"
-    fig.suptitle(f"episode {result.episode_index}: {result.verdict.value} - lag {lag_text}\n"
-                 f"{_wrap(result.reason, 140)}", fontsize=10)
+    fig.suptitle(
+        f"episode {result.episode_index}: {result.verdict.value} - lag {lag_text}\n"
+        f"{_wrap(result.reason, 140)}",
+        fontsize=10,
+    )
     first: Any = None
     last_row = len(JOINT_NAMES) - 1
     for j, name in enumerate(JOINT_NAMES):
@@ -79,8 +101,13 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
 
         ex = fig.add_subplot(grid[j, 1], sharex=first)
         limits = joint.limits
-        ex.plot(t, traj.recorded[:, j] - traj.replayed[:, j], color=_COLOURS["raw"], lw=0.8,
-                label="error, as recorded")
+        ex.plot(
+            t,
+            traj.recorded[:, j] - traj.replayed[:, j],
+            color=_COLOURS["raw"],
+            lw=0.8,
+            label="error, as recorded",
+        )
         judged = result.judged_error[:, j] * np.sign(traj.recorded[:, j] - result.aligned_replay[:, j])
         ex.plot(t, judged, color=_COLOURS["aligned"], lw=1.0, label="error judged (lag removed)")
         for sign in (-1, 1):
@@ -88,8 +115,11 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
         if j == GRIPPER and result.gripper is not None:  # grasps are not judged as errors
             for a, b in result.gripper.grasps:
                 ex.axvspan(a / fps, b / fps, color="#9467bd", alpha=0.15, lw=0)
-        ex.set_title(f"RMS {joint.judged_rms_error:.2f}  max {joint.judged_max_error:.2f}  "
-                     f"lag {_fmt(joint.lag_frames)} fr", fontsize=8)
+        ex.set_title(
+            f"RMS {joint.judged_rms_error:.2f}  max {joint.judged_max_error:.2f}  "
+            f"lag {_fmt(joint.lag_frames)} fr",
+            fontsize=8,
+        )
         ex.tick_params(labelsize=7, labelbottom=j == last_row)
         if j == 0:
             ex.legend(loc="upper right", fontsize=7)
@@ -100,19 +130,18 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     if lag.mse is not None:
         curve.plot(lag.shifts, np.sqrt(lag.mse), marker="o", color=_COLOURS["recorded"])
         if lag.frames is not None:
-            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0,
-                          label=f"estimate {lag.frames:.2f}")
+            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0, label=f"estimate {lag.frames:.2f}")
             curve.legend(fontsize=7)
     else:
-        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center",
-                   transform=curve.transAxes)
+        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center", transform=curve.transAxes)
     curve.set_xlabel("shift k [frames]: recorded[t] vs replayed[t - k]", fontsize=8)
     curve.set_ylabel("RMS error [deg]", fontsize=8)
     curve.tick_params(labelsize=7)
     info = fig.add_subplot(grid[len(JOINT_NAMES), 1])
     info.axis("off")
-    info.text(0.0, 1.0, _summary_text(result), va="top", family="monospace", fontsize=7,
-              transform=info.transAxes)
+    info.text(
+        0.0, 1.0, _summary_text(result), va="top", family="monospace", fontsize=7, transform=info.transAxes
+    )
 
     path = Path(path)
     import io
@@ -127,15 +156,21 @@ def _summary_text(result: EpisodeResult) -> str:
     lag = result.lag
     lines = [f"frames {result.frames} @ {result.fps} fps"]
     if lag is not None:
-        lines.append(f"action->state: recorded {_fmt(lag.response_recorded)} fr, "
-                     f"twin {_fmt(lag.response_replayed)} fr")
+        lines.append(
+            f"action->state: recorded {_fmt(lag.response_recorded)} fr, twin {_fmt(lag.response_replayed)} fr"
+        )
     if result.gripper is not None:
         g = result.gripper
-        lines.append(f"gripper cmd {g.commanded[0]:.0f}..{g.commanded[1]:.0f}, "
-                     f"achieved {g.achieved[0]:.0f}..{g.achieved[1]:.0f}, "
-                     f"grasp {g.grasp_frames} fr")
-    sat = [f"{j.name} {j.at_limit_frames}/{j.beyond_range_frames}" for j in result.joints
-           if j.at_limit_frames or j.beyond_range_frames]
+        lines.append(
+            f"gripper cmd {g.commanded[0]:.0f}..{g.commanded[1]:.0f}, "
+            f"achieved {g.achieved[0]:.0f}..{g.achieved[1]:.0f}, "
+            f"grasp {g.grasp_frames} fr"
+        )
+    sat = [
+        f"{j.name} {j.at_limit_frames}/{j.beyond_range_frames}"
+        for j in result.joints
+        if j.at_limit_frames or j.beyond_range_frames
+    ]
     lines.append("commands at limit/beyond: " + (", ".join(sat) if sat else "none"))
     lines.extend(_wrap(note, 70) for note in result.notes)
     return "\n".join(lines)
@@ -158,32 +193,42 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResult],
-                     plots: Mapping[int, str]) -> str:
+def summary_markdown(
+    document: Mapping[str, Any], results: Sequence[EpisodeResult], plots: Mapping[int, str]
+) -> str:
     """The dataset's summary page: verdict table, then one section per episode with its plot."""
     ds = document["dataset"]
     lines = [f"# Replay check: `{ds['root']}`", ""]
-    lines.append(f"- fps {ds['fps']}, robot type `{ds.get('robot_type')}`, "
-                 f"{len(results)} episode(s) checked")
+    lines.append(f"- fps {ds['fps']}, robot type `{ds.get('robot_type')}`, {len(results)} episode(s) checked")
     units = document["units"]
-    lines.append(f"- units: {units['body']} (body), {units['gripper']} (gripper), from "
-                 f"{units['source']}" + (f"; calibration {units['calibration']}"
-                                         if units.get("calibration") else "")
-                 + (f" (overriding: {units['overridden']})" if units.get("overridden") else ""))
+    lines.append(
+        f"- units: {units['body']} (body), {units['gripper']} (gripper), from "
+        f"{units['source']}"
+        + (f"; calibration {units['calibration']}" if units.get("calibration") else "")
+        + (f" (overriding: {units['overridden']})" if units.get("overridden") else "")
+    )
     twin = document.get("twin") or {}
     if twin:
-        lines.append(f"- twin: {twin.get('substeps')} steps of {twin.get('timestep', 0) * 1000:g} ms "
-                     f"per frame ({twin.get('timestep_source')}); {twin.get('scene')}")
+        lines.append(
+            f"- twin: {twin.get('substeps')} steps of {twin.get('timestep', 0) * 1000:g} ms "
+            f"per frame ({twin.get('timestep_source')}); {twin.get('scene')}"
+        )
     lines.append(f"- thresholds: `{document['settings_source']}`")
     counts = ", ".join(f"{n} {v}" for v, n in document["counts"].items() if n)
-    lines.append(f"- result: **{document['worst_verdict']}** ({counts}); exit status "
-                 f"{document['exit_status']}")
-    lines += ["", "| episode | frames | verdict | lag [frames] | lag [ms] | worst joint | "
-              "judged RMS / max | reason |", "|---:|---:|---|---:|---:|---|---|---|"]
+    lines.append(
+        f"- result: **{document['worst_verdict']}** ({counts}); exit status {document['exit_status']}"
+    )
+    lines += [
+        "",
+        "| episode | frames | verdict | lag [frames] | lag [ms] | worst joint | judged RMS / max | reason |",
+        "|---:|---:|---|---:|---:|---|---|---|",
+    ]
     for r in results:
         if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
-            lines.append(f"| {r.episode_index} | {r.frames} | {_VERDICT_MARK[r.verdict]} "
-                         f"{r.verdict.value} | | | | | {_cell(r.reason)} |")
+            lines.append(
+                f"| {r.episode_index} | {r.frames} | {_VERDICT_MARK[r.verdict]} "
+                f"{r.verdict.value} | | | | | {_cell(r.reason)} |"
+            )
             continue
         worst_joint = r.worst_joint()
         assert worst_joint is not None
@@ -192,34 +237,44 @@ def summary_markdown(document: Mapping[str, Any], results: Sequence[EpisodeResul
             f"{_VERDICT_MARK[r.verdict]} {r.verdict.value} | {_fmt(r.lag.frames)} | "
             f"{_fmt(r.ms(r.lag.frames), 0)} | {worst_joint.name} | "
             f"{worst_joint.judged_rms_error:.2f} / {worst_joint.judged_max_error:.2f} | "
-            f"{_cell(r.reason)} |")
+            f"{_cell(r.reason)} |"
+        )
     for r in results:
         if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
             continue
-        lines += ["", f"## Episode {r.episode_index}", "",
-                  f"**{r.verdict.value}**: {r.reason}", ""]
+        lines += ["", f"## Episode {r.episode_index}", "", f"**{r.verdict.value}**: {r.reason}", ""]
         for note in r.notes:
             lines.append(f"- {note}")
-        lines += ["", "| joint | motion | RMS | max | aligned RMS | aligned max | judged RMS | "
-                  "judged max | lag [frames] | blips | stalls | cmd at limit | cmd beyond |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| joint | motion | RMS | max | aligned RMS | aligned max | judged RMS | "
+            "judged max | lag [frames] | blips | stalls | cmd at limit | cmd beyond |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for j in r.joints:
-            lines.append(f"| {j.name} | {j.motion:.1f} | {j.rms_error:.2f} | {j.max_error:.2f} | "
-                         f"{j.aligned_rms_error:.2f} | {j.aligned_max_error:.2f} | "
-                         f"{j.judged_rms_error:.2f} | {j.judged_max_error:.2f} | "
-                         f"{_fmt(j.lag_frames)} | {j.blips} | {len(j.stalls)} | "
-                         f"{j.at_limit_frames} | {j.beyond_range_frames} |")
+            lines.append(
+                f"| {j.name} | {j.motion:.1f} | {j.rms_error:.2f} | {j.max_error:.2f} | "
+                f"{j.aligned_rms_error:.2f} | {j.aligned_max_error:.2f} | "
+                f"{j.judged_rms_error:.2f} | {j.judged_max_error:.2f} | "
+                f"{_fmt(j.lag_frames)} | {j.blips} | {len(j.stalls)} | "
+                f"{j.at_limit_frames} | {j.beyond_range_frames} |"
+            )
         g = r.gripper
         if g is not None:
             held = "" if g.held_opening is None else f", held at {g.held_opening:.1f}"
-            lines += ["", f"Gripper: commanded {g.commanded[0]:.1f}..{g.commanded[1]:.1f}, "
-                      f"achieved {g.achieved[0]:.1f}..{g.achieved[1]:.1f}, twin "
-                      f"{g.replayed[0]:.1f}..{g.replayed[1]:.1f}; mean tracking gap "
-                      f"{g.mean_tracking_gap:.1f}; {len(g.grasps)} grasp(s), "
-                      f"{g.grasp_frames} frames{held}."]
+            lines += [
+                "",
+                f"Gripper: commanded {g.commanded[0]:.1f}..{g.commanded[1]:.1f}, "
+                f"achieved {g.achieved[0]:.1f}..{g.achieved[1]:.1f}, twin "
+                f"{g.replayed[0]:.1f}..{g.replayed[1]:.1f}; mean tracking gap "
+                f"{g.mean_tracking_gap:.1f}; {len(g.grasps)} grasp(s), "
+                f"{g.grasp_frames} frames{held}.",
+            ]
         lag = r.lag
-        lines.append(f"Action->state response: recorded {_fmt(lag.response_recorded)} frames, "
-                     f"twin {_fmt(lag.response_replayed)} frames.")
+        lines.append(
+            f"Action->state response: recorded {_fmt(lag.response_recorded)} frames, "
+            f"twin {_fmt(lag.response_replayed)} frames."
+        )
         if r.episode_index in plots:
             lines += ["", f"![episode {r.episode_index}]({plots[r.episode_index]})"]
     not_replayable = [r for r in results if r.verdict is Verdict.NOT_REPLAYABLE]
@@ -233,8 +288,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def write_report(directory: str | os.PathLike[str], check: Any,
-                 document: Mapping[str, Any]) -> Path:
+def write_report(directory: str | os.PathLike[str], check: Any, document: Mapping[str, Any]) -> Path:
     """Write every replayed episode's PNG, ``report.json`` and ``summary.md`` into ``directory``.
 
     ``check`` is a :class:`hilrec.daemon.replay.check.DatasetCheck`; returns the summary's path.
@@ -271,41 +325,65 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
         "fps": fps,
         "notes": list(result.notes),
         "stale_rows": list(result.stale_rows),
-        "recorder_flags": {name: {"frames": n, "first_frame": first}
-                           for name, (n, first) in result.recorder_flags.items()},
+        "recorder_flags": {
+            name: {"frames": n, "first_frame": first} for name, (n, first) in result.recorder_flags.items()
+        },
     }
     if result.verdict is Verdict.NOT_REPLAYABLE:
         return out
     lag = result.lag
     assert lag is not None
     out["lag"] = {
-        "frames": num(lag.frames), "ms": num(result.ms(lag.frames)),
-        "best_shift": lag.best_shift, "joints_used": lag.joints_used,
+        "frames": num(lag.frames),
+        "ms": num(result.ms(lag.frames)),
+        "best_shift": lag.best_shift,
+        "joints_used": lag.joints_used,
         "fitted_frames": lag.fitted_frames,
         "at_search_edge": lag.at_search_edge,
         "response_recorded_frames": num(lag.response_recorded),
         "response_replayed_frames": num(lag.response_replayed),
-        "curve": None if lag.mse is None else {
-            "shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
+        "curve": None
+        if lag.mse is None
+        else {"shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
     }
-    out["divergence"] = None if result.divergence_onset is None else {
-        "joint": result.divergence_joint, "onset_frame": result.divergence_onset,
-        "onset_s": num(result.divergence_onset / fps)}
+    out["divergence"] = (
+        None
+        if result.divergence_onset is None
+        else {
+            "joint": result.divergence_joint,
+            "onset_frame": result.divergence_onset,
+            "onset_s": num(result.divergence_onset / fps),
+        }
+    )
     out["joints"] = {
         j.name: {
-            "motion": num(j.motion), "rms_error": num(j.rms_error), "max_error": num(j.max_error),
+            "motion": num(j.motion),
+            "rms_error": num(j.rms_error),
+            "max_error": num(j.max_error),
             "aligned_rms_error": num(j.aligned_rms_error),
             "aligned_max_error": num(j.aligned_max_error),
             "judged_rms_error": num(j.judged_rms_error),
             "judged_max_error": num(j.judged_max_error),
-            "lag_frames": num(j.lag_frames), "lag_ms": num(result.ms(j.lag_frames)),
-            "divergence": None if j.divergence is None else {
-                "onset_frame": j.divergence.onset, "first_over_frame": j.divergence.first_over,
-                "peak_error": num(j.divergence.peak)},
+            "lag_frames": num(j.lag_frames),
+            "lag_ms": num(result.ms(j.lag_frames)),
+            "divergence": None
+            if j.divergence is None
+            else {
+                "onset_frame": j.divergence.onset,
+                "first_over_frame": j.divergence.first_over,
+                "peak_error": num(j.divergence.peak),
+            },
             "limits": {"rms": j.limits.rms, "max": j.limits.max, "floor": j.limits.floor},
             "blips": j.blips,
-            "stalls": [{"start_frame": s.start, "stop_frame": s.stop, "held": num(s.held_value),
-                        "twin_motion": num(s.command_motion)} for s in j.stalls],
+            "stalls": [
+                {
+                    "start_frame": s.start,
+                    "stop_frame": s.stop,
+                    "held": num(s.held_value),
+                    "twin_motion": num(s.command_motion),
+                }
+                for s in j.stalls
+            ],
             "commands_at_limit": j.at_limit_frames,
             "commands_beyond_range": j.beyond_range_frames,
             "leader_mismatch_frames": j.leader_mismatch_frames,

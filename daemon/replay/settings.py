@@ -46,14 +46,17 @@ class LagSettings:
 
     def validate(self) -> None:
         if self.min_shift_frames > 0 or self.max_shift_frames < 0:
-            raise ConfigError("min_shift_frames",
-                              "the shift range must contain 0 "
-                              f"(got [{self.min_shift_frames}, {self.max_shift_frames}])")
+            raise ConfigError(
+                "min_shift_frames",
+                f"the shift range must contain 0 (got [{self.min_shift_frames}, {self.max_shift_frames}])",
+            )
         if self.max_shift_frames - self.min_shift_frames < 2:
             raise ConfigError("max_shift_frames", "the shift range needs at least 3 shifts")
         if not 0.0 < self.tolerance_frames < 1.0:
-            raise ConfigError("tolerance_frames",
-                              f"must be in (0, 1) so a one-frame lag is caught, got {self.tolerance_frames}")
+            raise ConfigError(
+                "tolerance_frames",
+                f"must be in (0, 1) so a one-frame lag is caught, got {self.tolerance_frames}",
+            )
         if self.min_motion_deg <= 0.0:
             raise ConfigError("min_motion_deg", f"must be positive, got {self.min_motion_deg}")
         if self.max_correlation_frames < 1:
@@ -70,8 +73,9 @@ class ErrorLimits:
 
     def validate(self) -> None:
         if not 0.0 < self.floor <= self.rms <= self.max:
-            raise ConfigError("rms", "need 0 < floor <= rms <= max, got "
-                                     f"floor={self.floor}, rms={self.rms}, max={self.max}")
+            raise ConfigError(
+                "rms", f"need 0 < floor <= rms <= max, got floor={self.floor}, rms={self.rms}, max={self.max}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,8 +92,7 @@ class ConsistencySettings:
         if self.min_duration_s < 0.0:
             raise ConfigError("min_duration_s", f"must be >= 0, got {self.min_duration_s}")
         if not 0 <= self.timing_slack_frames <= 3:
-            raise ConfigError("timing_slack_frames",
-                              f"must be in 0..3, got {self.timing_slack_frames}")
+            raise ConfigError("timing_slack_frames", f"must be in 0..3, got {self.timing_slack_frames}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,9 +52,11 @@ class ColumnUnits:
 
     def __post_init__(self) -> None:
         if self.body == "range_m100_100" and self.calibration is None:
-            raise ReplayError("body joints in -100..100 need the arm's calibration (range_min, "
-                              "range_max per joint) to become angles: pass --calibration FILE "
-                              "(LeRobot's calibration JSON)")
+            raise ReplayError(
+                "body joints in -100..100 need the arm's calibration (range_min, "
+                "range_max per joint) to become angles: pass --calibration FILE "
+                "(LeRobot's calibration JSON)"
+            )
 
     def to_twin(self, values: np.ndarray) -> np.ndarray:
         """``(n, 6)`` dataset values -> float64 twin units."""
@@ -105,8 +107,10 @@ def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyUnits | None:
             return None
         modes.add(mode.lower())
     if len(modes) != 1:
-        raise ReplayError(f"hilrec/dataset.json: body joints have mixed units {sorted(modes)}; "
-                          "the replay converts one mode for all body joints")
+        raise ReplayError(
+            f"hilrec/dataset.json: body joints have mixed units {sorted(modes)}; "
+            "the replay converts one mode for all body joints"
+        )
     mode = modes.pop()
     if mode in ("degrees", "range_m100_100"):
         return mode  # type: ignore[return-value]
@@ -120,12 +124,14 @@ def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibrati
             inner = data.get("follower", data)
             if isinstance(inner, Mapping) and set(JOINT_NAMES) <= set(inner):
                 return ArmCalibration.from_mapping(
-                    {n: inner[n] for n in JOINT_NAMES}, source=f"{root}/hilrec/dataset.json:{key}")
+                    {n: inner[n] for n in JOINT_NAMES}, source=f"{root}/hilrec/dataset.json:{key}"
+                )
     return None
 
 
-def resolve_units(root: Path, sidecar: Mapping[str, Any] | None, *, units_flag: str | None,
-                  calibration_flag: Path | None) -> ColumnUnits:
+def resolve_units(
+    root: Path, sidecar: Mapping[str, Any] | None, *, units_flag: str | None, calibration_flag: Path | None
+) -> ColumnUnits:
     """The dataset's units, from the flags or its sidecar; ReplayError says what is missing."""
     calibration = load_calibration(calibration_flag) if calibration_flag is not None else None
     cal_source = str(calibration_flag) if calibration_flag is not None else None
@@ -140,15 +146,29 @@ def resolve_units(root: Path, sidecar: Mapping[str, Any] | None, *, units_flag: 
         overridden = None
         if meta_mode is not None and meta_mode != mode:
             overridden = f"dataset metadata says {meta_mode}"
-        return ColumnUnits(body=mode, source="--units flag", calibration=calibration,
-                           calibration_source=cal_source, overridden=overridden)
+        return ColumnUnits(
+            body=mode,
+            source="--units flag",
+            calibration=calibration,
+            calibration_source=cal_source,
+            overridden=overridden,
+        )
     if meta_mode is None:
-        why = ("it has no hilrec metadata (hilrec/dataset.json)" if not sidecar else
-               "its hilrec/dataset.json does not state the units")
-        raise ReplayError(f"{root}: the units of action/observation.state are unknown: {why}; "
-                          "pass --units degrees, or --units m100_100 with --calibration FILE")
+        why = (
+            "it has no hilrec metadata (hilrec/dataset.json)"
+            if not sidecar
+            else "its hilrec/dataset.json does not state the units"
+        )
+        raise ReplayError(
+            f"{root}: the units of action/observation.state are unknown: {why}; "
+            "pass --units degrees, or --units m100_100 with --calibration FILE"
+        )
     if calibration is None and meta_mode == "range_m100_100":
         calibration = _sidecar_calibration(sidecar or {}, root)
         cal_source = "dataset metadata" if calibration is not None else None
-    return ColumnUnits(body=meta_mode, source="dataset metadata (hilrec/dataset.json)",
-                       calibration=calibration, calibration_source=cal_source)
+    return ColumnUnits(
+        body=meta_mode,
+        source="dataset metadata (hilrec/dataset.json)",
+        calibration=calibration,
+        calibration_source=cal_source,
+    )

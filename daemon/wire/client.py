@@ -21,8 +21,15 @@ import zmq
 import zmq.auth
 
 from hilrec.daemon.errors import ConfigError, DaemonUnreachableError, ProtocolError
-from hilrec.daemon.wire.protocol import (TOPIC_EVENT, TOPIC_PREVIEW, TOPIC_TICK, encode_leader, new_request,
-                                    parse_reply, parse_telemetry)
+from hilrec.daemon.wire.protocol import (
+    TOPIC_EVENT,
+    TOPIC_PREVIEW,
+    TOPIC_TICK,
+    encode_leader,
+    new_request,
+    parse_reply,
+    parse_telemetry,
+)
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,15 @@ class ClientKeys:
 
 
 class ControlClient:
-    def __init__(self, endpoint: str, *, timeout_ms: int = 2000, retries: int = 3,
-                 keys: ClientKeys | None = None, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout_ms: int = 2000,
+        retries: int = 3,
+        keys: ClientKeys | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout_ms = timeout_ms
         self.retries = max(1, retries)
@@ -82,8 +96,10 @@ class ControlClient:
                 if sock.poll(max(1, int(remaining * 1000)), zmq.POLLIN):
                     return parse_reply(sock.recv())
             self._drop_socket()  # the REQ socket is stuck without its reply: rebuild it
-        raise DaemonUnreachableError(f"no reply from the daemon at {self.endpoint} within "
-                                     f"{self.timeout_ms} ms, {self.retries} attempt(s)")
+        raise DaemonUnreachableError(
+            f"no reply from the daemon at {self.endpoint} within "
+            f"{self.timeout_ms} ms, {self.retries} attempt(s)"
+        )
 
     def call(self, cmd: str, **args: Any) -> dict[str, Any]:
         """Like :meth:`request`, but an error reply raises ProtocolError with its message."""
@@ -112,8 +128,14 @@ class ControlClient:
 class TelemetryClient:
     """SUB socket on the telemetry port; :meth:`receive` waits at most ``timeout_ms``."""
 
-    def __init__(self, endpoint: str, *, topics: tuple[bytes, ...] = (TOPIC_TICK, TOPIC_EVENT, TOPIC_PREVIEW),
-                 keys: ClientKeys | None = None, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        topics: tuple[bytes, ...] = (TOPIC_TICK, TOPIC_EVENT, TOPIC_PREVIEW),
+        keys: ClientKeys | None = None,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
         sock = self._context.socket(zmq.SUB)
@@ -149,8 +171,9 @@ class TelemetryClient:
 class LeaderClient:
     """PUSH socket to the remote-leader port; only the newest command matters (CONFLATE)."""
 
-    def __init__(self, endpoint: str, *, keys: ClientKeys | None = None,
-                 context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self, endpoint: str, *, keys: ClientKeys | None = None, context: zmq.Context[Any] | None = None
+    ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
         sock = self._context.socket(zmq.PUSH)
@@ -180,4 +203,4 @@ class LeaderClient:
             self._context.term()
 
 
-__all__ = ["ClientKeys", "ControlClient", "LeaderClient", "TelemetryClient", "TOPIC_PREVIEW"]
+__all__ = ["TOPIC_PREVIEW", "ClientKeys", "ControlClient", "LeaderClient", "TelemetryClient"]

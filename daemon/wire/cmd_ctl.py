@@ -31,18 +31,27 @@ EXIT_UNREACHABLE = 3
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "ctl", help="talk to a running daemon over ZeroMQ",
-        description="Send one control request to a running hilrec daemon and print its reply.")
+        "ctl",
+        help="talk to a running daemon over ZeroMQ",
+        description="Send one control request to a running hilrec daemon and print its reply.",
+    )
     parser.add_argument("verb", choices=sorted(VERBS), help="what to ask for")
     parser.add_argument("--task", help="start: the task text recorded with every frame")
     parser.add_argument("--seed", type=int, help="start: the episode seed (sim mode places the cube from it)")
     outcome = parser.add_mutually_exclusive_group()
-    outcome.add_argument("--success", dest="success", action="store_true", default=None,
-                         help="stop: the operator says the episode succeeded")
-    outcome.add_argument("--failure", dest="success", action="store_false",
-                         help="stop: the operator says the episode failed")
-    parser.add_argument("--wait", action="store_true",
-                        help="stop/finalize: wait until the save or the finalize has finished")
+    outcome.add_argument(
+        "--success",
+        dest="success",
+        action="store_true",
+        default=None,
+        help="stop: the operator says the episode succeeded",
+    )
+    outcome.add_argument(
+        "--failure", dest="success", action="store_false", help="stop: the operator says the episode failed"
+    )
+    parser.add_argument(
+        "--wait", action="store_true", help="stop/finalize: wait until the save or the finalize has finished"
+    )
     parser.add_argument("--wait-s", type=float, default=120.0, help="longest --wait (seconds)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5555)
@@ -71,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         request_args = {"task": args.task, "seed": args.seed}
     elif args.verb == "stop":
         request_args = {"success": args.success}
-    with ControlClient(endpoint(args.host, args.port), timeout_ms=args.timeout_ms,
-                       retries=args.retries, keys=keys) as client:
+    with ControlClient(
+        endpoint(args.host, args.port), timeout_ms=args.timeout_ms, retries=args.retries, keys=keys
+    ) as client:
         try:
             reply = client.request(VERBS[args.verb], **request_args)
             if reply["ok"] and args.wait and args.verb in ("stop", "finalize"):

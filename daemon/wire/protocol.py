@@ -30,8 +30,12 @@ from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.errors import (OversizedMessageError, ProtocolError, UnknownCommandError,
-                                  VersionMismatchError)
+from hilrec.daemon.errors import (
+    OversizedMessageError,
+    ProtocolError,
+    UnknownCommandError,
+    VersionMismatchError,
+)
 from hilrec.daemon.so101 import NUM_JOINTS
 
 PROTOCOL_VERSION: Final[int] = 1
@@ -54,7 +58,6 @@ CODE_BAD_STATE: Final[str] = "bad_state"
 CODE_FAULT: Final[str] = "fault"
 CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
-
 
 
 class FrameFlag(enum.IntFlag):
@@ -120,8 +123,7 @@ class LeaderCommand:
 
 def new_request(cmd: str, **args: Any) -> Request:
     """Build a request with a fresh id (what a client sends)."""
-    request = Request(cmd=cmd, args={k: v for k, v in args.items() if v is not None},
-                      id=uuid.uuid4().hex)
+    request = Request(cmd=cmd, args={k: v for k, v in args.items() if v is not None}, id=uuid.uuid4().hex)
     _check_args(request.cmd, dict(request.args))
     return request
 
@@ -141,8 +143,10 @@ def parse_request(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_REQUE
     _check_version(obj, "request", required=False)
     request_id = obj.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > MAX_ID_CHARS):
-        raise ProtocolError(f"request field 'id' must be a string of at most {MAX_ID_CHARS} "
-                            f"characters, got {_describe(request_id)}")
+        raise ProtocolError(
+            f"request field 'id' must be a string of at most {MAX_ID_CHARS} "
+            f"characters, got {_describe(request_id)}"
+        )
     if "cmd" not in obj:
         raise ProtocolError("request has no 'cmd' field")
     cmd = obj["cmd"]
@@ -192,12 +196,14 @@ def parse_leader(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_LEADER
         raise ProtocolError(f"leader command field 'seq' must be an integer, got {_describe(seq)}")
     action = obj.get("action")
     if not isinstance(action, list) or len(action) != NUM_JOINTS:
-        raise ProtocolError(f"leader command field 'action' must be a list of {NUM_JOINTS} numbers, "
-                            f"got {_describe(action)}")
+        raise ProtocolError(
+            f"leader command field 'action' must be a list of {NUM_JOINTS} numbers, got {_describe(action)}"
+        )
     for i, value in enumerate(action):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ProtocolError(f"leader command field 'action[{i}]' must be a finite number, "
-                                f"got {_describe(value)}")
+            raise ProtocolError(
+                f"leader command field 'action[{i}]' must be a finite number, got {_describe(value)}"
+            )
     return LeaderCommand(seq=seq, action=np.asarray(action, dtype=np.float32))
 
 
@@ -276,8 +282,9 @@ def _check_version(obj: Mapping[str, Any], what: str, *, required: bool) -> None
         return  # a hand-typed {"cmd": "status"} is read as the current version
     version = obj["v"]
     if version != PROTOCOL_VERSION or isinstance(version, bool):
-        raise VersionMismatchError(f"{what} has protocol version {_describe(version)}, "
-                                   f"this daemon speaks version {PROTOCOL_VERSION}")
+        raise VersionMismatchError(
+            f"{what} has protocol version {_describe(version)}, this daemon speaks version {PROTOCOL_VERSION}"
+        )
 
 
 def _check_args(cmd: str, args: Mapping[str, Any]) -> None:
@@ -296,9 +303,11 @@ def _check_args(cmd: str, args: Mapping[str, Any]) -> None:
             kind = " or ".join(t.__name__ for t in types_)
             raise ProtocolError(f"command {cmd!r} argument {name!r} must be {kind}, got {_describe(value)}")
     task = args.get("task")
-    if isinstance(task, str) and not (0 < len(task.strip()) and len(task) <= MAX_TASK_CHARS):
-        raise ProtocolError(f"command {cmd!r} argument 'task' must be a non-empty string of at most "
-                            f"{MAX_TASK_CHARS} characters")
+    if isinstance(task, str) and not (len(task.strip()) > 0 and len(task) <= MAX_TASK_CHARS):
+        raise ProtocolError(
+            f"command {cmd!r} argument 'task' must be a non-empty string of at most "
+            f"{MAX_TASK_CHARS} characters"
+        )
     seed = args.get("seed")
     if isinstance(seed, int) and not 0 <= seed < 2**32:
         raise ProtocolError(f"command {cmd!r} argument 'seed' must be in [0, 2**32), got {seed}")

@@ -59,24 +59,31 @@ class ZmqSettings:
     curve: CurveSettings | None = None
 
     def validate(self) -> None:
-        ports = {"control_port": self.control_port, "telemetry_port": self.telemetry_port,
-                 "leader_port": self.leader_port}
+        ports = {
+            "control_port": self.control_port,
+            "telemetry_port": self.telemetry_port,
+            "leader_port": self.leader_port,
+        }
         for key, port in ports.items():
             if not 1 <= port <= 65535:
                 raise ConfigError(key, f"must be a TCP port in 1..65535, got {port}")
         if len(set(ports.values())) != 3:
             raise ConfigError("leader_port", "control, telemetry and leader ports must differ")
-        for key, value in (("max_request_bytes", self.max_request_bytes),
-                           ("max_leader_bytes", self.max_leader_bytes)):
+        for key, value in (
+            ("max_request_bytes", self.max_request_bytes),
+            ("max_leader_bytes", self.max_leader_bytes),
+        ):
             if not 64 <= value <= 16 * 1024 * 1024:
                 raise ConfigError(key, f"must be in 64..16777216 bytes, got {value}")
         if self.apply_timeout_ms <= 0:
             raise ConfigError("apply_timeout_ms", "must be positive")
         if not is_loopback(self.host) and self.curve is None:
-            raise ConfigError("curve", f"binding to host {self.host!r} reaches beyond loopback and "
-                                       "requires CURVE keys ([zmq.curve] server_secret_key, "
-                                       "authorized_clients)")
-
+            raise ConfigError(
+                "curve",
+                f"binding to host {self.host!r} reaches beyond loopback and "
+                "requires CURVE keys ([zmq.curve] server_secret_key, "
+                "authorized_clients)",
+            )
 
 
 def endpoint(host: str, port: int) -> str:
@@ -112,8 +119,9 @@ class Security:
         except (OSError, ValueError) as exc:
             raise ConfigError("zmq.curve.server_secret_key", f"cannot read {key_file}: {exc}") from exc
         if not secret:
-            raise ConfigError("zmq.curve.server_secret_key", f"{key_file} holds no secret key "
-                                                             "(give the .key_secret file)")
+            raise ConfigError(
+                "zmq.curve.server_secret_key", f"{key_file} holds no secret key (give the .key_secret file)"
+            )
         self._public, self._secret = public, secret
         self._auth = ThreadAuthenticator(context)
         self._auth.start()

@@ -16,16 +16,21 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
 
-from hilrec.daemon.errors import ConfigError, HilrecError, ProtocolError, RequestRefusedError
-from hilrec.daemon.wire.protocol import (CODE_INTERNAL, Request, error_code, error_reply, ok_reply,
-                                    parse_request, request_id_of)
+from hilrec.daemon.errors import HilrecError, ProtocolError, RequestRefusedError
+from hilrec.daemon.wire.protocol import (
+    CODE_INTERNAL,
+    Request,
+    error_code,
+    error_reply,
+    ok_reply,
+    parse_request,
+    request_id_of,
+)
 from hilrec.daemon.wire.security import Security, ZmqSettings, bind, endpoint
 
 log = logging.getLogger(__name__)
@@ -37,8 +42,15 @@ _REPLY_CACHE_SIZE = 64
 class ControlServer:
     """REP socket, one request at a time, every wait bounded by ``poll_ms``."""
 
-    def __init__(self, context: zmq.Context[Any], settings: ZmqSettings, security: Security,
-                 handler: Callable[[Request], dict[str, Any]], *, poll_ms: int = 100) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        settings: ZmqSettings,
+        security: Security,
+        handler: Callable[[Request], dict[str, Any]],
+        *,
+        poll_ms: int = 100,
+    ) -> None:
         self._settings = settings
         self._handler = handler
         self._poll_ms = poll_ms
@@ -90,10 +102,11 @@ class ControlServer:
         except HilrecError as exc:
             self.refused += 1
             reply = error_reply(request.id, str(exc), getattr(exc, "code", CODE_INTERNAL))
-        except Exception as exc:  # noqa: BLE001 - the server boundary: answer, log, keep serving
+        except Exception as exc:
             log.exception("control request %r failed", request.cmd)
-            reply = error_reply(request.id, f"internal error in {request.cmd!r}: "
-                                            f"{type(exc).__name__}: {exc}", CODE_INTERNAL)
+            reply = error_reply(
+                request.id, f"internal error in {request.cmd!r}: {type(exc).__name__}: {exc}", CODE_INTERNAL
+            )
         if request.id is not None:
             self._replies[request.id] = reply
             while len(self._replies) > _REPLY_CACHE_SIZE:

@@ -32,9 +32,17 @@ _MAX_BACKLOG = 256
 
 
 class Telemetry:
-    def __init__(self, context: zmq.Context[Any], endpoint: str, *, hwm: int, preview_hz: float,
-                 preview_width: int, jpeg_quality: int,
-                 configure_socket: Callable[[zmq.Socket[Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        context: zmq.Context[Any],
+        endpoint: str,
+        *,
+        hwm: int,
+        preview_hz: float,
+        preview_width: int,
+        jpeg_quality: int,
+        configure_socket: Callable[[zmq.Socket[Any]], None] | None = None,
+    ) -> None:
         self._context = context
         self._endpoint = endpoint
         self._hwm = hwm
@@ -142,15 +150,25 @@ class Telemetry:
             height, width = image.shape[:2]
             if width > self._preview_width:
                 scale = self._preview_width / width
-                image = cv2.resize(image, (self._preview_width, max(1, round(height * scale))),
-                                   interpolation=cv2.INTER_AREA)
-            ok, jpeg = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                                    [cv2.IMWRITE_JPEG_QUALITY, self._jpeg_quality])
+                image = cv2.resize(
+                    image, (self._preview_width, max(1, round(height * scale))), interpolation=cv2.INTER_AREA
+                )
+            ok, jpeg = cv2.imencode(
+                ".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, self._jpeg_quality]
+            )
             if not ok:
                 continue
-            cameras.append({"name": name, "height": int(image.shape[0]), "width": int(image.shape[1]),
-                            "source_height": int(height), "source_width": int(width),
-                            "encoding": "jpeg", "bytes": int(jpeg.size)})
+            cameras.append(
+                {
+                    "name": name,
+                    "height": int(image.shape[0]),
+                    "width": int(image.shape[1]),
+                    "source_height": int(height),
+                    "source_width": int(width),
+                    "encoding": "jpeg",
+                    "bytes": int(jpeg.size),
+                }
+            )
             blobs.append(jpeg.tobytes())
         header = telemetry_header(TOPIC_PREVIEW, seq, frame_index=payload["frame_index"], cameras=cameras)
         return [TOPIC_PREVIEW, header, *blobs]

@@ -21,33 +21,65 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("emulate", help="emulate an SO-101 arm on a pseudo-terminal",
-                                   description=__doc__.splitlines()[0])
+    parser = subparsers.add_parser(
+        "emulate", help="emulate an SO-101 arm on a pseudo-terminal", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("role", choices=("follower", "leader"))
-    parser.add_argument("--link", type=Path, default=None,
-                        help="also make the port reachable at this path (a symlink)")
-    parser.add_argument("--wire-timing", action="store_true",
-                        help="answer at the wire speed of the servos' baud rate (1 Mbps)")
-    parser.add_argument("--fault", action="append", default=[], metavar="KIND[:k=v,...]",
-                        help="inject a fault: drop, corrupt, late, echo, overload, voltage, "
-                             "missing, vanish; e.g. drop:id=3,count=2 or vanish:after_s=5")
-    parser.add_argument("--calibration", type=Path, default=None,
-                        help="the arm's calibration (default: the twin's emulated calibration)")
-    parser.add_argument("--write-calibration", type=Path, default=None, metavar="FILE",
-                        help="write the emulated arm's calibration file here for clients")
-    parser.add_argument("--motion", choices=get_args(MotionKind), default="auto",
-                        help="auto: follower = MuJoCo twin, leader = scripted operator")
-    parser.add_argument("--factory-fresh", action="store_true",
-                        help="start with factory EEPROM (no homing offsets), to calibrate")
+    parser.add_argument(
+        "--link", type=Path, default=None, help="also make the port reachable at this path (a symlink)"
+    )
+    parser.add_argument(
+        "--wire-timing",
+        action="store_true",
+        help="answer at the wire speed of the servos' baud rate (1 Mbps)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND[:k=v,...]",
+        help="inject a fault: drop, corrupt, late, echo, overload, voltage, "
+        "missing, vanish; e.g. drop:id=3,count=2 or vanish:after_s=5",
+    )
+    parser.add_argument(
+        "--calibration",
+        type=Path,
+        default=None,
+        help="the arm's calibration (default: the twin's emulated calibration)",
+    )
+    parser.add_argument(
+        "--write-calibration",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the emulated arm's calibration file here for clients",
+    )
+    parser.add_argument(
+        "--motion",
+        choices=get_args(MotionKind),
+        default="auto",
+        help="auto: follower = MuJoCo twin, leader = scripted operator",
+    )
+    parser.add_argument(
+        "--factory-fresh",
+        action="store_true",
+        help="start with factory EEPROM (no homing offsets), to calibrate",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    config = EmulatorConfig(role=args.role, link=args.link, wire_timing=args.wire_timing,
-                            faults=tuple(parse_fault(text) for text in args.fault),
-                            calibration=args.calibration, motion=args.motion, seed=args.seed,
-                            factory_fresh=args.factory_fresh)
+    config = EmulatorConfig(
+        role=args.role,
+        link=args.link,
+        wire_timing=args.wire_timing,
+        faults=tuple(parse_fault(text) for text in args.fault),
+        calibration=args.calibration,
+        motion=args.motion,
+        seed=args.seed,
+        factory_fresh=args.factory_fresh,
+    )
     arm = EmulatedArm(config)
     if args.write_calibration is not None:
         save_calibration(arm.frame.calibration, args.write_calibration)
@@ -56,9 +88,13 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda *_: stop.set())
     with arm:
         print(arm.device_path, flush=True)
-        log.info("emulated %s: %s%s; faults: %s", args.role, arm.device_path,
-                 f" (link {args.link})" if args.link else "",
-                 ", ".join(describe(f) for f in config.faults) or "none")
+        log.info(
+            "emulated %s: %s%s; faults: %s",
+            args.role,
+            arm.device_path,
+            f" (link {args.link})" if args.link else "",
+            ", ".join(describe(f) for f in config.faults) or "none",
+        )
         while not stop.is_set() and not arm.vanished.is_set():
             stop.wait(0.5)
     return 0

@@ -35,8 +35,7 @@ from hilrec.drivers.tables import StatusBit
 
 FaultKind = Literal["drop", "corrupt", "late", "echo", "overload", "voltage", "missing", "vanish"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset({"drop", "corrupt", "late", "echo"})
-CONDITION_BITS: Final[dict[str, int]] = {"overload": StatusBit.OVERLOAD,
-                                          "voltage": StatusBit.VOLTAGE}
+CONDITION_BITS: Final[dict[str, int]] = {"overload": StatusBit.OVERLOAD, "voltage": StatusBit.VOLTAGE}
 ReplyFate = Literal["send", "drop", "corrupt", "late"]
 
 
@@ -52,15 +51,15 @@ class Fault:
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(FaultKind):
-            raise ConfigError("fault.kind", f"unknown fault {self.kind!r} "
-                              f"(known: {', '.join(get_args(FaultKind))})")
+            raise ConfigError(
+                "fault.kind", f"unknown fault {self.kind!r} (known: {', '.join(get_args(FaultKind))})"
+            )
         if not 0.0 < self.probability <= 1.0:
             raise ConfigError("fault.p", f"probability must be in (0, 1], got {self.probability}")
         if self.after < 0 or (self.count is not None and self.count < 1):
             raise ConfigError("fault.count", "after must be >= 0 and count >= 1")
         if self.kind == "late" and self.delay_ms <= 0:
-            raise ConfigError("fault.delay_ms", f"a late reply needs a positive delay, got "
-                              f"{self.delay_ms}")
+            raise ConfigError("fault.delay_ms", f"a late reply needs a positive delay, got {self.delay_ms}")
         if self.kind == "missing" and self.servo_id is None:
             raise ConfigError("fault.id", "'missing' needs the id of the servo to remove")
 
@@ -69,8 +68,12 @@ class Fault:
 
 
 _KEYS: Final[dict[str, tuple[str, type]]] = {
-    "id": ("servo_id", int), "after": ("after", int), "count": ("count", int),
-    "p": ("probability", float), "delay_ms": ("delay_ms", float), "after_s": ("after_s", float),
+    "id": ("servo_id", int),
+    "after": ("after", int),
+    "count": ("count", int),
+    "p": ("probability", float),
+    "delay_ms": ("delay_ms", float),
+    "after_s": ("after_s", float),
 }
 
 
@@ -81,21 +84,22 @@ def parse_fault(text: str) -> Fault:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, raw = item.partition("=")
         if not sep or key not in _KEYS:
-            raise ConfigError(f"--fault {text}", f"expected key=value with key in "
-                              f"{', '.join(_KEYS)}, got {item!r}")
+            raise ConfigError(
+                f"--fault {text}", f"expected key=value with key in {', '.join(_KEYS)}, got {item!r}"
+            )
         name, cast = _KEYS[key]
         try:
             values[name] = cast(raw)
         except ValueError:
-            raise ConfigError(f"--fault {text}", f"{key} must be a {cast.__name__}, "
-                              f"got {raw!r}") from None
+            raise ConfigError(f"--fault {text}", f"{key} must be a {cast.__name__}, got {raw!r}") from None
     return Fault(**values)  # type: ignore[arg-type]
 
 
 def describe(fault: Fault) -> str:
     defaults = {f.name: f.default for f in fields(Fault)}
-    extras = [f"{k}={getattr(fault, k)}" for k in defaults
-              if k != "kind" and getattr(fault, k) != defaults[k]]
+    extras = [
+        f"{k}={getattr(fault, k)}" for k in defaults if k != "kind" and getattr(fault, k) != defaults[k]
+    ]
     return fault.kind + (":" + ",".join(extras) if extras else "")
 
 
@@ -174,8 +178,9 @@ class FaultPlan:
 
     def is_missing(self, servo_id: int) -> bool:
         with self._lock:
-            return any(f.kind == "missing" and f.servo_id == servo_id and self._active(f)
-                       for f in self._faults)
+            return any(
+                f.kind == "missing" and f.servo_id == servo_id and self._active(f) for f in self._faults
+            )
 
     def vanish_due(self, elapsed_s: float) -> bool:
         with self._lock:

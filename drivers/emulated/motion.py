@@ -47,8 +47,7 @@ class ArmMotion(Protocol):
         """Ticks per second (6,), float64."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
     # Optional: ``next_due() -> float | None``, when the model wants to advance on its own
     # (the twin's next physics step); the emulator calls ``advance`` then if the bus is idle.
@@ -70,10 +69,12 @@ class MechanicalFrame:
     def from_sim(cls) -> MechanicalFrame:
         from hilrec.sim import units
 
-        calibration = ArmCalibration.from_mapping(units.emulated_calibration(),
-                                                  source="hilrec.sim.units.emulated_calibration()")
-        zero = np.array([units.present_position(name, 0.0) + calibration[name].homing_offset
-                         for name in JOINT_NAMES])
+        calibration = ArmCalibration.from_mapping(
+            units.emulated_calibration(), source="hilrec.sim.units.emulated_calibration()"
+        )
+        zero = np.array(
+            [units.present_position(name, 0.0) + calibration[name].homing_offset for name in JOINT_NAMES]
+        )
         return cls(zero, units.TICKS_PER_RAD, calibration)
 
     def with_calibration(self, calibration: ArmCalibration) -> MechanicalFrame:
@@ -87,8 +88,7 @@ class MechanicalFrame:
         gripper_low = units.default_units_map().joint_ranges[JOINT_NAMES.index("gripper")][0]
         zero = []
         for name, cal in calibration.items():
-            at_zero = (cal.range_min - gripper_low * self.ticks_per_rad if name == "gripper"
-                       else cal.mid)
+            at_zero = cal.range_min - gripper_low * self.ticks_per_rad if name == "gripper" else cal.mid
             zero.append(at_zero + cal.homing_offset)
         return MechanicalFrame(np.array(zero), self.ticks_per_rad, calibration)
 
@@ -112,8 +112,9 @@ class MechanicalFrame:
 class ServoMotion:
     """Six first-order position servos (time constant ``tau_s``, speed cap ``max_speed``)."""
 
-    def __init__(self, initial: np.ndarray, *, hand: Path | None = None, tau_s: float = 0.03,
-                 max_speed: float = 3000.0) -> None:
+    def __init__(
+        self, initial: np.ndarray, *, hand: Path | None = None, tau_s: float = 0.03, max_speed: float = 3000.0
+    ) -> None:
         self._pos = np.asarray(initial, dtype=np.float64).copy()
         self._vel = np.zeros(NUM_JOINTS)
         self._hand = hand
@@ -175,8 +176,9 @@ class SweepPath:
     guess. ``sweep_s`` goes middle -> min -> max -> middle, dwelling ``dwell_s`` at each end.
     """
 
-    def __init__(self, frame: MechanicalFrame, ready: Callable[[], bool], *,
-                 sweep_s: float = 0.8, dwell_s: float = 0.3) -> None:
+    def __init__(
+        self, frame: MechanicalFrame, ready: Callable[[], bool], *, sweep_s: float = 0.8, dwell_s: float = 0.3
+    ) -> None:
         self._middle = frame.middle()
         self._low, self._high = frame.range_ends()
         self._ready = ready
@@ -191,9 +193,13 @@ class SweepPath:
             self._start = t
         leg = self._sweep_s / 4
         s = t - self._start
-        waypoints = [(self._middle, self._low, leg), (self._low, self._low, self._dwell_s),
-                     (self._low, self._high, 2 * leg), (self._high, self._high, self._dwell_s),
-                     (self._high, self._middle, leg)]
+        waypoints = [
+            (self._middle, self._low, leg),
+            (self._low, self._low, self._dwell_s),
+            (self._low, self._high, 2 * leg),
+            (self._high, self._high, self._dwell_s),
+            (self._high, self._middle, leg),
+        ]
         for start, end, duration in waypoints:
             if s < duration:
                 return start + (end - start) * (s / duration)
@@ -212,9 +218,16 @@ class OperatorPath:
     Between two frames the path interpolates linearly, as a hand moves continuously.
     """
 
-    def __init__(self, frame: MechanicalFrame, *, seed: int = 0, fps: int = 25, plans: int = 6,
-                 blend_s: float = 1.0, operator_factory: Callable[[int], Any] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        frame: MechanicalFrame,
+        *,
+        seed: int = 0,
+        fps: int = 25,
+        plans: int = 6,
+        blend_s: float = 1.0,
+        operator_factory: Callable[[int], Any] | None = None,
+    ) -> None:
         from hilrec.sim import units
 
         if operator_factory is None:
@@ -258,8 +271,9 @@ class TwinMotion:
     state); ``self.twin`` is the one stepped.
     """
 
-    def __init__(self, frame: MechanicalFrame, *, twin: Any | None = None, seed: int = 0,
-                 max_catch_up_s: float = 2.0) -> None:
+    def __init__(
+        self, frame: MechanicalFrame, *, twin: Any | None = None, seed: int = 0, max_catch_up_s: float = 2.0
+    ) -> None:
         from hilrec.sim import units
 
         if twin is None:
@@ -321,8 +335,9 @@ def _one_step_twin(twin: Any) -> Any:
     """``twin`` re-made stepping one physics step per frame, in the same scene and state."""
     from hilrec.sim.twin import Twin
 
-    single = Twin(fps=round(1.0 / twin.timestep), cameras=twin.cameras,
-                  image_size=twin.image_size, scene=twin.scene)
+    single = Twin(
+        fps=round(1.0 / twin.timestep), cameras=twin.cameras, image_size=twin.image_size, scene=twin.scene
+    )
     single.set_state(twin.get_state())
     twin.close()
     return single

@@ -80,8 +80,7 @@ def action(servo_id: int = BROADCAST_ID) -> bytes:
 
 
 def sync_read(address: int, length: int, servo_ids: list[int]) -> bytes:
-    return instruction_packet(BROADCAST_ID, Instruction.SYNC_READ,
-                              bytes((address, length, *servo_ids)))
+    return instruction_packet(BROADCAST_ID, Instruction.SYNC_READ, bytes((address, length, *servo_ids)))
 
 
 def sync_write(address: int, length: int, data_by_id: dict[int, bytes]) -> bytes:
@@ -123,7 +122,7 @@ class PacketReader:
             start = self._buf.find(HEADER)
             if start < 0:
                 # Keep a trailing 0xFF: it may be the first half of the next header.
-                del self._buf[:-1 if self._buf.endswith(b"\xff") else len(self._buf)]
+                del self._buf[: -1 if self._buf.endswith(b"\xff") else len(self._buf)]
                 return
             if start:
                 del self._buf[:start]

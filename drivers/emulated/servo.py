@@ -69,7 +69,7 @@ class EmulatedServo:
     def __init__(self, servo_id: int) -> None:
         self.table = bytearray(TABLE_SIZE)
         for reg in REGISTERS:
-            self.table[reg.address:reg.end] = to_bytes(encode_value(reg, reg.default), reg.size)
+            self.table[reg.address : reg.end] = to_bytes(encode_value(reg, reg.default), reg.size)
         self.table[REGISTER["ID"].address] = servo_id
         self.pending: tuple[int, bytes] | None = None  # REG_WRITE, applied on ACTION
         self.fault_bits = 0
@@ -83,12 +83,12 @@ class EmulatedServo:
 
     def get(self, name: str) -> int:
         reg = REGISTER[name]
-        return decode_value(reg, from_bytes(self.table[reg.address:reg.end]))
+        return decode_value(reg, from_bytes(self.table[reg.address : reg.end]))
 
     def set(self, name: str, value: int) -> None:
         """Set a register directly, bypassing Lock and read-only: the firmware's own writes."""
         reg = REGISTER[name]
-        self.table[reg.address:reg.end] = to_bytes(encode_value(reg, value), reg.size)
+        self.table[reg.address : reg.end] = to_bytes(encode_value(reg, value), reg.size)
 
     @property
     def torque_on(self) -> bool:
@@ -136,7 +136,7 @@ class EmulatedServo:
     def read(self, address: int, length: int, actual: float, velocity: float) -> bytes:
         if address < _LIVE_END and address + length > _LIVE_START:
             self._refresh_live(actual, velocity)
-        data = bytes(self.table[address:address + length])
+        data = bytes(self.table[address : address + length])
         return data + bytes(length - len(data))  # past the table end: zeros, never short
 
     def write(self, address: int, data: bytes, actual: float) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.errors import CameraError, CameraStalledError
-from hilrec.drivers.camera import NewestFrameSource, LatestFrame
+from hilrec.drivers.camera import LatestFrame, NewestFrameSource
 
 
 class SimCamera(NewestFrameSource):
@@ -22,8 +22,15 @@ class SimCamera(NewestFrameSource):
     physics or the bus. ``EmulatedArm``'s twin: ``SimCamera.of_emulator(arm, "front")``.
     """
 
-    def __init__(self, *, name: str, snapshot: Callable[[], np.ndarray], renderer: Any,
-                 fps: float = 25.0, stall_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        snapshot: Callable[[], np.ndarray],
+        renderer: Any,
+        fps: float = 25.0,
+        stall_timeout_s: float = 2.0,
+    ) -> None:
         self.name = name
         self.height, self.width = renderer.image_size
         self.fps = fps
@@ -34,36 +41,41 @@ class SimCamera(NewestFrameSource):
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def of_emulator(cls, arm: Any, name: str, *, image_size: tuple[int, int] = (480, 640),
-                    fps: float = 25.0, stall_timeout_s: float = 2.0) -> SimCamera:
+    def of_emulator(
+        cls,
+        arm: Any,
+        name: str,
+        *,
+        image_size: tuple[int, int] = (480, 640),
+        fps: float = 25.0,
+        stall_timeout_s: float = 2.0,
+    ) -> SimCamera:
         from hilrec.sim.twin import Twin
 
         twin = getattr(arm.motion, "twin", None)
         if twin is None:
-            raise CameraError(f"camera '{name}': the emulated {arm.config.role} has no twin "
-                              f"(motion {arm.config.motion!r})")
+            raise CameraError(
+                f"camera '{name}': the emulated {arm.config.role} has no twin (motion {arm.config.motion!r})"
+            )
 
         def snapshot() -> np.ndarray:
             with arm.lock:
                 return twin.get_state()
 
         renderer = Twin(fps=twin.fps, cameras=(name,), image_size=image_size, scene=twin.scene)
-        return cls(name=name, snapshot=snapshot, renderer=renderer, fps=fps,
-                   stall_timeout_s=stall_timeout_s)
+        return cls(name=name, snapshot=snapshot, renderer=renderer, fps=fps, stall_timeout_s=stall_timeout_s)
 
     def open(self, timeout_s: float = 30.0) -> None:
         """Start rendering; returns once the first frame is there (a GL context is bound to
         the thread that made it, so every render, the first included, runs on ours)."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name=f"simcam-{self.name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"simcam-{self.name}", daemon=True)
         self._thread.start()
         try:
             self._latest.wait_newer(0, timeout_s)
         except CameraStalledError as exc:
             self.close()
-            raise CameraError(f"camera '{self.name}': the twin could not be rendered: "
-                              f"{exc}") from exc
+            raise CameraError(f"camera '{self.name}': the twin could not be rendered: {exc}") from exc
 
     def _render_once(self) -> None:
         state = self._snapshot()

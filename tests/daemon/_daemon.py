@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.wire.client import ControlClient, LeaderClient, TelemetryClient
 from hilrec.daemon.errors import DaemonUnreachableError
+from hilrec.daemon.wire.client import ControlClient, LeaderClient, TelemetryClient
 
 START_TIMEOUT_S = 90.0
 
@@ -31,8 +31,14 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def sim_config(root: Path, *, leader: str = "scripted", realtime: bool = True, size: tuple[int, int] = (48, 64),
-               extra: str = "") -> str:
+def sim_config(
+    root: Path,
+    *,
+    leader: str = "scripted",
+    realtime: bool = True,
+    size: tuple[int, int] = (48, 64),
+    extra: str = "",
+) -> str:
     return f"""
 mode = "sim"
 fps = 25
@@ -63,9 +69,11 @@ class Daemon:
         self.host = host
         self.config_path = tmp_path / f"daemon-{self.control_port}.toml"
         # A generous apply timeout: a shared, loaded CI machine may stall a tick for a while.
-        zmq_table = (f"[zmq]\nhost = \"{host}\"\ncontrol_port = {self.control_port}\n"
-                     f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n"
-                     f"apply_timeout_ms = 10000\n{zmq_extra}")
+        zmq_table = (
+            f'[zmq]\nhost = "{host}"\ncontrol_port = {self.control_port}\n'
+            f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n"
+            f"apply_timeout_ms = 10000\n{zmq_extra}"
+        )
         self.config_path.write_text(config + "\n" + zmq_table)
         self.log_path = tmp_path / f"daemon-{self.control_port}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -80,7 +88,10 @@ class Daemon:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         if expect_ready:
             self.client = ControlClient(self.control, timeout_ms=1000, retries=1)
             deadline = time.monotonic() + START_TIMEOUT_S
@@ -92,7 +103,9 @@ class Daemon:
                     break
                 except DaemonUnreachableError:
                     if time.monotonic() > deadline:
-                        raise AssertionError(f"daemon not serving after {START_TIMEOUT_S} s:\n{self.log()}") from None
+                        raise AssertionError(
+                            f"daemon not serving after {START_TIMEOUT_S} s:\n{self.log()}"
+                        ) from None
             self.client.timeout_ms, self.client.retries = 5000, 2
         return self
 
@@ -108,8 +121,9 @@ class Daemon:
         assert reply["ok"], f"{cmd} refused: {reply}\n{self.log()}"
         return reply
 
-    def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0,
-                    what: str = "condition") -> dict[str, Any]:
+    def wait_status(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0, what: str = "condition"
+    ) -> dict[str, Any]:
         """Poll status until ``predicate`` holds (each poll a bounded request)."""
         deadline = time.monotonic() + timeout_s
         status: dict[str, Any] = {}
@@ -118,16 +132,23 @@ class Daemon:
             if predicate(status):
                 return status
             time.sleep(0.05)  # poll interval between bounded requests
-        raise AssertionError(f"{what} not reached in {timeout_s} s; last status:\n"
-                             f"{json.dumps(status, indent=1)}\n{self.log()}")
+        raise AssertionError(
+            f"{what} not reached in {timeout_s} s; last status:\n{json.dumps(status, indent=1)}\n{self.log()}"
+        )
 
     def wait_frames(self, n: int, timeout_s: float = 30.0) -> dict[str, Any]:
-        return self.wait_status(lambda s: (s.get("episode") or {}).get("frames", 0) >= n, timeout_s,
-                                f"{n} frames in the open episode")
+        return self.wait_status(
+            lambda s: (s.get("episode") or {}).get("frames", 0) >= n,
+            timeout_s,
+            f"{n} frames in the open episode",
+        )
 
     def wait_saved(self, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
-        return self.wait_status(lambda s: s["dataset"]["saved_this_session"] >= n and s["dataset"]["saving"] == 0,
-                                timeout_s, f"{n} saved episodes")
+        return self.wait_status(
+            lambda s: s["dataset"]["saved_this_session"] >= n and s["dataset"]["saving"] == 0,
+            timeout_s,
+            f"{n} saved episodes",
+        )
 
     def telemetry(self, **kwargs: Any) -> TelemetryClient:
         return TelemetryClient(f"tcp://127.0.0.1:{self.telemetry_port}", **kwargs)
@@ -170,8 +191,9 @@ def check_passes(root: Path) -> None:
 
 
 def run_cli(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def write_test_video(path: Path, *, frames: int, size: tuple[int, int] = (48, 64), fps: int = 25) -> Path:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.control.clock import TickPacer, timing_summary
-from hilrec.daemon.errors import WriterStalledError
 from hilrec.daemon.control.recorder import Recorder
+from hilrec.daemon.errors import WriterStalledError
 
 
 def _work(seconds: float) -> None:
@@ -54,9 +54,14 @@ def test_non_realtime_pacer_never_waits() -> None:
 def test_timing_summary_reports_late_ticks_and_real_span() -> None:
     deadline = np.arange(5) * 0.04
     start = deadline + np.array([0, 0, 0.010, 0, 0])
-    arrays = {"tick_start": start, "tick_deadline": deadline, "tick_end": start + 0.005,
-              "tick_written": start + 0.003, "tick_leader_read": start + 0.002,
-              "tick_skipped": np.zeros(5, np.int64)}
+    arrays = {
+        "tick_start": start,
+        "tick_deadline": deadline,
+        "tick_end": start + 0.005,
+        "tick_written": start + 0.003,
+        "tick_leader_read": start + 0.002,
+        "tick_skipped": np.zeros(5, np.int64),
+    }
     summary = timing_summary(arrays, 0.04)
     assert summary["late_ms_max"] == pytest.approx(10.0) and summary["overruns"] == 0
     assert summary["leader_to_write_ms_p50"] == pytest.approx(1.0)
@@ -80,8 +85,9 @@ class GatedSink:
             raise TimeoutError("test gate never opened")
         self._open.append(frame["n"])
 
-    def save_episode(self, *, sidecar: Mapping[str, Any] | None = None,
-                     arrays: Mapping[str, np.ndarray] | None = None) -> int:
+    def save_episode(
+        self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
+    ) -> int:
         self.saved.append(self._open)
         self._open = []
         return len(self.saved) - 1

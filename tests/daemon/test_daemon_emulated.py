@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _daemon import Daemon, check_passes, emulated_config, write_test_video
+
 from hilrec.daemon.dataset.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.wire.protocol import FrameFlag
@@ -30,7 +30,9 @@ def daemons(tmp_path: Path):
         daemon.close()
 
 
-def test_records_hardware_episodes_with_twin_divergence_and_marked_bus_retries(tmp_path: Path, daemons) -> None:
+def test_records_hardware_episodes_with_twin_divergence_and_marked_bus_retries(
+    tmp_path: Path, daemons
+) -> None:
     root = tmp_path / "ds"
     video = write_test_video(tmp_path / "side.mp4", frames=50)
     cameras = f"""
@@ -60,8 +62,14 @@ loop = true
     daemon.call("start_episode", task="thrown away")
     daemon.wait_frames(5)
     daemon.call("discard_episode")
-    status = daemon.wait_status(lambda s: s["dataset"]["saved_this_session"] == 1 and s["dataset"]["saving"] == 0
-                                and s["dataset"]["discarded_this_session"] == 1, what="one saved, one discarded")
+    status = daemon.wait_status(
+        lambda s: (
+            s["dataset"]["saved_this_session"] == 1
+            and s["dataset"]["saving"] == 0
+            and s["dataset"]["discarded_this_session"] == 1
+        ),
+        what="one saved, one discarded",
+    )
     assert not status["faults"]
     assert daemon.shutdown() == 0
 
@@ -93,8 +101,9 @@ loop = true
 
 
 @pytest.mark.parametrize(("policy", "device"), [("save", "follower"), ("discard", "leader")])
-def test_a_vanished_port_ends_the_open_episode_by_policy_and_is_reported(tmp_path: Path, daemons,
-                                                                         policy: str, device: str) -> None:
+def test_a_vanished_port_ends_the_open_episode_by_policy_and_is_reported(
+    tmp_path: Path, daemons, policy: str, device: str
+) -> None:
     root = tmp_path / "ds"
     extra = f'[faults]\non_device_lost = "{policy}"\n'
     daemon = daemons(emulated_config(root, extra=extra))
@@ -102,12 +111,14 @@ def test_a_vanished_port_ends_the_open_episode_by_policy_and_is_reported(tmp_pat
     daemon.wait_frames(25)
     # The emulator process dies: its pty closes under the daemon, as when a USB cable is pulled.
     os.kill(daemon.call("status")["devices"][device]["emulator_pid"], signal.SIGKILL)
-    status = daemon.wait_status(lambda s: any(f["device"] == device for f in s["faults"]),
-                                what=f"{device} fault")
+    status = daemon.wait_status(
+        lambda s: any(f["device"] == device for f in s["faults"]), what=f"{device} fault"
+    )
     fault = next(f for f in status["faults"] if f["device"] == device)
     assert fault["kind"] == "device_lost" and "port" in fault["message"]
-    status = daemon.wait_status(lambda s: s["state"] == "idle" and s["dataset"]["saving"] == 0,
-                                what="episode closed")
+    status = daemon.wait_status(
+        lambda s: s["state"] == "idle" and s["dataset"]["saving"] == 0, what="episode closed"
+    )
     last = status["last_episode"]
     assert last["ended_by"] == f"fault:device_lost:{device}"
     refused = daemon.request("start_episode", task="again")
@@ -139,8 +150,9 @@ stall_ms = 300
     daemon = daemons(emulated_config(root, cameras=cameras))
     telemetry = daemon.telemetry()
     daemon.call("start_episode", task="until the camera stops")
-    status = daemon.wait_status(lambda s: any(f["kind"] == "camera_stalled" for f in s["faults"]),
-                                what="camera stall fault")
+    status = daemon.wait_status(
+        lambda s: any(f["kind"] == "camera_stalled" for f in s["faults"]), what="camera stall fault"
+    )
     assert status["faults"][0]["device"] == "camera.side"
     event = telemetry.wait_for(lambda topic, h: topic == "event" and h["event"] == "fault", 10.0)
     assert event is not None and event[1]["fault"]["kind"] == "camera_stalled"

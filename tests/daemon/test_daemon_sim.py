@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import zmq
 import zmq.auth
-
 from _daemon import Daemon, check_passes, run_cli, sim_config
-from hilrec.daemon.wire.client import ClientKeys, ControlClient
+
 from hilrec.daemon.dataset.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
+from hilrec.daemon.wire.client import ClientKeys, ControlClient
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag, new_request
 
 
@@ -97,8 +97,10 @@ def test_records_episodes_over_zeromq_while_refusing_bad_requests(tmp_path: Path
     ticks = [h for t, h, _ in seen if t == "tick"]
     recorded = [h for h in ticks if h["recording"]]
     assert recorded and all(len(h["state"]) == 6 and len(h["action"]) == 6 for h in recorded)
-    assert all(h["v"] == PROTOCOL_VERSION and {"late_ms", "duration_ms", "leader_to_write_ms"} <= set(h["timing"])
-               for h in recorded)
+    assert all(
+        h["v"] == PROTOCOL_VERSION and {"late_ms", "duration_ms", "leader_to_write_ms"} <= set(h["timing"])
+        for h in recorded
+    )
     previews = [(h, frames) for t, h, frames in seen if t == "preview"]
     assert previews
     header, jpegs = previews[-1]
@@ -120,7 +122,11 @@ def test_records_episodes_over_zeromq_while_refusing_bad_requests(tmp_path: Path
         assert np.all(np.diff(arrays["tick_deadline"]) > 0)
     meta0, _ = load_episode_sidecar(root, 0)
     meta1, _ = load_episode_sidecar(root, 1)
-    assert meta0["seed"] == 3 and meta0["success_reported"] is True and meta0["task"] == "put the cube in the bin"
+    assert (
+        meta0["seed"] == 3
+        and meta0["success_reported"] is True
+        and meta0["task"] == "put the cube in the bin"
+    )
     assert meta1["seed"] == 5 and meta1["success_reported"] is False
     dataset_meta = load_dataset_sidecar(root)
     assert dataset_meta is not None and dataset_meta["daemon"]["mode"] == "sim" and "units" in dataset_meta
@@ -151,8 +157,9 @@ def test_remote_leader_watchdog_holds_the_follower_and_reports_a_fault(tmp_path:
         daemon.wait_frames(10)
         pushing.clear()
         leader.send_raw(b"garbage")  # refused and counted (it is the newest message); recording goes on
-        status = daemon.wait_status(lambda s: any(f["kind"] == "leader_timeout" for f in s["faults"]),
-                                    what="leader watchdog fault")
+        status = daemon.wait_status(
+            lambda s: any(f["kind"] == "leader_timeout" for f in s["faults"]), what="leader watchdog fault"
+        )
         assert status["state"] == "recording"  # holding position does not end the episode
         frames_at_fault = status["episode"]["frames"]
         daemon.wait_frames(frames_at_fault + 10)
@@ -270,7 +277,10 @@ def test_beyond_loopback_only_curve_clients_with_authorized_keys_get_answers(tmp
         good = ClientKeys.from_files(server_public, client_secret)
         with ControlClient(daemon.control, timeout_ms=1000, retries=60, keys=good) as client:
             assert client.call("status")["ok"]
-        for label, keyset in (("no keys", None), ("unknown key", ClientKeys.from_files(server_public, stranger_secret))):
+        for label, keyset in (
+            ("no keys", None),
+            ("unknown key", ClientKeys.from_files(server_public, stranger_secret)),
+        ):
             with ControlClient(daemon.control, timeout_ms=500, retries=1, keys=keyset) as client:
                 with pytest.raises(DaemonUnreachableError):
                     client.request("status")

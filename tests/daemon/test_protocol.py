@@ -7,12 +7,29 @@ import json
 import numpy as np
 import pytest
 
-from hilrec.daemon.errors import (OversizedMessageError, ProtocolError, UnknownCommandError,
-                                  VersionMismatchError)
-from hilrec.daemon.wire.protocol import (COMMANDS, PROTOCOL_VERSION, TOPIC_TICK, FrameFlag, encode_leader,
-                                    error_code, error_reply, flag_names, new_request, ok_reply,
-                                    parse_leader, parse_reply, parse_request, parse_telemetry,
-                                    telemetry_header)
+from hilrec.daemon.errors import (
+    OversizedMessageError,
+    ProtocolError,
+    UnknownCommandError,
+    VersionMismatchError,
+)
+from hilrec.daemon.wire.protocol import (
+    COMMANDS,
+    PROTOCOL_VERSION,
+    TOPIC_TICK,
+    FrameFlag,
+    encode_leader,
+    error_code,
+    error_reply,
+    flag_names,
+    new_request,
+    ok_reply,
+    parse_leader,
+    parse_reply,
+    parse_request,
+    parse_telemetry,
+    telemetry_header,
+)
 
 
 def test_every_command_round_trips_through_the_client_encoding() -> None:
@@ -51,15 +68,18 @@ def test_a_hand_typed_request_without_version_or_id_is_read_as_the_current_versi
         ([b'{"cmd": "status", "id": 5}'], ProtocolError, "'id' must be a string"),
     ],
 )
-def test_malformed_requests_are_refused_naming_the_problem(frames: list[bytes], error: type,
-                                                            fragment: str) -> None:
+def test_malformed_requests_are_refused_naming_the_problem(
+    frames: list[bytes], error: type, fragment: str
+) -> None:
     with pytest.raises(error, match=fragment.replace("(", r"\(")):
         parse_request(frames)
 
 
 def test_oversized_request_names_its_size_and_the_limit() -> None:
     payload = json.dumps({"cmd": "start_episode", "task": "x" * 500}).encode()
-    with pytest.raises(OversizedMessageError, match=f"{len(payload)} bytes, over the limit of 100 bytes") as info:
+    with pytest.raises(
+        OversizedMessageError, match=f"{len(payload)} bytes, over the limit of 100 bytes"
+    ) as info:
         parse_request([payload], max_bytes=100)
     assert error_code(info.value) == "too_large"
 

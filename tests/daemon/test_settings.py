@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.control.settings import load_settings
+from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.wire.security import is_loopback
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +27,11 @@ def test_shipped_configs_load(mode: str) -> None:
     settings = load_settings(REPO / "configs" / f"{mode}.toml")
     assert settings.mode == mode and settings.fps == 25
     assert settings.zmq.host == "127.0.0.1"
-    assert (settings.zmq.control_port, settings.zmq.telemetry_port, settings.zmq.leader_port) == (5555, 5556, 5557)
+    assert (settings.zmq.control_port, settings.zmq.telemetry_port, settings.zmq.leader_port) == (
+        5555,
+        5556,
+        5557,
+    )
 
 
 def test_root_flag_overrides_the_config(tmp_path: Path) -> None:
@@ -43,12 +47,16 @@ def test_root_flag_overrides_the_config(tmp_path: Path) -> None:
         ("colour = 1\n", "colour", "unknown key"),
         ("[zmq]\ncontrol_port = 70000\n", "zmq.control_port", "TCP port"),
         ("[zmq]\ncontrol_port = 5556\n", "zmq.leader_port", "must differ"),
-        ("[zmq]\nhost = \"0.0.0.0\"\n", "zmq.curve", "requires CURVE keys"),
-        ("[cameras.front]\nsource = \"opencv\"\ndevice = \"0\"\n", "cameras.front.source", "cannot be used in sim mode"),
-        ("[cameras.front]\nsource = \"sim\"\nwidth = -2\n", "cameras.front.width", "must be positive"),
-        ("[faults]\non_device_lost = \"ignore\"\n", "faults.on_device_lost", "one of"),
+        ('[zmq]\nhost = "0.0.0.0"\n', "zmq.curve", "requires CURVE keys"),
+        (
+            '[cameras.front]\nsource = "opencv"\ndevice = "0"\n',
+            "cameras.front.source",
+            "cannot be used in sim mode",
+        ),
+        ('[cameras.front]\nsource = "sim"\nwidth = -2\n', "cameras.front.width", "must be positive"),
+        ('[faults]\non_device_lost = "ignore"\n', "faults.on_device_lost", "one of"),
         ("[telemetry]\njpeg_quality = 0\n", "telemetry.jpeg_quality", "1..100"),
-        ("[emulated]\nfollower_faults = [\"explode\"]\n", "emulated.follower_faults[0]", "unknown fault"),
+        ('[emulated]\nfollower_faults = ["explode"]\n', "emulated.follower_faults[0]", "unknown fault"),
     ],
 )
 def test_invalid_values_name_their_key(tmp_path: Path, extra: str, key: str, fragment: str) -> None:
@@ -66,10 +74,16 @@ def test_invalid_values_name_their_key(tmp_path: Path, extra: str, key: str, fra
     [
         ('mode = "hil"\n[dataset]\nroot = "x"\n[leader]\nsource = "serial"\n', "follower.port"),
         ('mode = "emulated"\n[dataset]\nroot = "x"\n[leader]\nsource = "scripted"\n', "leader.source"),
-        ('mode = "emulated"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/ttyACM0"\n'
-         '[leader]\nsource = "serial"\n', "follower.port"),
-        ('mode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n[leader]\nsource = "remote"\n'
-         '[sim]\nrealtime = false\n', "sim.realtime"),
+        (
+            'mode = "emulated"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/ttyACM0"\n'
+            '[leader]\nsource = "serial"\n',
+            "follower.port",
+        ),
+        (
+            'mode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n[leader]\nsource = "remote"\n'
+            "[sim]\nrealtime = false\n",
+            "sim.realtime",
+        ),
     ],
 )
 def test_cross_field_rules_name_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -89,8 +103,13 @@ def test_loopback_detection() -> None:
 def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(MINIMAL + "[zmq]\nleader_port = 99999\n")
-    result = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     assert "config key 'zmq.leader_port'" in result.stderr and str(path) in result.stderr
     assert not (tmp_path / "data").exists()
@@ -104,9 +123,16 @@ def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
     port = busy.bind_to_random_port("tcp://127.0.0.1")
     try:
         path = tmp_path / "busy.toml"
-        path.write_text(MINIMAL + f"[zmq]\ncontrol_port = 15991\ntelemetry_port = {port}\nleader_port = 15992\n")
-        result = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
-                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        path.write_text(
+            MINIMAL + f"[zmq]\ncontrol_port = 15991\ntelemetry_port = {port}\nleader_port = 15992\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
     finally:
         busy.close(linger=0)
         context.term()
@@ -122,8 +148,10 @@ def test_a_frame_rate_the_twin_cannot_step_is_refused_unless_the_mirror_is_off(t
         load_settings(path)
     assert info.value.key == "fps" and "valid rates near it:" in info.value.problem
     assert "20, 25, 40" in info.value.problem
-    hil = ('fps = 30\nmode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n'
-           '[leader]\nsource = "serial"\nport = "/dev/b"\n')
+    hil = (
+        'fps = 30\nmode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n'
+        '[leader]\nsource = "serial"\nport = "/dev/b"\n'
+    )
     path.write_text(hil)
     with pytest.raises(ConfigError, match="twin.mirror = false"):
         load_settings(path)

@@ -22,14 +22,16 @@ IMAGE_SIZE = (96, 128)  # (height, width): small keeps encoding fast, even sides
 TASKS = ("pick up the cube", "put the cube in the bowl")
 
 # Per joint: centre, amplitude, frequency (Hz), phase. Degrees; the gripper (last) in 0..100.
-_JOINT_CURVES = np.array([
-    [3.0, 41.7, 0.31, 0.0],
-    [-12.5, 33.3, 0.23, 0.7],
-    [18.1, 27.9, 0.41, 1.3],
-    [-7.3, 22.2, 0.37, 2.1],
-    [1.9, 63.1, 0.19, 2.9],
-    [37.0, 29.7, 0.29, 0.4],
-])
+_JOINT_CURVES = np.array(
+    [
+        [3.0, 41.7, 0.31, 0.0],
+        [-12.5, 33.3, 0.23, 0.7],
+        [18.1, 27.9, 0.41, 1.3],
+        [-7.3, 22.2, 0.37, 2.1],
+        [1.9, 63.1, 0.19, 2.9],
+        [37.0, 29.7, 0.29, 0.4],
+    ]
+)
 
 
 def features(cameras: Mapping[str, tuple[int, int]] | None = None) -> dict[str, dict[str, Any]]:
@@ -45,8 +47,9 @@ def joint_positions(episode: int, frame_index: np.ndarray | int, *, lag: float =
     return values.astype(np.float32)
 
 
-def camera_image(episode: int, frame_index: int, camera: int = 0,
-                 size: tuple[int, int] = IMAGE_SIZE) -> np.ndarray:
+def camera_image(
+    episode: int, frame_index: int, camera: int = 0, size: tuple[int, int] = IMAGE_SIZE
+) -> np.ndarray:
     """uint8 ``(H, W, 3)``: a diagonal red ramp drifting right, a vertical green ramp, flat blue."""
     height, width = size
     y = np.arange(height, dtype=np.float64)[:, None]
@@ -59,9 +62,14 @@ def camera_image(episode: int, frame_index: int, camera: int = 0,
     return np.clip(np.rint(image), 0, 255).astype(np.uint8)
 
 
-def episode_frames(episode: int, num_frames: int, *, cameras: Sequence[str] = (),
-                   image_size: tuple[int, int] = IMAGE_SIZE,
-                   task: str | None = None) -> list[dict[str, Any]]:
+def episode_frames(
+    episode: int,
+    num_frames: int,
+    *,
+    cameras: Sequence[str] = (),
+    image_size: tuple[int, int] = IMAGE_SIZE,
+    task: str | None = None,
+) -> list[dict[str, Any]]:
     """Frames of one episode as a writer's ``add_frame`` takes them.
 
     The follower's state is the leader's action one frame later (it follows with a lag), so action
@@ -73,20 +81,25 @@ def episode_frames(episode: int, num_frames: int, *, cameras: Sequence[str] = ()
     states = joint_positions(episode, indices, lag=1.0)
     frames: list[dict[str, Any]] = []
     for i in range(num_frames):
-        frame: dict[str, Any] = {ACTION_KEY: actions[i].copy(), STATE_KEY: states[i].copy(),
-                                 "task": task}
+        frame: dict[str, Any] = {ACTION_KEY: actions[i].copy(), STATE_KEY: states[i].copy(), "task": task}
         for c, name in enumerate(cameras):
             frame[IMAGE_PREFIX + name] = camera_image(episode, i, c, image_size)
         frames.append(frame)
     return frames
 
 
-def write_dataset(create_sink: Callable[..., Any], root: Path, lengths: Sequence[int], *,
-                  cameras: Sequence[str] = (), image_size: tuple[int, int] = IMAGE_SIZE,
-                  **create_kwargs: Any) -> list[list[dict[str, Any]]]:
+def write_dataset(
+    create_sink: Callable[..., Any],
+    root: Path,
+    lengths: Sequence[int],
+    *,
+    cameras: Sequence[str] = (),
+    image_size: tuple[int, int] = IMAGE_SIZE,
+    **create_kwargs: Any,
+) -> list[list[dict[str, Any]]]:
     """Write one episode per entry of ``lengths`` through ``create_sink`` (e.g.
     ``LeRobotSink.create``) and return the frames written, per episode."""
-    feats = features({name: image_size for name in cameras})
+    feats = features(dict.fromkeys(cameras, image_size))
     written: list[list[dict[str, Any]]] = []
     with create_sink(root, fps=FPS, features=feats, robot_type=ROBOT_TYPE, **create_kwargs) as sink:
         for episode, length in enumerate(lengths):

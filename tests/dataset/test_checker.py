@@ -64,8 +64,7 @@ def set_cells(table: pa.Table, column: str, rows: dict[int, Any]) -> pa.Table:
     for row, value in rows.items():
         values[row] = value
     field = table.schema.field(column)
-    return table.set_column(table.schema.get_field_index(column), field,
-                            pa.array(values, type=field.type))
+    return table.set_column(table.schema.get_field_index(column), field, pa.array(values, type=field.type))
 
 
 def edit_json(path: Path, edit: Callable[[dict], None]) -> None:
@@ -94,36 +93,53 @@ def run_check(root: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
     return rc, json.loads(capsys.readouterr().out)
 
 
-def assert_fails(root: Path, capsys: pytest.CaptureFixture[str], rule: str, file: str, *,
-                 episode: int | None = None, key: str | None = None) -> dict:
+def assert_fails(
+    root: Path,
+    capsys: pytest.CaptureFixture[str],
+    rule: str,
+    file: str,
+    *,
+    episode: int | None = None,
+    key: str | None = None,
+) -> dict:
     assert rule in RULES
     rc, report = run_check(root, capsys)
     assert rc == 1 and report["passed"] is False
-    hits = [f for f in report["failures"] if f["rule"] == rule and f["file"] == file
-            and (episode is None or f["episode"] == episode) and (key is None or f["key"] == key)]
-    assert hits, (f"no [{rule}] failure for {file} episode {episode} key {key}; got:\n"
-                  + "\n".join(json.dumps(f) for f in report["failures"]))
+    hits = [
+        f
+        for f in report["failures"]
+        if f["rule"] == rule
+        and f["file"] == file
+        and (episode is None or f["episode"] == episode)
+        and (key is None or f["key"] == key)
+    ]
+    assert hits, f"no [{rule}] failure for {file} episode {episode} key {key}; got:\n" + "\n".join(
+        json.dumps(f) for f in report["failures"]
+    )
     return hits[0]
 
 
 def tree_state(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 # --- the valid dataset ---------------------------------------------------------------------------
 
 
-def test_valid_dataset_passes_every_rule(valid_root: Path, capsys: pytest.CaptureFixture[str]
-                                         ) -> None:
+def test_valid_dataset_passes_every_rule(valid_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, report = run_check(valid_root, capsys)
     assert report["failures"] == []
     assert rc == 0 and report["passed"] is True
     assert report["summary"]["episodes"] == 3 and report["summary"]["frames"] == sum(LENGTHS)
 
 
-def test_text_report_names_rule_file_episode_and_key(broken: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_text_report_names_rule_file_episode_and_key(
+    broken: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rewrite_parquet(broken / DATA, lambda t: set_cells(t, "timestamp", {15: 0.5}))
     rc = cli_main(["check", str(broken)])
     text = capsys.readouterr().out
@@ -134,10 +150,18 @@ def test_text_report_names_rule_file_episode_and_key(broken: Path,
 
 def test_console_command_exit_codes(valid_root: Path, broken: Path) -> None:
     (broken / INFO).write_text("{ not json")
-    ok = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "check", str(valid_root)],
-                        capture_output=True, text=True, timeout=120)
-    bad = subprocess.run([sys.executable, "-m", "hilrec.daemon.cli", "check", str(broken),
-                          "--json"], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", "check", str(valid_root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", "check", str(broken), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "PASSED" in ok.stdout
     assert bad.returncode == 1
@@ -158,8 +182,9 @@ def test_check_never_modifies_the_dataset(valid_root: Path, broken: Path) -> Non
 
 
 @pytest.mark.parametrize("file", [DATA, EPISODES, TASKS])
-def test_parquet_without_footer_is_reported_unreadable(broken: Path, file: str,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_parquet_without_footer_is_reported_unreadable(
+    broken: Path, file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = (broken / file).read_bytes()
     (broken / file).write_bytes(data[: len(data) - 64])
     failure = assert_fails(broken, capsys, "file.unreadable", file)
@@ -195,6 +220,7 @@ def test_schema_dtype(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def widen(table: pa.Table) -> pa.Table:
         i = table.schema.get_field_index("action")
         return table.set_column(i, "action", table.column("action").cast(pa.list_(pa.float64(), 6)))
+
     rewrite_parquet(broken / DATA, widen)
     assert_fails(broken, capsys, "schema.dtype", DATA, key="action")
 
@@ -205,6 +231,7 @@ def test_schema_shape_row_too_short(broken: Path, capsys: pytest.CaptureFixture[
         values[13] = values[13][:5]
         i = table.schema.get_field_index("action")
         return table.set_column(i, "action", pa.array(values, type=pa.list_(pa.float32())))
+
     rewrite_parquet(broken / DATA, shorten)
     failure = assert_fails(broken, capsys, "schema.shape", DATA, key="action")
     assert "5 values" in failure["message"]
@@ -220,6 +247,7 @@ def test_non_finite_value(broken: Path, capsys: pytest.CaptureFixture[str]) -> N
         row = table.column("observation.state")[25].as_py()
         row[2] = float("nan")
         return set_cells(table, "observation.state", {25: row})
+
     rewrite_parquet(broken / DATA, poison)
     assert_fails(broken, capsys, "data.finite", DATA, episode=2, key="observation.state")
 
@@ -248,8 +276,7 @@ def test_dropped_row(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_frame_index_not_contiguous(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rewrite_parquet(broken / DATA, lambda t: set_cells(t, "frame_index", {14: 7}))
-    failure = assert_fails(broken, capsys, "frame_index.contiguous", DATA, episode=1,
-                           key="frame_index")
+    failure = assert_fails(broken, capsys, "frame_index.contiguous", DATA, episode=1, key="frame_index")
     assert "row 14" in failure["message"]
 
 
@@ -260,8 +287,7 @@ def test_timestamp_off_grid(broken: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "row 15" in failure["message"]
 
 
-def test_timestamp_within_tolerance_passes(broken: Path, capsys: pytest.CaptureFixture[str]
-                                           ) -> None:
+def test_timestamp_within_tolerance_passes(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rewrite_parquet(broken / DATA, lambda t: set_cells(t, "timestamp", {15: 0.12005}))
     rc, report = run_check(broken, capsys)
     assert "timestamp.grid" not in {f["rule"] for f in report["failures"]}
@@ -273,8 +299,7 @@ def test_unknown_task_index(broken: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_duplicate_task_string(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rewrite_parquet(broken / TASKS, lambda t: set_cells(t, "__index_level_0__",
-                                                        {1: "pick up the cube"}))
+    rewrite_parquet(broken / TASKS, lambda t: set_cells(t, "__index_level_0__", {1: "pick up the cube"}))
     assert_fails(broken, capsys, "tasks.table", TASKS)
 
 
@@ -300,15 +325,17 @@ def test_video_missing(broken: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_video_to_timestamp(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     column = f"videos/{CAM}/to_timestamp"
-    rewrite_parquet(broken / EPISODES, lambda t: set_cells(
-        t, column, {1: t.column(column)[1].as_py() + 0.04}))
+    rewrite_parquet(
+        broken / EPISODES, lambda t: set_cells(t, column, {1: t.column(column)[1].as_py() + 0.04})
+    )
     assert_fails(broken, capsys, "video.range", EPISODES, episode=1, key=CAM)
 
 
 def test_video_from_timestamp_off_frame(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     column = f"videos/{CAM}/from_timestamp"
-    rewrite_parquet(broken / EPISODES, lambda t: set_cells(
-        t, column, {2: t.column(column)[2].as_py() + 0.02}))
+    rewrite_parquet(
+        broken / EPISODES, lambda t: set_cells(t, column, {2: t.column(column)[2].as_py() + 0.02})
+    )
     assert_fails(broken, capsys, "video.timestamps", VIDEO, episode=2, key=CAM)
 
 
@@ -341,21 +368,21 @@ def test_episode_stats_mean_edited(broken: Path, capsys: pytest.CaptureFixture[s
         mean = table.column("stats/action/mean")[0].as_py()
         mean[3] *= 1.0001
         return set_cells(table, "stats/action/mean", {0: mean})
+
     rewrite_parquet(broken / EPISODES, edit)
     failure = assert_fails(broken, capsys, "stats.episode", EPISODES, episode=0, key="action")
     assert failure["message"].startswith("mean[3]")
 
 
-def test_episode_stats_quantile_outside_bracket(broken: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_episode_stats_quantile_outside_bracket(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def edit(table: pa.Table) -> pa.Table:
         q50 = table.column("stats/observation.state/q50")[2].as_py()
         maximum = table.column("stats/observation.state/max")[2].as_py()
         q50[0] = maximum[0]
         return set_cells(table, "stats/observation.state/q50", {2: q50})
+
     rewrite_parquet(broken / EPISODES, edit)
-    failure = assert_fails(broken, capsys, "stats.episode", EPISODES, episode=2,
-                           key="observation.state")
+    failure = assert_fails(broken, capsys, "stats.episode", EPISODES, episode=2, key="observation.state")
     assert failure["message"].startswith("q50[0]")
 
 
@@ -371,14 +398,17 @@ def test_episode_image_stats_edited(broken: Path, capsys: pytest.CaptureFixture[
         mean = table.column(column)[1].as_py()
         mean[1][0][0] = min(1.0, mean[1][0][0] + 0.1)
         return set_cells(table, column, {1: mean})
+
     rewrite_parquet(broken / EPISODES, edit)
     failure = assert_fails(broken, capsys, "stats.episode", EPISODES, episode=1, key=CAM)
     assert "mean[channel 1]" in failure["message"]
 
 
 def test_dataset_stats_edited(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    edit_json(broken / STATS, lambda s: s["observation.state"]["std"].__setitem__(
-        4, s["observation.state"]["std"][4] * 1.001))
+    edit_json(
+        broken / STATS,
+        lambda s: s["observation.state"]["std"].__setitem__(4, s["observation.state"]["std"][4] * 1.001),
+    )
     failure = assert_fails(broken, capsys, "stats.dataset", STATS, key="observation.state")
     assert failure["message"].startswith("std[4]")
 
@@ -389,12 +419,19 @@ def test_dataset_stats_missing(broken: Path, capsys: pytest.CaptureFixture[str])
 
 
 def test_multi_file_dataset_passes_and_failures_name_the_right_file(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "ds"
     # Tiny size limits: every episode rolls over to a new data and metadata file, and with
     # chunks_size 2 into a second chunk.
-    write_dataset(DatasetWriter.create, root, [10, 7, 12, 5], cameras=("front",),
-                  data_files_size_in_mb=0.002, chunks_size=2)
+    write_dataset(
+        DatasetWriter.create,
+        root,
+        [10, 7, 12, 5],
+        cameras=("front",),
+        data_files_size_in_mb=0.002,
+        chunks_size=2,
+    )
     files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
     assert len(files) == 4 and files[-1] == "data/chunk-001/file-001.parquet"
     rc, report = run_check(root, capsys)

@@ -44,12 +44,15 @@ BOOTSTRAP = (
 
 def episode_frames(episode: int, length: int) -> list[dict]:
     rng = np.random.default_rng(1000 + episode)
-    return [{
-        "action": rng.normal(size=6).astype(np.float32),
-        "observation.state": rng.normal(size=6).astype(np.float32),
-        CAM: rng.integers(0, 255, (H, W, 3), dtype=np.uint8),
-        "task": f"task {episode % 2}",
-    } for _ in range(length)]
+    return [
+        {
+            "action": rng.normal(size=6).astype(np.float32),
+            "observation.state": rng.normal(size=6).astype(np.float32),
+            CAM: rng.integers(0, 255, (H, W, 3), dtype=np.uint8),
+            "task": f"task {episode % 2}",
+        }
+        for _ in range(length)
+    ]
 
 
 def child_main(argv: list[str]) -> None:
@@ -76,8 +79,14 @@ def child_main(argv: list[str]) -> None:
             emit("STALLED")
             time.sleep(120)
 
-    writer = DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
-                                  robot_type="so_follower", video_codec=codec, hook=hook)
+    writer = DatasetWriter.create(
+        root,
+        fps=FPS,
+        features=so101_features({"front": (H, W)}),
+        robot_type="so_follower",
+        video_codec=codec,
+        hook=hook,
+    )
     for episode, length in enumerate(LENGTHS[:CHILD_EPISODES]):
         for i, frame in enumerate(episode_frames(episode, length)):
             writer.add_frame(frame)
@@ -89,12 +98,21 @@ def child_main(argv: list[str]) -> None:
     emit("DONE")
 
 
-def run_child(root: Path, codec: str, stall_at: str, kill_after_s: float | None,
-              ) -> tuple[list[int], list[str]]:
+def run_child(
+    root: Path,
+    codec: str,
+    stall_at: str,
+    kill_after_s: float | None,
+) -> tuple[list[int], list[str]]:
     """Run the child until it stalls at ``stall_at`` (or ``kill_after_s`` passes); SIGKILL it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     stalled = threading.Event()
 
@@ -135,8 +153,10 @@ def check_dataset(root: Path, saved: int = 0) -> int:
     tables = [pq.read_table(p) for p in sorted((root / "data").glob("chunk-*/file-*.parquet"))]
     if not rows:
         return 0
-    data = {name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
-            for name in tables[0].column_names}
+    data = {
+        name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
+        for name in tables[0].column_names
+    }
     assert data["index"].tolist() == list(range(info["total_frames"]))
     assert info["total_frames"] == sum(r["length"] for r in rows)
     for row in rows:
@@ -145,14 +165,18 @@ def check_dataset(root: Path, saved: int = 0) -> int:
         assert row["length"] == len(expected)
         span = slice(row["dataset_from_index"], row["dataset_to_index"])
         assert np.array_equal(data["action"][span], np.stack([f["action"] for f in expected]))
-        assert np.array_equal(data["observation.state"][span],
-                              np.stack([f["observation.state"] for f in expected]))
+        assert np.array_equal(
+            data["observation.state"][span], np.stack([f["observation.state"] for f in expected])
+        )
         assert np.array_equal(data["episode_index"][span], np.full(len(expected), episode))
         ref = (row[f"videos/{CAM}/chunk_index"], row[f"videos/{CAM}/file_index"])
         video = root / f"videos/{CAM}/chunk-{ref[0]:03d}/file-{ref[1]:03d}.mp4"
         probe_out = root.parent / f"probe-{episode}.mp4"
-        placed = concat_segments(probe_out, [Segment(video, row[f"videos/{CAM}/from_timestamp"],
-                                                     row[f"videos/{CAM}/to_timestamp"])], fps=FPS)
+        placed = concat_segments(
+            probe_out,
+            [Segment(video, row[f"videos/{CAM}/from_timestamp"], row[f"videos/{CAM}/to_timestamp"])],
+            fps=FPS,
+        )
         probe_out.unlink()
         assert placed[0][2] == len(expected), f"episode {episode}: {placed[0][2]} video frames"
     return len(rows)
@@ -161,14 +185,22 @@ def check_dataset(root: Path, saved: int = 0) -> int:
 # Named steps: during video encoding, during save, after commit, and at every step of the merge
 # (intent, each rename with info.json last, done), at first and later episodes.
 STEPS = [
-    "mid-episode-0", "mid-episode-2", "videos-finished#2", "episode-written#1", "committed#2",
-    "intent-written#1", "intent-written#3",
+    "mid-episode-0",
+    "mid-episode-2",
+    "videos-finished#2",
+    "episode-written#1",
+    "committed#2",
+    "intent-written#1",
+    "intent-written#3",
     "renamed data/chunk-000/file-000.parquet#2",
     f"renamed videos/{CAM}/chunk-000/file-000.mp4#1",
     f"renamed videos/{CAM}/chunk-000/file-000.mp4#3",
     "renamed meta/episodes/chunk-000/file-000.parquet#2",
-    "renamed meta/tasks.parquet#2", "renamed meta/stats.json#1",
-    "renamed meta/info.json#1", "renamed meta/info.json#3", "intent-done#2",
+    "renamed meta/tasks.parquet#2",
+    "renamed meta/stats.json#1",
+    "renamed meta/info.json#1",
+    "renamed meta/info.json#3",
+    "intent-done#2",
 ]
 RANDOM_TRIALS = 6
 

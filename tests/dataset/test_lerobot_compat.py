@@ -45,13 +45,13 @@ LENGTHS = [14, 9, 11]
 # Mean absolute error per frame, in uint8 levels (0..255), between a decoded frame and the
 # original. The frames are smooth gradients; libsvtav1 at crf 30 stays around 1-2 levels.
 MAX_FRAME_MAE = 3.0
-SINKS: dict[str, Callable[..., Any]] = {"native": DatasetWriter.create,
-                                        "lerobot": LeRobotSink.create}
+SINKS: dict[str, Callable[..., Any]] = {"native": DatasetWriter.create, "lerobot": LeRobotSink.create}
 
 
 @pytest.fixture(scope="module")
 def lerobot_dataset_class() -> Any:
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
     return LeRobotDataset
 
 
@@ -80,8 +80,9 @@ def load_lerobot(cls: Any, root: Path) -> Any:
 
 
 @pytest.mark.parametrize("video", [True, False], ids=["video", "plain"])
-def test_lerobot_loads_native_columns_bit_equal(datasets: dict, lerobot_dataset_class: Any,
-                                                video: bool) -> None:
+def test_lerobot_loads_native_columns_bit_equal(
+    datasets: dict, lerobot_dataset_class: Any, video: bool
+) -> None:
     ds = load_lerobot(lerobot_dataset_class, datasets[("native", video)])
     assert ds.num_episodes == len(LENGTHS) and ds.num_frames == sum(LENGTHS) and ds.fps == FPS
     assert ds.meta.video_keys == ([CAM] if video else [])
@@ -101,8 +102,7 @@ def test_lerobot_loads_native_columns_bit_equal(datasets: dict, lerobot_dataset_
     assert np.array_equal(columns["task_index"], np.repeat([0, 1, 0], LENGTHS))
 
 
-def test_lerobot_getitem_returns_what_was_written(datasets: dict, lerobot_dataset_class: Any
-                                                  ) -> None:
+def test_lerobot_getitem_returns_what_was_written(datasets: dict, lerobot_dataset_class: Any) -> None:
     ds = load_lerobot(lerobot_dataset_class, datasets[("native", False)])
     frames = [f for episode in expected_frames(False) for f in episode]
     for i, frame in enumerate(frames):
@@ -139,14 +139,20 @@ def test_check_accepts_lerobot_written_dataset(datasets: dict, video: bool) -> N
 
 
 def test_check_accepts_lerobot_image_features_and_checks_their_stats(
-        lerobot_dataset_class: Any, tmp_path: Path) -> None:
+    lerobot_dataset_class: Any, tmp_path: Path
+) -> None:
     """Without video LeRobot stores camera frames as PNG in the parquet (dtype "image")."""
     root = tmp_path / "images"
     specs = features({"front": (96, 128)})
     specs[CAM]["dtype"] = "image"
     ds = lerobot_dataset_class.create(
-        "hilrec/images", fps=FPS, root=root, robot_type=ROBOT_TYPE, use_videos=False,
-        features={k: {**v, "shape": tuple(v["shape"])} for k, v in specs.items()})
+        "hilrec/images",
+        fps=FPS,
+        root=root,
+        robot_type=ROBOT_TYPE,
+        use_videos=False,
+        features={k: {**v, "shape": tuple(v["shape"])} for k, v in specs.items()},
+    )
     for episode, length in enumerate(LENGTHS[:2]):
         for frame in episode_frames(episode, length, cameras=("front",)):
             ds.add_frame(dict(frame))
@@ -161,8 +167,10 @@ def test_check_accepts_lerobot_image_features_and_checks_their_stats(
     means = table.column(column).to_pylist()
     means[1][0][0][0] += 0.1
     field = table.schema.field(column)
-    pq.write_table(table.set_column(table.schema.get_field_index(column), field,
-                                    pa.array(means, type=field.type)), episodes)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index(column), field, pa.array(means, type=field.type)),
+        episodes,
+    )
     failed = [f for f in check_dataset(root).failures if f.rule == "stats.episode"]
     assert [(f.episode, f.key) for f in failed] == [(1, CAM)]
     assert "mean[channel 0]" in failed[0].message
@@ -209,8 +217,9 @@ def test_lerobot_sink_writes_sidecars_and_provenance(datasets: dict) -> None:
 
 def test_lerobot_sink_discard_leaves_no_staged_frames(tmp_path: Path) -> None:
     root = tmp_path / "ds"
-    with LeRobotSink.create(root, fps=FPS, features=features({"front": (96, 128)}),
-                            robot_type=ROBOT_TYPE) as sink:
+    with LeRobotSink.create(
+        root, fps=FPS, features=features({"front": (96, 128)}), robot_type=ROBOT_TYPE
+    ) as sink:
         for frame in episode_frames(5, 12, cameras=("front",)):
             sink.add_frame(frame)
         assert sink.episode_open
@@ -268,8 +277,9 @@ def test_lerobot_sink_lifecycle_and_validation(tmp_path: Path) -> None:
         LeRobotSink.create(root, fps=FPS, features=features(), robot_type=ROBOT_TYPE)
 
 
-def test_lerobot_sink_without_lerobot_is_a_clear_error(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lerobot_sink_without_lerobot_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "lerobot", None)  # as if it were not installed
     with pytest.raises(DatasetError, match="compatibility extra"):
         LeRobotSink.create(tmp_path / "ds", fps=FPS, features=features(), robot_type=ROBOT_TYPE)

@@ -35,8 +35,15 @@ def test_read_episode_is_bit_equal_in_stored_dtype(written: tuple[Path, list[lis
     for episode, expected in enumerate(frames):
         columns = reader.read_episode(root, episode)
         n = len(expected)
-        assert set(columns) == {"action", "observation.state", "timestamp", "frame_index",
-                                "episode_index", "index", "task_index"}
+        assert set(columns) == {
+            "action",
+            "observation.state",
+            "timestamp",
+            "frame_index",
+            "episode_index",
+            "index",
+            "task_index",
+        }
         for key in ("action", "observation.state"):
             assert columns[key].dtype == np.float32 and columns[key].shape == (n, 6)
             assert columns[key].tobytes() == stacked(expected, key).tobytes()
@@ -94,8 +101,9 @@ def test_video_probe_and_decode(written: tuple[Path, list[list[dict]]]) -> None:
     assert np.abs(some.astype(np.int16) - stacked(frames[1], CAM)[[6, 0]]).mean() < MAX_FRAME_MAE
 
 
-def test_parquet_without_footer_names_the_file(written: tuple[Path, list[list[dict]]],
-                                               tmp_path: Path) -> None:
+def test_parquet_without_footer_names_the_file(
+    written: tuple[Path, list[list[dict]]], tmp_path: Path
+) -> None:
     root, _ = written
     data = (root / "data/chunk-000/file-000.parquet").read_bytes()
     broken = tmp_path / "file-000.parquet"
@@ -118,9 +126,11 @@ def test_missing_or_bad_info_names_the_file(tmp_path: Path) -> None:
 
 
 def test_reader_imports_neither_lerobot_nor_pandas() -> None:
-    code = ("import sys, hilrec.daemon.dataset.reader, hilrec.daemon.dataset.checker; "
-            "print(sorted(m for m in ('lerobot', 'torch', 'pandas', 'datasets') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, hilrec.daemon.dataset.reader, hilrec.daemon.dataset.checker; "
+        "print(sorted(m for m in ('lerobot', 'torch', 'pandas', 'datasets') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

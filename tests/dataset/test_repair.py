@@ -25,17 +25,27 @@ LENGTHS = (12, 9, 15)
 
 def frames_of(episode: int, length: int) -> list[dict]:
     rng = np.random.default_rng(episode)
-    return [{"action": rng.normal(size=6).astype(np.float32),
-             "observation.state": rng.normal(size=6).astype(np.float32),
-             CAM: np.full((H, W, 3), 20 * episode + i, np.uint8),
-             "task": f"task {episode}"} for i in range(length)]
+    return [
+        {
+            "action": rng.normal(size=6).astype(np.float32),
+            "observation.state": rng.normal(size=6).astype(np.float32),
+            CAM: np.full((H, W, 3), 20 * episode + i, np.uint8),
+            "task": f"task {episode}",
+        }
+        for i in range(length)
+    ]
 
 
 @pytest.fixture()
 def dataset(tmp_path: Path) -> Path:
     root = tmp_path / "ds"
-    with DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
-                              robot_type="so_follower", video_codec="libx264") as writer:
+    with DatasetWriter.create(
+        root,
+        fps=FPS,
+        features=so101_features({"front": (H, W)}),
+        robot_type="so_follower",
+        video_codec="libx264",
+    ) as writer:
         for episode, length in enumerate(LENGTHS):
             for frame in frames_of(episode, length):
                 writer.add_frame(frame)

@@ -6,20 +6,33 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.dataset.stats import (
-    STAT_KEYS, ImageSampler, aggregate_stats, compute_episode_stats, image_stats, sample_indices,
-    stats_from_json, stats_to_json,
+    STAT_KEYS,
+    ImageSampler,
+    aggregate_stats,
+    compute_episode_stats,
+    image_stats,
+    sample_indices,
+    stats_from_json,
+    stats_to_json,
 )
 
-FEATURES = {"action": {"dtype": "float32"}, "timestamp": {"dtype": "float32"},
-            "index": {"dtype": "int64"}, "cam": {"dtype": "video"}, "label": {"dtype": "string"}}
+FEATURES = {
+    "action": {"dtype": "float32"},
+    "timestamp": {"dtype": "float32"},
+    "index": {"dtype": "int64"},
+    "cam": {"dtype": "video"},
+    "label": {"dtype": "string"},
+}
 
 
 def episode(seed: int, n: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"action": rng.normal(seed, 1 + seed, size=(n, 6)).astype(np.float32),
-            "timestamp": (np.arange(n) / 25).astype(np.float32),
-            "index": np.arange(n, dtype=np.int64) + 100 * seed,
-            "cam": rng.integers(0, 256, (n, 40, 30, 3), dtype=np.uint8)}
+    return {
+        "action": rng.normal(seed, 1 + seed, size=(n, 6)).astype(np.float32),
+        "timestamp": (np.arange(n) / 25).astype(np.float32),
+        "index": np.arange(n, dtype=np.int64) + 100 * seed,
+        "cam": rng.integers(0, 256, (n, 40, 30, 3), dtype=np.uint8),
+    }
 
 
 def test_keys_and_shapes() -> None:
@@ -41,15 +54,17 @@ def test_matches_lerobot_on_the_same_data() -> None:
     for key in ("action", "timestamp", "index"):
         theirs = lerobot_stats.get_feature_stats(data[key], axis=0, keepdims=data[key].ndim == 1)
         for name in STAT_KEYS:
-            np.testing.assert_allclose(ours[key][name], theirs[name], rtol=1e-5, atol=1e-5,
-                                       err_msg=f"{key}/{name}")
+            np.testing.assert_allclose(
+                ours[key][name], theirs[name], rtol=1e-5, atol=1e-5, err_msg=f"{key}/{name}"
+            )
     frames = data["cam"][sample_indices(300)].transpose(0, 3, 1, 2)
     theirs = lerobot_stats.get_feature_stats(frames, axis=(0, 2, 3), keepdims=True)
     for name in STAT_KEYS:
         if name in ("std", "count"):
             continue  # LeRobot squares uint8 pixels in uint8 (wraps); we do not.
-        np.testing.assert_allclose(ours["cam"][name], np.squeeze(theirs[name] / 255.0, axis=0),
-                                   atol=1e-9, err_msg=f"cam/{name}")
+        np.testing.assert_allclose(
+            ours["cam"][name], np.squeeze(theirs[name] / 255.0, axis=0), atol=1e-9, err_msg=f"cam/{name}"
+        )
     pixels = frames.transpose(0, 2, 3, 1).reshape(-1, 3).astype(np.float64) / 255
     np.testing.assert_allclose(ours["cam"]["std"].ravel(), pixels.std(axis=0), rtol=1e-9)
     assert ours["cam"]["count"].tolist() == [len(sample_indices(300))]
@@ -59,8 +74,7 @@ def test_aggregation_matches_lerobot_and_the_pooled_data() -> None:
     from lerobot.datasets import compute_stats as lerobot_stats
 
     parts = [episode(seed, n) for seed, n in ((0, 40), (1, 90), (2, 15))]
-    per_episode = [compute_episode_stats({k: v for k, v in p.items() if k != "cam"}, FEATURES)
-                   for p in parts]
+    per_episode = [compute_episode_stats({k: v for k, v in p.items() if k != "cam"}, FEATURES) for p in parts]
     ours = aggregate_stats(per_episode)
     theirs = lerobot_stats.aggregate_stats(per_episode)
     for key in ours:
@@ -122,13 +136,15 @@ def _histogram_quantiles(column: np.ndarray) -> np.ndarray:
 
 def test_quantiles_equal_the_histogram_estimate_bit_for_bit() -> None:
     rng = np.random.default_rng(7)
-    columns = [rng.normal(size=(123, 6)).astype(np.float32),
-               (rng.normal(size=(40, 3)) * 1e4).astype(np.float32),
-               np.full((17, 2), 3.25, dtype=np.float32),           # constant: all in one bin
-               rng.integers(0, 4, (300, 2)).astype(np.int64),      # many ties
-               (np.arange(2) + 10**9).reshape(2, 1).astype(np.int64),
-               rng.choice([-1.5, 0.0, 2.25, 1e6], size=(64, 1)),   # far apart, few values
-               (np.arange(250) / 25).astype(np.float32).reshape(-1, 1)]
+    columns = [
+        rng.normal(size=(123, 6)).astype(np.float32),
+        (rng.normal(size=(40, 3)) * 1e4).astype(np.float32),
+        np.full((17, 2), 3.25, dtype=np.float32),  # constant: all in one bin
+        rng.integers(0, 4, (300, 2)).astype(np.int64),  # many ties
+        (np.arange(2) + 10**9).reshape(2, 1).astype(np.int64),
+        rng.choice([-1.5, 0.0, 2.25, 1e6], size=(64, 1)),  # far apart, few values
+        (np.arange(250) / 25).astype(np.float32).reshape(-1, 1),
+    ]
     for table in columns:
         stats = compute_episode_stats({"x": table}, {"x": {"dtype": str(table.dtype)}})["x"]
         for column in range(table.shape[1]):

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.dataset.video import (
-    EpisodeVideoEncoder, Segment, VideoSettings, concat_segments, probe_video,
+    EpisodeVideoEncoder,
+    Segment,
+    VideoSettings,
+    concat_segments,
+    probe_video,
 )
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -18,14 +22,23 @@ FPS = 25
 
 def gradient_frames(count: int, height: int = 48, width: int = 64) -> list[np.ndarray]:
     base = np.linspace(0, 180, width, dtype=np.float32)[None, :, None]
-    return [np.clip(base + 3 * i + np.zeros((height, width, 3), np.float32), 0, 255).astype(np.uint8)
-            for i in range(count)]
+    return [
+        np.clip(base + 3 * i + np.zeros((height, width, 3), np.float32), 0, 255).astype(np.uint8)
+        for i in range(count)
+    ]
 
 
 def encode(path: Path, frames: list[np.ndarray], codec: str = "libsvtav1") -> int:
     height, width, _ = frames[0].shape
-    encoder = EpisodeVideoEncoder(path, key="cam", episode_index=0, fps=FPS, height=height,
-                                  width=width, settings=VideoSettings(codec=codec))
+    encoder = EpisodeVideoEncoder(
+        path,
+        key="cam",
+        episode_index=0,
+        fps=FPS,
+        height=height,
+        width=width,
+        settings=VideoSettings(codec=codec),
+    )
     for frame in frames:
         encoder.put(frame)
     return encoder.finish(timeout=60)
@@ -48,8 +61,15 @@ def test_every_frame_lands_on_the_fps_grid(tmp_path: Path, codec: str, name: str
 
 def test_the_encoder_copies_frames_the_caller_reuses(tmp_path: Path) -> None:
     buffer = np.zeros((48, 64, 3), np.uint8)
-    encoder = EpisodeVideoEncoder(tmp_path / "ep.mp4", key="cam", episode_index=0, fps=FPS,
-                                  height=48, width=64, settings=VideoSettings(codec="libx264"))
+    encoder = EpisodeVideoEncoder(
+        tmp_path / "ep.mp4",
+        key="cam",
+        episode_index=0,
+        fps=FPS,
+        height=48,
+        width=64,
+        settings=VideoSettings(codec="libx264"),
+    )
     for value in (0, 250):
         buffer[:] = value
         encoder.put(buffer)
@@ -61,9 +81,16 @@ def test_the_encoder_copies_frames_the_caller_reuses(tmp_path: Path) -> None:
 
 def test_falling_behind_past_the_memory_bound_fails_loudly(tmp_path: Path) -> None:
     frame = np.random.default_rng(0).integers(0, 255, (720, 1280, 3), dtype=np.uint8)
-    encoder = EpisodeVideoEncoder(tmp_path / "ep.mp4", key="cam", episode_index=4, fps=FPS,
-                                  height=720, width=1280, settings=VideoSettings(),
-                                  max_queue_bytes=2 * frame.nbytes)
+    encoder = EpisodeVideoEncoder(
+        tmp_path / "ep.mp4",
+        key="cam",
+        episode_index=4,
+        fps=FPS,
+        height=720,
+        width=1280,
+        settings=VideoSettings(),
+        max_queue_bytes=2 * frame.nbytes,
+    )
     with pytest.raises(VideoEncodingError, match="refusing to drop") as caught:
         for _ in range(200):
             encoder.put(frame)
@@ -76,8 +103,15 @@ def test_falling_behind_past_the_memory_bound_fails_loudly(tmp_path: Path) -> No
 def test_an_encoder_failure_surfaces_at_the_next_call(tmp_path: Path) -> None:
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the encoder wants a directory")
-    encoder = EpisodeVideoEncoder(blocked / "ep.mp4", key="cam", episode_index=2, fps=FPS,
-                                  height=48, width=64, settings=VideoSettings(codec="libx264"))
+    encoder = EpisodeVideoEncoder(
+        blocked / "ep.mp4",
+        key="cam",
+        episode_index=2,
+        fps=FPS,
+        height=48,
+        width=64,
+        settings=VideoSettings(codec="libx264"),
+    )
     with pytest.raises(VideoEncodingError, match="episode 2"):
         for frame in gradient_frames(5):
             encoder.put(frame)
@@ -95,7 +129,9 @@ def test_concat_places_segments_back_to_back(tmp_path: Path) -> None:
     encode(second, gradient_frames(7))
     joined = tmp_path / "joined.mp4"
     assert concat_segments(joined, [Segment(first), Segment(second)], fps=FPS) == [
-        (0.0, 0.4, 10), (0.4, 0.68, 7)]
+        (0.0, 0.4, 10),
+        (0.4, 0.68, 7),
+    ]
     sliced = tmp_path / "slice.mp4"
     assert concat_segments(sliced, [Segment(joined, 0.4, 0.68)], fps=FPS) == [(0.0, 0.28, 7)]
     with av.open(str(joined)) as container:

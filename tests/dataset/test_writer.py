@@ -38,8 +38,9 @@ def make_frame(rng: np.random.Generator, task: str = "pick the cube") -> dict:
 def write_dataset(root: Path, lengths: list[int], *, seed: int = 0, **kwargs) -> list[list[dict]]:
     rng = np.random.default_rng(seed)
     episodes = []
-    with DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
-                              robot_type="so_follower", **kwargs) as writer:
+    with DatasetWriter.create(
+        root, fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower", **kwargs
+    ) as writer:
         for number, length in enumerate(lengths):
             task = "pick the cube" if number % 2 == 0 else "place the cube"
             frames = [make_frame(rng, task) for _ in range(length)]
@@ -53,8 +54,10 @@ def write_dataset(root: Path, lengths: list[int], *, seed: int = 0, **kwargs) ->
 def read_data(root: Path) -> dict[str, np.ndarray]:
     files = sorted((root / "data").glob("chunk-*/file-*.parquet"))
     tables = [pq.read_table(f) for f in files]
-    return {name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
-            for name in tables[0].column_names}
+    return {
+        name: np.concatenate([column_to_numpy(t.column(name)) for t in tables])
+        for name in tables[0].column_names
+    }
 
 
 def episode_rows(root: Path) -> list[dict]:
@@ -88,13 +91,28 @@ def test_metadata_matches_lerobot_v30(tmp_path: Path) -> None:
     assert info["codebase_version"] == "v3.0"
     assert (info["total_episodes"], info["total_frames"], info["total_tasks"]) == (2, 47, 2)
     assert info["splits"] == {"train": "0:2"}
-    assert list(info["features"]) == ["action", "observation.state", CAM, "timestamp",
-                                      "frame_index", "episode_index", "index", "task_index"]
+    assert list(info["features"]) == [
+        "action",
+        "observation.state",
+        CAM,
+        "timestamp",
+        "frame_index",
+        "episode_index",
+        "index",
+        "task_index",
+    ]
     assert info["features"]["action"]["names"] == POSITION_NAMES
     video = info["features"][CAM]["info"]
-    assert video == {"video.height": H, "video.width": W, "video.codec": "av1",
-                     "video.pix_fmt": "yuv420p", "video.is_depth_map": False, "video.fps": FPS,
-                     "video.channels": 3, "has_audio": False}
+    assert video == {
+        "video.height": H,
+        "video.width": W,
+        "video.codec": "av1",
+        "video.pix_fmt": "yuv420p",
+        "video.is_depth_map": False,
+        "video.fps": FPS,
+        "video.channels": 3,
+        "has_audio": False,
+    }
     schema = pq.read_schema(root / "data/chunk-000/file-000.parquet")
     action_type = schema.field("action").type
     assert pa.types.is_fixed_size_list(action_type) and action_type.list_size == 6
@@ -142,11 +160,15 @@ def test_sidecars_and_provenance_are_written(tmp_path: Path) -> None:
 
 def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
     root = tmp_path / "ds"
-    write_dataset(root, [40, 40, 40, 40], data_files_size_in_mb=0.004, video_files_size_in_mb=0.0005,
-                  chunks_size=2)
+    write_dataset(
+        root, [40, 40, 40, 40], data_files_size_in_mb=0.004, video_files_size_in_mb=0.0005, chunks_size=2
+    )
     data_files = sorted(p.relative_to(root).as_posix() for p in (root / "data").rglob("*.parquet"))
-    assert data_files[:3] == ["data/chunk-000/file-000.parquet", "data/chunk-000/file-001.parquet",
-                              "data/chunk-001/file-000.parquet"]
+    assert data_files[:3] == [
+        "data/chunk-000/file-000.parquet",
+        "data/chunk-000/file-001.parquet",
+        "data/chunk-001/file-000.parquet",
+    ]
     rows = episode_rows(root)
     refs = [(r["data/chunk_index"], r["data/file_index"]) for r in rows]
     assert refs == sorted(refs) and len(set(refs)) > 1
@@ -154,8 +176,10 @@ def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
     assert len(set(video_refs)) > 1
     for previous, row in zip([None] + rows[:-1], rows):
         ref = (row[f"videos/{CAM}/chunk_index"], row[f"videos/{CAM}/file_index"])
-        starts_file = previous is None or ref != (previous[f"videos/{CAM}/chunk_index"],
-                                                  previous[f"videos/{CAM}/file_index"])
+        starts_file = previous is None or ref != (
+            previous[f"videos/{CAM}/chunk_index"],
+            previous[f"videos/{CAM}/file_index"],
+        )
         expected = 0.0 if starts_file else previous[f"videos/{CAM}/to_timestamp"]
         assert row[f"videos/{CAM}/from_timestamp"] == pytest.approx(expected)
         with av.open(str(root / f"videos/{CAM}/chunk-{ref[0]:03d}/file-{ref[1]:03d}.mp4")) as c:
@@ -179,21 +203,25 @@ def test_reopen_appends_after_the_saved_episodes(tmp_path: Path) -> None:
     assert rows[2][f"videos/{CAM}/from_timestamp"] == pytest.approx(22 / FPS)
 
 
-@pytest.mark.parametrize("change, key", [
-    ({"action": np.zeros(6)}, "action"),                              # float64, not float32
-    ({"action": np.zeros(5, np.float32)}, "action"),                  # wrong shape
-    ({"observation.state": np.full(6, np.inf, np.float32)}, "observation.state"),
-    ({CAM: np.zeros((H, W), np.uint8)}, CAM),
-    ({CAM: np.zeros((H, W, 3), np.float32)}, CAM),
-    ({"timestamp": np.float32(0.0)}, "timestamp"),                    # reserved
-    ({"index": 3}, "index"),
-    ({"velocity": np.zeros(6, np.float32)}, "velocity"),              # not declared
-    ({"task": ""}, "task"),
-])
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"action": np.zeros(6)}, "action"),  # float64, not float32
+        ({"action": np.zeros(5, np.float32)}, "action"),  # wrong shape
+        ({"observation.state": np.full(6, np.inf, np.float32)}, "observation.state"),
+        ({CAM: np.zeros((H, W), np.uint8)}, CAM),
+        ({CAM: np.zeros((H, W, 3), np.float32)}, CAM),
+        ({"timestamp": np.float32(0.0)}, "timestamp"),  # reserved
+        ({"index": 3}, "index"),
+        ({"velocity": np.zeros(6, np.float32)}, "velocity"),  # not declared
+        ({"task": ""}, "task"),
+    ],
+)
 def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key: str) -> None:
     rng = np.random.default_rng(0)
-    with DatasetWriter.create(tmp_path / "ds", fps=FPS, features=so101_features({"front": (H, W)}),
-                              robot_type="so_follower") as writer:
+    with DatasetWriter.create(
+        tmp_path / "ds", fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower"
+    ) as writer:
         writer.add_frame(make_frame(rng))
         with pytest.raises(FrameError) as caught:
             writer.add_frame({**make_frame(rng), **change})
@@ -207,10 +235,12 @@ def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key
 
 
 def test_bad_feature_specs_are_refused(tmp_path: Path) -> None:
-    for features, key in [({"frame_index": {"dtype": "int64", "shape": [1], "names": None}}, "frame_index"),
-                          ({"a/b": {"dtype": "float32", "shape": [2], "names": None}}, "a/b"),
-                          ({"x": {"dtype": "float13", "shape": [2], "names": None}}, "x"),
-                          ({"cam": {"dtype": "video", "shape": [47, 64, 3], "names": None}}, "cam")]:
+    for features, key in [
+        ({"frame_index": {"dtype": "int64", "shape": [1], "names": None}}, "frame_index"),
+        ({"a/b": {"dtype": "float32", "shape": [2], "names": None}}, "a/b"),
+        ({"x": {"dtype": "float13", "shape": [2], "names": None}}, "x"),
+        ({"cam": {"dtype": "video", "shape": [47, 64, 3], "names": None}}, "cam"),
+    ]:
         with pytest.raises(FeatureSpecError) as caught:
             DatasetWriter.create(tmp_path / "bad", fps=FPS, features=features, robot_type=None)
         assert caught.value.key == key
@@ -219,8 +249,9 @@ def test_bad_feature_specs_are_refused(tmp_path: Path) -> None:
 def test_lifecycle_rules(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     root = tmp_path / "ds"
-    writer = DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
-                                  robot_type="so_follower")
+    writer = DatasetWriter.create(
+        root, fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower"
+    )
     with pytest.raises(DatasetStateError):
         writer.save_episode()
     writer.add_frame(make_frame(rng))
@@ -245,15 +276,15 @@ def test_lifecycle_rules(tmp_path: Path) -> None:
 def test_an_exception_in_the_block_discards_only_the_open_episode(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     root = tmp_path / "ds"
-    with pytest.raises(RuntimeError):
-        with DatasetWriter.create(root, fps=FPS, features=so101_features({"front": (H, W)}),
-                                  robot_type="so_follower") as writer:
-            for _ in range(4):
-                writer.add_frame(make_frame(rng))
-            writer.save_episode()
-            for _ in range(6):
-                writer.add_frame(make_frame(rng))
-            raise RuntimeError("operator pressed stop")
+    with pytest.raises(RuntimeError), DatasetWriter.create(
+        root, fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower"
+    ) as writer:
+        for _ in range(4):
+            writer.add_frame(make_frame(rng))
+        writer.save_episode()
+        for _ in range(6):
+            writer.add_frame(make_frame(rng))
+        raise RuntimeError("operator pressed stop")
     info = json.loads((root / "meta/info.json").read_text())
     assert (info["total_episodes"], info["total_frames"]) == (1, 4)
     assert not list((root / "hilrec/journal").glob(".episode-*"))
@@ -272,7 +303,7 @@ def test_leaving_the_block_with_an_open_episode_refuses_but_keeps_saved_ones(tmp
 
 def test_lerobot_loads_the_rows_and_metadata(tmp_path: Path) -> None:
     from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
-    from lerobot.datasets.utils import load_nested_dataset, get_hf_features_from_features
+    from lerobot.datasets.utils import get_hf_features_from_features, load_nested_dataset
 
     root = tmp_path / "ds"
     episodes = write_dataset(root, [12, 9])
@@ -383,8 +414,13 @@ def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
         "    w.save_episode()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])\n"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ds")], check=True,
-                          timeout=120, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "ds")],
+        check=True,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
     assert done.stdout.strip() == "[]"
     assert read_tasks(tmp_path / "ds") == ["a", "b", "c"]
     assert [r["length"] for r in episode_rows(tmp_path / "ds")] == [5, 3, 1]
@@ -403,43 +439,47 @@ def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path:
             return int(rng.integers(0, 1000)) if field.type == pa.int64() else float(rng.random())
         inner = field.type.value_type
         if pa.types.is_list(inner):
-            return rng.random((3, 1, 1))           # image stats, as numpy
+            return rng.random((3, 1, 1))  # image stats, as numpy
         if pa.types.is_string(inner):
             return ["pick", "plàce"]
         return (np.arange(6) if inner == pa.int64() else rng.random(6)).tolist()
 
     rows = [{field.name: value(field) for field in schema} for _ in range(4)]
-    as_lists = {field.name: [r[field.name].tolist() if isinstance(r[field.name], np.ndarray)
-                             else r[field.name] for r in rows] for field in schema}
+    as_lists = {
+        field.name: [
+            r[field.name].tolist() if isinstance(r[field.name], np.ndarray) else r[field.name] for r in rows
+        ]
+        for field in schema
+    }
     expected = pa.Table.from_pydict(as_lists, schema=schema)
     assert episodes_table(rows, features).equals(expected, check_metadata=True)
     tasks = ["pick up the cube", "Würfel in die Schale", ""]
     table = tasks_table(tasks)
-    assert table.equals(pa.Table.from_pydict({"task_index": [0, 1, 2],
-                                              "__index_level_0__": tasks}, schema=table.schema),
-                        check_metadata=True)
+    assert table.equals(
+        pa.Table.from_pydict({"task_index": [0, 1, 2], "__index_level_0__": tasks}, schema=table.schema),
+        check_metadata=True,
+    )
 
 
 def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_keeps_those_before(
-        tmp_path: Path, file_size_limit) -> None:
+    tmp_path: Path, file_size_limit
+) -> None:
     rng = np.random.default_rng(5)
     root = tmp_path / "ds"
     features = so101_features()
-    episodes = [[{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)]
-                for n in (4, 3, 3000)]
+    episodes = [
+        [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)] for n in (4, 3, 3000)
+    ]
     # A long merge interval: the saved episodes wait in the journal until finalize() merges them.
-    writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type=None,
-                                  merge_interval_s=600)
+    writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type=None, merge_interval_s=600)
     futures = []
     for number, frames in enumerate(episodes[:2]):
         for frame in frames:
             writer.add_frame(frame)
-        futures.append(writer.save_episode_nowait(sidecar={"n": number},
-                                                  arrays={"x": np.arange(3)}))
+        futures.append(writer.save_episode_nowait(sidecar={"n": number}, arrays={"x": np.arange(3)}))
     assert [f.result(timeout=60) for f in futures] == [0, 1]
     assert writer.num_episodes == 2
-    assert sorted(p.name for p in (root / "hilrec/journal").iterdir()) == ["episode-000000",
-                                                                          "episode-000001"]
+    assert sorted(p.name for p in (root / "hilrec/journal").iterdir()) == ["episode-000000", "episode-000001"]
     assert load_episode_sidecar(root, 1)[0]["n"] == 1
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 0
     for frame in episodes[2]:

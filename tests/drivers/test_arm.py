@@ -44,8 +44,7 @@ def wait_until_reached(arm: SO101Follower, goal: np.ndarray, ticks_tolerance: fl
     raise AssertionError(f"follower did not reach {goal}: {arm.read().values}")
 
 
-def test_follower_is_configured_like_lerobot(follower_emu: EmulatedArm,
-                                             calibration_file: Path) -> None:
+def test_follower_is_configured_like_lerobot(follower_emu: EmulatedArm, calibration_file: Path) -> None:
     with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)):
         assert registers(follower_emu, "P_Coefficient") == [16] * 6
         assert registers(follower_emu, "I_Coefficient") == [0] * 6
@@ -62,16 +61,14 @@ def test_follower_is_configured_like_lerobot(follower_emu: EmulatedArm,
     assert registers(follower_emu, "Torque_Enable") == [0] * 6  # off on close
 
 
-def test_torque_goes_off_when_the_with_block_fails(follower_emu: EmulatedArm,
-                                                   calibration_file: Path) -> None:
+def test_torque_goes_off_when_the_with_block_fails(follower_emu: EmulatedArm, calibration_file: Path) -> None:
     with pytest.raises(RuntimeError, match="operator code failed"):
         with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)):
             raise RuntimeError("operator code failed")
     assert registers(follower_emu, "Torque_Enable") == [0] * 6
 
 
-def test_units_round_trip_through_the_servos(follower_emu: EmulatedArm,
-                                             calibration_file: Path) -> None:
+def test_units_round_trip_through_the_servos(follower_emu: EmulatedArm, calibration_file: Path) -> None:
     config = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
     with SO101Follower(config) as arm:
         assert arm.read().values.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]  # the middle pose
@@ -84,13 +81,17 @@ def test_units_round_trip_through_the_servos(follower_emu: EmulatedArm,
         assert reading.values.dtype == np.float32
 
 
-def test_action_is_cast_to_float32_before_it_becomes_ticks(follower_emu: EmulatedArm,
-                                                           calibration_file: Path) -> None:
+def test_action_is_cast_to_float32_before_it_becomes_ticks(
+    follower_emu: EmulatedArm, calibration_file: Path
+) -> None:
     cal = follower_emu.frame.calibration["shoulder_pan"]
     # Find a float64 goal whose float32 rounding crosses a tick boundary.
     candidates = (k * 360 / MAX_TICK - 3e-9 for k in range(1, 2000))
-    value = next(v for v in candidates if units_to_ticks(v, cal, "degrees")
-                 != units_to_ticks(float(np.float32(v)), cal, "degrees"))
+    value = next(
+        v
+        for v in candidates
+        if units_to_ticks(v, cal, "degrees") != units_to_ticks(float(np.float32(v)), cal, "degrees")
+    )
     with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
         sent = arm.send_action(np.array([value, 0, 0, 0, 0, 50], dtype=np.float64))
     assert sent.sent[0] == np.float32(value)
@@ -98,26 +99,26 @@ def test_action_is_cast_to_float32_before_it_becomes_ticks(follower_emu: Emulate
     assert sent.ticks[0] != units_to_ticks(value, cal, "degrees")
 
 
-def test_max_relative_target_clamps_and_returns_what_was_sent(follower_emu: EmulatedArm,
-                                                              calibration_file: Path) -> None:
+def test_max_relative_target_clamps_and_returns_what_was_sent(
+    follower_emu: EmulatedArm, calibration_file: Path
+) -> None:
     caps = dict(zip(JOINT_NAMES, [5.0, 5.0, 5.0, 5.0, 5.0, 10.0]))
-    config = FollowerConfig(port=follower_emu.port, calibration=calibration_file,
-                            max_relative_target=caps)
+    config = FollowerConfig(port=follower_emu.port, calibration=calibration_file, max_relative_target=caps)
     with SO101Follower(config) as arm:
         present = arm.read().values
         handled = follower_emu.packets_handled
         sent = arm.send_action([40.0, -2.0, -40.0, 0.0, 0.0, 90.0], present=present)
         assert follower_emu.wait_handled(handled + 1)  # a sync write has no reply to wait for
         assert sent.clamped
-        np.testing.assert_array_equal(sent.sent, np.array([5.0, -2.0, -5.0, 0.0, 0.0, 60.0],
-                                                          dtype=np.float32))
+        np.testing.assert_array_equal(
+            sent.sent, np.array([5.0, -2.0, -5.0, 0.0, 0.0, 60.0], dtype=np.float32)
+        )
         with follower_emu.paused():
             goals = [s.get("Goal_Position") for s in follower_emu.servos]
         assert tuple(goals) == sent.ticks
 
 
-def test_bad_actions_and_configs_are_refused(follower_emu: EmulatedArm,
-                                             calibration_file: Path) -> None:
+def test_bad_actions_and_configs_are_refused(follower_emu: EmulatedArm, calibration_file: Path) -> None:
     with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
         handled = follower_emu.packets_handled
         with pytest.raises(ActionError, match="6 finite numbers"):
@@ -145,8 +146,9 @@ def test_leader_has_torque_off_and_is_never_sent_a_goal(emulate, calibration_fil
         assert [s.log.goal_writes for s in leader_emu.servos] == [0] * 6
 
 
-def test_servo_calibration_is_rewritten_from_the_file(emulate, tmp_path: Path,
-                                                      calibration_file: Path) -> None:
+def test_servo_calibration_is_rewritten_from_the_file(
+    emulate, tmp_path: Path, calibration_file: Path
+) -> None:
     fresh = emulate("follower", factory_fresh=True)
     assert registers(fresh, "Homing_Offset") == [0] * 6
     with SO101Follower(FollowerConfig(port=fresh.port, calibration=calibration_file)) as arm:
@@ -160,8 +162,9 @@ def test_servo_calibration_is_rewritten_from_the_file(emulate, tmp_path: Path,
     assert registers(other, "Torque_Enable") == [0] * 6  # a refused open still leaves it safe
 
 
-def test_missing_calibration_names_lerobots_path(follower_emu: EmulatedArm, monkeypatch,
-                                                 tmp_path: Path) -> None:
+def test_missing_calibration_names_lerobots_path(
+    follower_emu: EmulatedArm, monkeypatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
     with pytest.raises(CalibrationError, match="robots/so_follower/blue.json: no calibration"):
         SO101Follower(FollowerConfig(port=follower_emu.port, id="blue")).open()
@@ -175,16 +178,16 @@ def test_open_names_missing_servos(emulate, calibration_file: Path) -> None:
         SO101Follower(config).open()
 
 
-def test_overload_stops_the_follower_unless_tolerated(follower_emu: EmulatedArm,
-                                                      calibration_file: Path) -> None:
+def test_overload_stops_the_follower_unless_tolerated(
+    follower_emu: EmulatedArm, calibration_file: Path
+) -> None:
     strict = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
     with SO101Follower(strict) as arm:
         follower_emu.inject(Fault(kind="overload", servo_id=6))
         with pytest.raises(ServoFaultError, match="servo id 6.*overload"):
             arm.read()
     follower_emu.clear_faults()
-    tolerant = FollowerConfig(port=follower_emu.port, calibration=calibration_file,
-                              tolerated_status=0x20)
+    tolerant = FollowerConfig(port=follower_emu.port, calibration=calibration_file, tolerated_status=0x20)
     with SO101Follower(tolerant) as arm:
         follower_emu.inject(Fault(kind="overload", servo_id=6))
         reading = arm.read()
@@ -194,8 +197,7 @@ def test_overload_stops_the_follower_unless_tolerated(follower_emu: EmulatedArm,
 @contextmanager
 def cpu_load(processes: int) -> Iterator[None]:
     """Busy loops in other processes: a loaded machine, for as long as the block runs."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-               for _ in range(processes)]
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
     try:
         yield
     finally:
@@ -205,8 +207,7 @@ def cpu_load(processes: int) -> Iterator[None]:
             burner.wait()
 
 
-def test_opening_on_a_loaded_machine_never_fails(emulate: Callable[..., EmulatedArm],
-                                                 tmp_path: Path) -> None:
+def test_opening_on_a_loaded_machine_never_fails(emulate: Callable[..., EmulatedArm], tmp_path: Path) -> None:
     """A loaded machine holds pty bytes in the kernel's flip-buffer worker for 100-700 ms: a
     servo then seems silent, and the answers to the retried requests land after the next
     request's flush. About 1 open in 10 of an in-process emulated arm failed ("status packet

@@ -19,7 +19,6 @@ from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.faults import Fault
 from hilrec.drivers.tables import StatusBit
 
-
 IDS = (1, 2, 3, 4, 5, 6)
 
 
@@ -84,8 +83,9 @@ def test_dropped_reply_is_retried(bus: FeetechBus, follower_emu: EmulatedArm) ->
     assert bus.stats.retries == 2
 
 
-def test_persistent_drop_times_out_naming_servo_and_register(bus: FeetechBus,
-                                                             follower_emu: EmulatedArm) -> None:
+def test_persistent_drop_times_out_naming_servo_and_register(
+    bus: FeetechBus, follower_emu: EmulatedArm
+) -> None:
     follower_emu.inject(Fault(kind="drop", servo_id=3))
     with pytest.raises(BusTimeoutError) as info:
         bus.sync_read("Present_Position", IDS)
@@ -96,8 +96,7 @@ def test_persistent_drop_times_out_naming_servo_and_register(bus: FeetechBus,
         bus.read(3, "P_Coefficient")
 
 
-def test_corrupt_checksum_is_retried_then_reported(bus: FeetechBus,
-                                                   follower_emu: EmulatedArm) -> None:
+def test_corrupt_checksum_is_retried_then_reported(bus: FeetechBus, follower_emu: EmulatedArm) -> None:
     bus.ping(2)  # a fresh bus fences first; the fault is meant for the read below
     follower_emu.inject(Fault(kind="corrupt", servo_id=2, count=1))
     assert bus.read(2, "ID") == 2  # second attempt
@@ -109,8 +108,7 @@ def test_corrupt_checksum_is_retried_then_reported(bus: FeetechBus,
 
 
 @pytest.mark.parametrize("flush_input", [True, False])
-def test_late_reply_is_never_taken_as_the_next_answer(follower_emu: EmulatedArm,
-                                                      flush_input: bool) -> None:
+def test_late_reply_is_never_taken_as_the_next_answer(follower_emu: EmulatedArm, flush_input: bool) -> None:
     config = BusConfig(port=follower_emu.port, flush_input=flush_input)
     with FeetechBus(config) as bus:
         bus.set_torque([1], enabled=False)
@@ -160,13 +158,14 @@ def test_tx_echo_is_skipped(bus: FeetechBus, follower_emu: EmulatedArm) -> None:
     assert bus.stats.echoes_skipped >= 3
 
 
-@pytest.mark.parametrize(("kind", "bit"), [("overload", StatusBit.OVERLOAD),
-                                           ("voltage", StatusBit.VOLTAGE)])
-def test_error_bits_surface_as_servo_faults(bus: FeetechBus, follower_emu: EmulatedArm,
-                                            kind: str, bit: int) -> None:
+@pytest.mark.parametrize(("kind", "bit"), [("overload", StatusBit.OVERLOAD), ("voltage", StatusBit.VOLTAGE)])
+def test_error_bits_surface_as_servo_faults(
+    bus: FeetechBus, follower_emu: EmulatedArm, kind: str, bit: int
+) -> None:
     follower_emu.inject(Fault(kind=kind, servo_id=6))  # type: ignore[arg-type]
-    with pytest.raises(ServoFaultError, match=f"servo id 6, register Present_Position: servo "
-                                              f"reports {kind}") as info:
+    with pytest.raises(
+        ServoFaultError, match=f"servo id 6, register Present_Position: servo reports {kind}"
+    ) as info:
         bus.sync_read("Present_Position", IDS)
     assert info.value.error_bits == bit
     assert info.value.reading.values[1] == 2047  # type: ignore[attr-defined]
@@ -177,8 +176,7 @@ def test_error_bits_surface_as_servo_faults(bus: FeetechBus, follower_emu: Emula
         assert bus.read(6, "Torque_Enable", check_status=False) == 0
 
 
-def test_missing_servo_fails_the_sync_read_naming_it(bus: FeetechBus,
-                                                     follower_emu: EmulatedArm) -> None:
+def test_missing_servo_fails_the_sync_read_naming_it(bus: FeetechBus, follower_emu: EmulatedArm) -> None:
     follower_emu.inject(Fault(kind="missing", servo_id=4))
     with pytest.raises(BusTimeoutError, match="servo id 4"):
         bus.sync_read("Present_Position", IDS)

@@ -19,6 +19,7 @@ from hilrec.daemon.cli import main
 from hilrec.drivers.calibration import load_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm
 
+
 def expected_file(emu: EmulatedArm) -> dict:
     expected = json.loads(emu.frame.calibration.to_json())
     expected["wrist_roll"].update(range_min=0, range_max=4095)  # LeRobot's full-turn joint
@@ -28,21 +29,26 @@ def expected_file(emu: EmulatedArm) -> dict:
 def test_hilrec_calibrate_recovers_the_arms_calibration(emulate, tmp_path: Path) -> None:
     emu = emulate("leader", motion="sweep", factory_fresh=True)
     output = tmp_path / "leader.json"
-    assert main(["calibrate", "leader", "--port", emu.port, "--output", str(output), "--yes",
-                 "--duration", "2.5"]) == 0
+    assert (
+        main(
+            ["calibrate", "leader", "--port", emu.port, "--output", str(output), "--yes", "--duration", "2.5"]
+        )
+        == 0
+    )
     assert emu.sweep is not None and emu.sweep.done.is_set()
     assert json.loads(output.read_text()) == expected_file(emu)
     with emu.paused():  # and the servos hold it, as LeRobot's write_calibration leaves them
         assert [s.get("Min_Position_Limit") for s in emu.servos] == [
-            cal["range_min"] for cal in expected_file(emu).values()]
+            cal["range_min"] for cal in expected_file(emu).values()
+        ]
     load_calibration(output)
 
 
-def run_lerobot_calibrate(emulate, calibration_dir: Path,
-                          monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
+def run_lerobot_calibrate(
+    emulate, calibration_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> list[BaseException]:
     emu = emulate("leader", motion="sweep", factory_fresh=True)
-    leader = SOLeader(SOLeaderTeleopConfig(port=emu.port, id="emulated",
-                                           calibration_dir=calibration_dir))
+    leader = SOLeader(SOLeaderTeleopConfig(port=emu.port, id="emulated", calibration_dir=calibration_dir))
     failures: list[BaseException] = []
 
     def calibrate() -> None:
@@ -71,12 +77,27 @@ def run_lerobot_calibrate(emulate, calibration_dir: Path,
     return failures
 
 
-def test_same_file_as_lerobots_own_calibrate(emulate, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_same_file_as_lerobots_own_calibrate(
+    emulate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ours_emu = emulate("leader", motion="sweep", factory_fresh=True)
     ours = tmp_path / "ours.json"
-    assert main(["calibrate", "leader", "--port", ours_emu.port, "--output", str(ours), "--yes",
-                 "--duration", "2.5"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "leader",
+                "--port",
+                ours_emu.port,
+                "--output",
+                str(ours),
+                "--yes",
+                "--duration",
+                "2.5",
+            ]
+        )
+        == 0
+    )
 
     # LeRobot 0.4.4 reads with num_retry=0 while it calibrates, so on a loaded machine one late
     # reply aborts it (ConnectionError). That is LeRobot's behaviour, not what is tested here:

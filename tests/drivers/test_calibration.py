@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import io
-import re
 import json
+import re
 from pathlib import Path
 
 import draccus
 import numpy as np
 import pytest
-from lerobot.motors import Motor, MotorCalibration as LeRobotCalibration, MotorNormMode
+from lerobot.motors import Motor, MotorNormMode
+from lerobot.motors import MotorCalibration as LeRobotCalibration
 from lerobot.motors.feetech import FeetechMotorsBus
 
 from hilrec.daemon.errors import CalibrationError
@@ -35,11 +36,11 @@ CAL = {
 }
 
 
-def lerobot_bus(body_mode: MotorNormMode, cal: dict = CAL,
-                gripper_drive_mode: int = 0) -> FeetechMotorsBus:
-    motors = {name: Motor(mid, "sts3215",
-                          MotorNormMode.RANGE_0_100 if mode == "range_0_100" else body_mode)
-              for name, (mid, mode) in MOTORS.items()}
+def lerobot_bus(body_mode: MotorNormMode, cal: dict = CAL, gripper_drive_mode: int = 0) -> FeetechMotorsBus:
+    motors = {
+        name: Motor(mid, "sts3215", MotorNormMode.RANGE_0_100 if mode == "range_0_100" else body_mode)
+        for name, (mid, mode) in MOTORS.items()
+    }
     calibration = {name: LeRobotCalibration(**entry) for name, entry in cal.items()}
     calibration["gripper"].drive_mode = gripper_drive_mode
     return FeetechMotorsBus(port="/dev/null-not-opened", motors=motors, calibration=calibration)
@@ -73,10 +74,8 @@ def test_drive_mode_mirrors_the_gripper_like_lerobot() -> None:
     ours = ArmCalibration.from_mapping(cal)
     theirs = lerobot_bus(MotorNormMode.DEGREES, gripper_drive_mode=1)
     for ticks in (2016, 2500, 3471, 100, 4000):
-        assert ticks_to_units(ticks, ours["gripper"], "range_0_100") == \
-            theirs._normalize({6: ticks})[6]
-        assert units_to_ticks(30.0, ours["gripper"], "range_0_100") == \
-            theirs._unnormalize({6: 30.0})[6]
+        assert ticks_to_units(ticks, ours["gripper"], "range_0_100") == theirs._normalize({6: ticks})[6]
+        assert units_to_ticks(30.0, ours["gripper"], "range_0_100") == theirs._unnormalize({6: 30.0})[6]
     # DEGREES ignores drive_mode in LeRobot, and so do we (elbow_flex has drive_mode 1 above).
     assert ticks_to_units(2006, ours["elbow_flex"], "degrees") == (2006 - 2006) * 360 / 4095
 
@@ -94,29 +93,34 @@ def test_file_is_byte_identical_to_lerobots_dump(tmp_path: Path) -> None:
     assert {n: vars(c) for n, c in loaded.items()} == CAL
 
 
-def test_lerobot_calibration_directory_resolution(monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path: Path) -> None:
+def test_lerobot_calibration_directory_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for var in ("HF_LEROBOT_CALIBRATION", "HF_LEROBOT_HOME", "HF_HOME", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert lerobot_calibration_path("follower", "blue") == \
-        tmp_path / ".cache/huggingface/lerobot/calibration/robots/so_follower/blue.json"
+    assert (
+        lerobot_calibration_path("follower", "blue")
+        == tmp_path / ".cache/huggingface/lerobot/calibration/robots/so_follower/blue.json"
+    )
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    assert lerobot_calibration_path("leader", "red") == \
-        tmp_path / "hf/lerobot/calibration/teleoperators/so_leader/red.json"
+    assert (
+        lerobot_calibration_path("leader", "red")
+        == tmp_path / "hf/lerobot/calibration/teleoperators/so_leader/red.json"
+    )
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "cal"))
-    assert lerobot_calibration_path("leader", "red") == \
-        tmp_path / "cal/teleoperators/so_leader/red.json"
+    assert lerobot_calibration_path("leader", "red") == tmp_path / "cal/teleoperators/so_leader/red.json"
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda d: d.pop("gripper"), "missing ['gripper']"),
-    (lambda d: d["elbow_flex"].update(range_min=3200), "elbow_flex': range_min 3200 must be below"),
-    (lambda d: d["wrist_flex"].update(homing_offset=2048), "homing_offset 2048 exceeds"),
-    (lambda d: d["shoulder_pan"].update(id=7), "joint 'shoulder_pan' has id 7"),
-    (lambda d: d["gripper"].update(range_max="3471"), "range_max must be an integer"),
-    (lambda d: d["gripper"].pop("drive_mode"), "missing fields ['drive_mode']"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("gripper"), "missing ['gripper']"),
+        (lambda d: d["elbow_flex"].update(range_min=3200), "elbow_flex': range_min 3200 must be below"),
+        (lambda d: d["wrist_flex"].update(homing_offset=2048), "homing_offset 2048 exceeds"),
+        (lambda d: d["shoulder_pan"].update(id=7), "joint 'shoulder_pan' has id 7"),
+        (lambda d: d["gripper"].update(range_max="3471"), "range_max must be an integer"),
+        (lambda d: d["gripper"].pop("drive_mode"), "missing fields ['drive_mode']"),
+    ],
+)
 def test_bad_files_are_refused_naming_file_and_joint(tmp_path: Path, edit, message: str) -> None:
     data = json.loads(json.dumps(CAL))
     edit(data)
@@ -138,8 +142,7 @@ def test_missing_and_unparsable_files_name_the_path(tmp_path: Path) -> None:
 def test_half_turn_homing_matches_lerobot_and_refuses_the_seam() -> None:
     theirs = lerobot_bus(MotorNormMode.DEGREES)
     for pos in (0, 1, 2047, 3000, 4094):
-        assert half_turn_homing(pos) == theirs._get_half_turn_homings({"shoulder_pan": pos})[
-            "shoulder_pan"]
+        assert half_turn_homing(pos) == theirs._get_half_turn_homings({"shoulder_pan": pos})["shoulder_pan"]
     with pytest.raises(CalibrationError, match="beyond the register"):
         half_turn_homing(4095)  # 4095 - 2047 = 2048 does not fit: lerobot issue #1296
 

@@ -79,8 +79,7 @@ def test_a_camera_that_stops_is_reported_not_repeated(video: Path) -> None:
 
 def test_a_frozen_image_is_a_stall(tmp_path: Path) -> None:
     still = make_video(tmp_path / "still.mp4", 60, still=True)
-    config = CameraConfig(name="front", source=str(still), stall_timeout_s=0.2,
-                          detect_frozen=True, loop=True)
+    config = CameraConfig(name="front", source=str(still), stall_timeout_s=0.2, detect_frozen=True, loop=True)
     with OpenCVCamera(config) as camera:
         frame = camera.latest()
         with pytest.raises(CameraStalledError, match="frozen, the same image"):

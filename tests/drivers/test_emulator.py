@@ -107,11 +107,12 @@ def test_id_change_is_acknowledged_under_the_old_id(sdk, follower_emu: EmulatedA
 
 
 def test_lerobots_own_bus_uses_the_emulator_as_an_arm(follower_emu: EmulatedArm) -> None:
-    calibration = {name: MotorCalibration(**{"id": cal.id, "drive_mode": cal.drive_mode,
-                                             "homing_offset": cal.homing_offset,
-                                             "range_min": cal.range_min,
-                                             "range_max": cal.range_max})
-                   for name, cal in follower_emu.frame.calibration.items()}
+    calibration = {
+        name: MotorCalibration(
+            id=cal.id, drive_mode=cal.drive_mode, homing_offset=cal.homing_offset, range_min=cal.range_min, range_max=cal.range_max
+        )
+        for name, cal in follower_emu.frame.calibration.items()
+    }
     motors = {name: Motor(mid, "sts3215", MotorNormMode(mode)) for name, (mid, mode) in MOTORS.items()}
     bus = FeetechMotorsBus(port=follower_emu.port, motors=motors, calibration=calibration)
     bus.connect()  # handshake: pings every id, checks model numbers and firmware versions
@@ -119,7 +120,7 @@ def test_lerobots_own_bus_uses_the_emulator_as_an_arm(follower_emu: EmulatedArm)
         assert bus.is_calibrated
         bus.configure_motors()
         present = bus.sync_read("Present_Position", num_retry=2)
-        assert present == {**{name: 0.0 for name in MOTORS}, "gripper": 50.0}
+        assert present == {**dict.fromkeys(MOTORS, 0.0), "gripper": 50.0}
         bus.enable_torque()
         bus.sync_write("Goal_Position", {"shoulder_pan": 45.0, "gripper": 80.0})
         for _ in range(2000):
@@ -138,9 +139,23 @@ def test_hilrec_emulate_command_prints_the_port_and_links_it(tmp_path: Path) -> 
     link = tmp_path / "ttyFOLLOWER"
     calibration = tmp_path / "follower.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "hilrec.daemon.cli", "emulate", "follower", "--motion", "servo",
-         "--link", str(link), "--write-calibration", str(calibration)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "hilrec.daemon.cli",
+            "emulate",
+            "follower",
+            "--motion",
+            "servo",
+            "--link",
+            str(link),
+            "--write-calibration",
+            str(calibration),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         device = process.stdout.readline().strip()  # type: ignore[union-attr]
         assert device.startswith("/dev/pts/")
@@ -163,6 +178,7 @@ def test_wire_timing_takes_the_bytes_time_at_the_servos_baud(emulate) -> None:
 
     emu = emulate("follower", wire_timing=True)
     with FeetechBus(BusConfig(port=emu.port)) as bus:
+
         def sync_read_s() -> float:
             best = float("inf")
             for _ in range(20):

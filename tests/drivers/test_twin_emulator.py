@@ -15,9 +15,9 @@ import pytest
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
-from hilrec.drivers.emulated.sim_camera import SimCamera
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
 from hilrec.drivers.emulated.servo import EmulatedServo
+from hilrec.drivers.emulated.sim_camera import SimCamera
 from hilrec.sim import units
 from hilrec.sim.operator import ScriptedOperator
 
@@ -33,8 +33,7 @@ def twin_follower() -> EmulatedArm:
 
 
 def test_emulator_uses_the_sims_calibration(twin_follower: EmulatedArm) -> None:
-    assert twin_follower.frame.calibration == ArmCalibration.from_mapping(
-        units.emulated_calibration())
+    assert twin_follower.frame.calibration == ArmCalibration.from_mapping(units.emulated_calibration())
 
 
 def test_tick_grid_angles_read_exactly_the_twins_units(twin_follower: EmulatedArm) -> None:
@@ -62,8 +61,11 @@ def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path
         reading = arm.read().values
         with twin_follower.paused():  # the twin may have stepped a frame during the read
             observed = twin.observe()
-        assert any(np.all(np.abs(reading - obs) <= tolerance) for obs in (before, observed)), \
-            (reading, before, observed)
+        assert any(np.all(np.abs(reading - obs) <= tolerance) for obs in (before, observed)), (
+            reading,
+            before,
+            observed,
+        )
 
         goal = observed + np.array([10.0, -8.0, 6.0, 5.0, -20.0, 0.0], dtype=np.float32)
         deadline = time.monotonic() + 10
@@ -98,8 +100,9 @@ def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
 
 
 def test_sim_camera_renders_the_emulated_followers_twin(twin_follower: EmulatedArm) -> None:
-    with SimCamera.of_emulator(twin_follower, "front", image_size=(96, 128), fps=10,
-                               stall_timeout_s=10) as camera:
+    with SimCamera.of_emulator(
+        twin_follower, "front", image_size=(96, 128), fps=10, stall_timeout_s=10
+    ) as camera:
         first = camera.latest()
         assert first.image.shape == (96, 128, 3) and first.image.dtype == np.uint8
         assert first.image.std() > 1.0  # a scene, not a blank frame
@@ -141,6 +144,7 @@ def test_a_goal_acts_within_a_physics_step_whatever_its_phase() -> None:
                 if bus.read(1, "Present_Position") != before:
                     break
             delays_ms[round(float(phase) * 1000, 1)] = round(float(clock.now - write_at) * 1000, 1)
-    assert all(delay < 2 * step * 1000 for delay in delays_ms.values()), \
+    assert all(delay < 2 * step * 1000 for delay in delays_ms.values()), (
         f"delay (ms) from a goal write to the first Present_Position change, by phase: {delays_ms}"
+    )
     assert max(delays_ms.values()) - min(delays_ms.values()) <= step * 1000 + poll * 1000

@@ -91,8 +91,13 @@ def make_twin(fps: int = FPS) -> Any:
     from hilrec.sim.twin import Twin
 
     # The cube is parked out of reach: these recordings are about the arm only.
-    scene = replace(SceneConfig(), timestep=timestep_for(fps, None)[0],
-                    cube_x_range=(0.55, 0.55), cube_y_range=(0.35, 0.35), cube_yaw_range=(0.0, 0.0))
+    scene = replace(
+        SceneConfig(),
+        timestep=timestep_for(fps, None)[0],
+        cube_x_range=(0.55, 0.55),
+        cube_y_range=(0.35, 0.35),
+        cube_yaw_range=(0.0, 0.0),
+    )
     return Twin(fps=fps, cameras=(), scene=scene)
 
 
@@ -130,8 +135,12 @@ def record(spec: RecordingSpec, twin: Any) -> Episode:
     if spec.obs_shift_frames:
         k = spec.obs_shift_frames
         state_col = np.concatenate([np.repeat(state_col[:1], k, axis=0), state_col[:-k]])
-    return Episode(spec=spec, action=np.array(actions, dtype=np.float32), state=state_col,
-                   tick_slot=np.array(slots, dtype=np.int64) if spec.keep_slots else None)
+    return Episode(
+        spec=spec,
+        action=np.array(actions, dtype=np.float32),
+        state=state_col,
+        tick_slot=np.array(slots, dtype=np.int64) if spec.keep_slots else None,
+    )
 
 
 class FaultyMotion:
@@ -151,8 +160,14 @@ class FaultyMotion:
     can put its ticks mid-frame.
     """
 
-    def __init__(self, inner: Any, *, jam_joint: str | None = None, latency_s: float = 0.0,
-                 virtual_period: float | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        *,
+        jam_joint: str | None = None,
+        latency_s: float = 0.0,
+        virtual_period: float | None = None,
+    ) -> None:
         import collections
         import threading
 
@@ -226,13 +241,16 @@ def record_operator(seed: int, twin: Any) -> Episode:
         actions.append(twin.command(operator.act(t, state)))
         twin.step_frame()
         states.append(state)
-    return Episode(spec=RecordingSpec(seed=seed, frames=operator.num_frames),
-                   action=np.array(actions, dtype=np.float32),
-                   state=np.array(states, dtype=np.float32))
+    return Episode(
+        spec=RecordingSpec(seed=seed, frames=operator.num_frames),
+        action=np.array(actions, dtype=np.float32),
+        state=np.array(states, dtype=np.float32),
+    )
 
 
-def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
-                    settle_frames: int = 10, realtime: bool = False) -> Episode:
+def record_emulated(
+    spec: RecordingSpec, workdir: Path, *, fps: int = FPS, settle_frames: int = 10, realtime: bool = False
+) -> Episode:
     """One episode through the emulated follower: pty, STS3215 registers, SO101Follower.
 
     The follower's motion is a twin (cube parked, as in :func:`make_twin`); goals and readings
@@ -253,8 +271,8 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
     """
     from hilrec.daemon.control.clock import TickPacer
     from hilrec.daemon.errors import BusError
-    from hilrec.daemon.wire.protocol import FrameFlag
     from hilrec.daemon.so101 import MOTORS
+    from hilrec.daemon.wire.protocol import FrameFlag
     from hilrec.drivers.arm import FollowerConfig, SO101Follower
     from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
     from hilrec.drivers.emulated.faults import Fault
@@ -262,19 +280,22 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
     from hilrec.sim.units import emulated_calibration
 
     if spec.latency_frames or spec.obs_shift_frames:
-        raise ValueError("on the emulated path latency is latency_ms; "
-                         "the observation shift is a synthetic-recording fault")
+        raise ValueError(
+            "on the emulated path latency is latency_ms; the observation shift is a synthetic-recording fault"
+        )
     leader = leader_path(spec.seed, spec.frames, fps)
     twin = make_twin(fps)
     twin.reset(spec.seed, arm_units=leader[0])
     frame = MechanicalFrame.from_sim()
     calibration = write_calibration(workdir / f"follower-{spec.seed}.json", emulated_calibration())
     period = 1.0 / fps
-    motion = FaultyMotion(TwinMotion(frame, twin=twin), latency_s=spec.latency_ms / 1000.0,
-                          jam_joint=spec.frozen.joint if spec.frozen is not None else None,
-                          virtual_period=None if realtime else period)
-    arm = EmulatedArm(EmulatorConfig(role="follower", calibration=calibration),
-                      motion=motion, frame=frame)
+    motion = FaultyMotion(
+        TwinMotion(frame, twin=twin),
+        latency_s=spec.latency_ms / 1000.0,
+        jam_joint=spec.frozen.joint if spec.frozen is not None else None,
+        virtual_period=None if realtime else period,
+    )
+    arm = EmulatedArm(EmulatorConfig(role="follower", calibration=calibration), motion=motion, frame=frame)
     states, actions, flags = [], [], []
     with arm as port, SO101Follower(FollowerConfig(port=port, calibration=calibration)) as follower:
         pacer = TickPacer(period, realtime=realtime)
@@ -283,10 +304,12 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
             follower.get_observation()  # the first packet on the running clock sets its origin
             assert motion.first_advance is not None
             now = time.monotonic()
-            mid_frame = motion.first_advance + (math.floor((now - motion.first_advance) / period)
-                                                + 1.5) * period
+            mid_frame = (
+                motion.first_advance + (math.floor((now - motion.first_advance) / period) + 1.5) * period
+            )
             while time.monotonic() < mid_frame:
                 time.sleep(max(0.0, mid_frame - time.monotonic()) / 2)
+
         def write(goal: np.ndarray) -> np.ndarray:
             handled = arm.packets_handled
             sent = follower.send_action(goal).sent
@@ -317,9 +340,12 @@ def record_emulated(spec: RecordingSpec, workdir: Path, *, fps: int = FPS,
             states.append(last_good)
             actions.append(write(leader[t]))
             flags.append(flag)
-    return Episode(spec=spec, action=np.array(actions, dtype=np.float32),
-                   state=np.array(states, dtype=np.float32),
-                   frame_flags=np.array(flags, dtype=np.uint32))
+    return Episode(
+        spec=spec,
+        action=np.array(actions, dtype=np.float32),
+        state=np.array(states, dtype=np.float32),
+        frame_flags=np.array(flags, dtype=np.uint32),
+    )
 
 
 def to_m100_100(values: np.ndarray, calibration: dict[str, dict[str, int]]) -> np.ndarray:
@@ -333,15 +359,26 @@ def to_m100_100(values: np.ndarray, calibration: dict[str, dict[str, int]]) -> n
     return out.astype(np.float32)
 
 
-def write_with_lerobot(root: Path, episodes: Sequence[Episode], *, fps: int = FPS,
-                       body_units: str = "degrees",
-                       calibration: dict[str, dict[str, int]] | None = None) -> Path:
+def write_with_lerobot(
+    root: Path,
+    episodes: Sequence[Episode],
+    *,
+    fps: int = FPS,
+    body_units: str = "degrees",
+    calibration: dict[str, dict[str, int]] | None = None,
+) -> Path:
     """Write with LeRobot's own ``LeRobotDataset`` and nothing beside it (no hilrec metadata)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     features = {k: {**v, "shape": tuple(v["shape"])} for k, v in so101_features().items()}
-    dataset = LeRobotDataset.create(repo_id=f"test/{root.name}", fps=fps, features=features,
-                                    root=root, robot_type=ROBOT_TYPE, use_videos=False)
+    dataset = LeRobotDataset.create(
+        repo_id=f"test/{root.name}",
+        fps=fps,
+        features=features,
+        root=root,
+        robot_type=ROBOT_TYPE,
+        use_videos=False,
+    )
     for ep in episodes:
         action, state = ep.action, ep.state
         if body_units == "m100_100":
@@ -358,27 +395,33 @@ def write_native(root: Path, episodes: Sequence[Episode], twin: Any, *, fps: int
     """Write with hilrec's native writer, plus the dataset sidecar a hilrec recorder writes."""
     from hilrec.daemon.dataset.writer import DatasetWriter
 
-    with DatasetWriter.create(root, fps=fps, features=so101_features(),
-                              robot_type=ROBOT_TYPE) as writer:
+    with DatasetWriter.create(root, fps=fps, features=so101_features(), robot_type=ROBOT_TYPE) as writer:
         for ep in episodes:
             for a, s in zip(ep.action, ep.state):
                 writer.add_frame({ACTION_KEY: a, STATE_KEY: s, "task": TASK})
-            arrays = {name: value for name, value in (("frame_flags", ep.frame_flags),
-                                                      ("tick_slot", ep.tick_slot))
-                      if value is not None}
+            arrays = {
+                name: value
+                for name, value in (("frame_flags", ep.frame_flags), ("tick_slot", ep.tick_slot))
+                if value is not None
+            }
             writer.save_episode(sidecar={"recording": _describe(ep.spec)}, arrays=arrays or None)
     add_hilrec_metadata(root, twin)
     return root
 
 
 def _describe(spec: RecordingSpec) -> dict[str, Any]:
-    return {"seed": spec.seed, "latency_frames": spec.latency_frames,
-            "latency_ms": spec.latency_ms,
-            "obs_shift_frames": spec.obs_shift_frames,
-            "frozen": None if spec.frozen is None else {"joint": spec.frozen.joint,
-                                                        "from_frame": spec.frozen.from_frame},
-            "unresponsive": None if spec.unresponsive is None else {
-                "joint": spec.unresponsive.joint, "from_frame": spec.unresponsive.from_frame}}
+    return {
+        "seed": spec.seed,
+        "latency_frames": spec.latency_frames,
+        "latency_ms": spec.latency_ms,
+        "obs_shift_frames": spec.obs_shift_frames,
+        "frozen": None
+        if spec.frozen is None
+        else {"joint": spec.frozen.joint, "from_frame": spec.frozen.from_frame},
+        "unresponsive": None
+        if spec.unresponsive is None
+        else {"joint": spec.unresponsive.joint, "from_frame": spec.unresponsive.from_frame},
+    }
 
 
 def add_hilrec_metadata(root: Path, twin: Any) -> None:
@@ -386,8 +429,7 @@ def add_hilrec_metadata(root: Path, twin: Any) -> None:
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
     from hilrec.sim.units import units_mapping
 
-    update_dataset_sidecar(root, {"units": units_mapping(twin.units),
-                                  "physics": twin.physics_info()})
+    update_dataset_sidecar(root, {"units": units_mapping(twin.units), "physics": twin.physics_info()})
 
 
 def write_calibration(path: Path, calibration: dict[str, dict[str, int]]) -> Path:

@@ -30,8 +30,10 @@ LIMITS = np.array([[-110.0, 110.0]] * 5 + [[0.0, 100.0]])
 
 def commands(n: int = 300) -> np.ndarray:
     t = np.arange(n) / FPS
-    cols = [25.0 * np.sin(2 * np.pi * f * t + p)
-            for f, p in zip((0.21, 0.33, 0.27, 0.41, 0.17), (0.0, 1.1, 2.2, 3.3, 4.4))]
+    cols = [
+        25.0 * np.sin(2 * np.pi * f * t + p)
+        for f, p in zip((0.21, 0.33, 0.27, 0.41, 0.17), (0.0, 1.1, 2.2, 3.3, 4.4))
+    ]
     cols.append(50.0 + 35.0 * np.sin(2 * np.pi * 0.3 * t))
     return np.stack(cols, axis=1)
 
@@ -47,8 +49,12 @@ def servo(goal: np.ndarray, *, delay: float = 0.0) -> np.ndarray:
 
 
 def judge(recorded: np.ndarray, replayed: np.ndarray, action: np.ndarray, **kw: object):
-    return analyse(0, Trajectories(recorded=recorded, replayed=replayed, action=action,
-                                   limits=LIMITS, **kw), fps=FPS, settings=SETTINGS)
+    return analyse(
+        0,
+        Trajectories(recorded=recorded, replayed=replayed, action=action, limits=LIMITS, **kw),
+        fps=FPS,
+        settings=SETTINGS,
+    )
 
 
 def test_a_recording_that_matches_the_twin_is_consistent() -> None:
@@ -116,7 +122,7 @@ def test_a_grasp_is_gripper_behaviour_not_divergence() -> None:
     rep = servo(act)
     rec = rep.copy()
     # The real jaw closes on an object and stops at 30 while the command goes lower.
-    held = (act[:, GRIPPER] < 30.0)
+    held = act[:, GRIPPER] < 30.0
     rec[:, GRIPPER] = np.maximum(rep[:, GRIPPER], 30.0)
     result = judge(rec, rep, act)
     g = result.gripper
@@ -159,8 +165,14 @@ def test_json_is_plain_and_complete() -> None:
     assert doc["verdict"] == "lagging"
     assert doc["lag"]["frames"] == pytest.approx(1.0, abs=0.1)
     assert doc["lag"]["ms"] == pytest.approx(40.0, abs=4.0)
-    assert set(doc["joints"]) == {"shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex",
-                                  "wrist_roll", "gripper"}
+    assert set(doc["joints"]) == {
+        "shoulder_pan",
+        "shoulder_lift",
+        "elbow_flex",
+        "wrist_flex",
+        "wrist_roll",
+        "gripper",
+    }
     assert len(doc["lag"]["curve"]["shifts"]) == 16
 
 

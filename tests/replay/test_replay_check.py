@@ -19,12 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from hilrec.daemon.cli import main
-from hilrec.daemon.replay.analysis import Verdict
-from hilrec.daemon.replay.check import DatasetCheck, check_dataset
-from hilrec.daemon.replay.settings import ReplaySettings
-
 from _recordings import (
     Frozen,
     RecordingSpec,
@@ -36,6 +30,11 @@ from _recordings import (
     write_native,
     write_with_lerobot,
 )
+
+from hilrec.daemon.cli import main
+from hilrec.daemon.replay.analysis import Verdict
+from hilrec.daemon.replay.check import DatasetCheck, check_dataset
+from hilrec.daemon.replay.settings import ReplaySettings
 
 SETTINGS = ReplaySettings()
 EMULATED = {
@@ -51,8 +50,7 @@ SYNTHETIC = {
     "frozen": RecordingSpec(seed=3, frames=200, frozen=Frozen("shoulder_lift", 120)),
     # The recorder missed whole tick slots (a loaded machine): 3 before row 50, 2 before row 120.
     "missed": RecordingSpec(seed=8, frames=200, missed_slots=((50, 3), (120, 2))),
-    "missed_unknown": RecordingSpec(seed=8, frames=200, missed_slots=((50, 3), (120, 2)),
-                                    keep_slots=False),
+    "missed_unknown": RecordingSpec(seed=8, frames=200, missed_slots=((50, 3), (120, 2)), keep_slots=False),
 }
 # A follower calibration unlike the emulated one: narrower and wider ranges, one inverted joint.
 ARM_CALIBRATION = {
@@ -98,14 +96,15 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 def lerobot_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("lerobot")
     twin30 = make_twin(30)  # LeRobot's default rate: 30 fps, not a multiple of the twin's 5 ms
-    degrees = [record(RecordingSpec(seed=5, frames=150), twin30),
-               record(RecordingSpec(seed=6, frames=150, obs_shift_frames=1), twin30)]
+    degrees = [
+        record(RecordingSpec(seed=5, frames=150), twin30),
+        record(RecordingSpec(seed=6, frames=150, obs_shift_frames=1), twin30),
+    ]
     twin25 = make_twin()
     m100 = [record(RecordingSpec(seed=7, frames=150), twin25)]
     return {
         "degrees": write_with_lerobot(work / "degrees", degrees, fps=30),
-        "m100": write_with_lerobot(work / "m100", m100, body_units="m100_100",
-                                   calibration=ARM_CALIBRATION),
+        "m100": write_with_lerobot(work / "m100", m100, body_units="m100_100", calibration=ARM_CALIBRATION),
         "calibration": write_calibration(work / "follower.json", ARM_CALIBRATION),
     }
 
@@ -219,8 +218,9 @@ def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict) ->
 
 
 def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict) -> None:
-    check = check_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults",
-                          units_flag="degrees")
+    check = check_dataset(
+        lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults", units_flag="degrees"
+    )
     assert check.twin["substeps"] == 7 and check.twin["fps"] == 30
     clean, late = check.results
     assert clean.verdict is Verdict.CONSISTENT, clean.reason
@@ -229,25 +229,35 @@ def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict) -> Non
 
 
 def test_m100_dataset_needs_the_calibration(lerobot_roots: dict) -> None:
-    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
-                          units_flag="m100_100")
+    check = check_dataset(
+        lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults", units_flag="m100_100"
+    )
     assert check.results[0].verdict is Verdict.NOT_REPLAYABLE
     assert "--calibration" in check.results[0].reason
-    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
-                          units_flag="m100_100", calibration_flag=lerobot_roots["calibration"])
+    check = check_dataset(
+        lerobot_roots["m100"],
+        settings=SETTINGS,
+        settings_source="defaults",
+        units_flag="m100_100",
+        calibration_flag=lerobot_roots["calibration"],
+    )
     assert check.results[0].verdict is Verdict.CONSISTENT, check.results[0].reason
     assert max(j.max_error for j in check.results[0].joints) < 0.01
 
 
-def test_a_calibration_too_wide_drives_commands_past_the_range(lerobot_roots: dict,
-                                                               tmp_path: Path) -> None:
+def test_a_calibration_too_wide_drives_commands_past_the_range(lerobot_roots: dict, tmp_path: Path) -> None:
     # A wrong range width only rescales a joint, in both columns alike, which a replay cannot
     # see; what it sees is the rescaled arm leaving its range (clamped) and no longer tracking.
     wrong = {name: dict(cal) for name, cal in ARM_CALIBRATION.items()}
     wrong["shoulder_lift"].update(range_min=0, range_max=4095)  # 1.6x the arm's 2500 ticks
     path = write_calibration(tmp_path / "wrong.json", wrong)
-    check = check_dataset(lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults",
-                          units_flag="m100_100", calibration_flag=path)
+    check = check_dataset(
+        lerobot_roots["m100"],
+        settings=SETTINGS,
+        settings_source="defaults",
+        units_flag="m100_100",
+        calibration_flag=path,
+    )
     result = check.results[0]
     lift = result.joints[1]
     assert lift.beyond_range_frames > 0
@@ -262,15 +272,15 @@ def test_cli_json_and_exit_status(emulated_root: Path, capsys: pytest.CaptureFix
     status = main(["replay", str(emulated_root), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert status == doc["exit_status"] == 4  # worst verdict: diverged
-    assert [e["verdict"] for e in doc["episodes"]] == ["consistent", "diverged", "diverged",
-                                                       "lagging"]
+    assert [e["verdict"] for e in doc["episodes"]] == ["consistent", "diverged", "diverged", "lagging"]
     assert doc["units"]["source"].startswith("dataset metadata")
     assert doc["exit_codes"] == {"consistent": 0, "lagging": 3, "diverged": 4, "not_replayable": 5}
     assert doc["frames_replayed"] == 365
 
 
-def test_cli_report_writes_plots_and_a_summary(emulated_root: Path, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_report_writes_plots_and_a_summary(
+    emulated_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     report = tmp_path / "report"
     status = main(["replay", str(emulated_root), "--episodes", "0,3", "--report", str(report)])
     out = capsys.readouterr().out
@@ -285,17 +295,16 @@ def test_cli_report_writes_plots_and_a_summary(emulated_root: Path, tmp_path: Pa
     assert json.loads((report / "report.json").read_text())["worst_verdict"] == "lagging"
 
 
-def test_cli_consistent_episode_exits_zero(emulated_root: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_consistent_episode_exits_zero(emulated_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(emulated_root), "--episodes", "0"]) == 0
 
 
-def test_cli_not_replayable_and_usage_errors(lerobot_roots: dict, emulated_root: Path,
-                                             tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_not_replayable_and_usage_errors(
+    lerobot_roots: dict, emulated_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["replay", str(lerobot_roots["degrees"])]) == 5
     assert "--units" in capsys.readouterr().out
-    assert main(["replay", str(lerobot_roots["degrees"]), "--units", "degrees",
-                 "--episodes", "0"]) == 0
+    assert main(["replay", str(lerobot_roots["degrees"]), "--units", "degrees", "--episodes", "0"]) == 0
     capsys.readouterr()
     assert main(["replay", str(emulated_root), "--episodes", "7"]) == 2
     assert "episode(s) [7] not in the dataset" in capsys.readouterr().err

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.wire.client import ControlClient
 from hilrec.daemon.errors import DaemonUnreachableError
+from hilrec.daemon.wire.client import ControlClient
 
 START_TIMEOUT_S = 90.0
 
@@ -62,9 +62,12 @@ apply_timeout_ms = 10000
 """)
     log = tmp_path / "daemon.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config",
-                                    str(config)], stdout=out, stderr=subprocess.STDOUT,
-                                   env=dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl")))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl")),
+        )
     client = ControlClient(f"tcp://127.0.0.1:{control}", timeout_ms=1000, retries=1)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -84,8 +87,9 @@ apply_timeout_ms = 10000
         client.close()
 
 
-def wait_status(client: ControlClient, predicate: Callable[[dict[str, Any]], bool],
-                timeout_s: float = 180.0) -> dict[str, Any]:
+def wait_status(
+    client: ControlClient, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 180.0
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         status = client.request("status")
@@ -100,8 +104,7 @@ def test_daemon_emulated_recording_replays_in_step(emulated_daemon, capsys) -> N
     assert client.request("start_episode", task="pick the cube", seed=3)["ok"]
     wait_status(client, lambda s: (s.get("episode") or {}).get("frames", 0) >= 75)
     assert client.request("stop_episode", success=True)["ok"]
-    wait_status(client, lambda s: s["dataset"]["saved_this_session"] == 1
-                and s["dataset"]["saving"] == 0)
+    wait_status(client, lambda s: s["dataset"]["saved_this_session"] == 1 and s["dataset"]["saving"] == 0)
     assert client.request("shutdown")["ok"]
     assert process.wait(timeout=120) == 0  # the dataset is finalized once the daemon has exited
 

@@ -22,8 +22,9 @@ def test_columns_are_taken_by_name_in_any_order() -> None:
     order = _column_order(info, "action")
     assert [shuffled[i] for i in order] == POSITION_NAMES
     # LeRobot 2.x wrote names as {"motors": [...]}.
-    assert _column_order({"features": {"action": {"names": {"motors": POSITION_NAMES}}}},
-                         "action") == list(range(6))
+    assert _column_order({"features": {"action": {"names": {"motors": POSITION_NAMES}}}}, "action") == list(
+        range(6)
+    )
 
 
 def test_columns_that_are_not_an_so101_are_refused() -> None:

@@ -22,22 +22,24 @@ def test_shipped_config_equals_the_defaults() -> None:
 
 def test_a_partial_file_overrides_only_its_keys(tmp_path: Path) -> None:
     path = tmp_path / "replay.toml"
-    path.write_text("[lag]\ntolerance_frames = 0.3\n[consistency.body]\nrms = 1.0\nmax = 4.0\n"
-                    "floor = 0.2\n")
+    path.write_text("[lag]\ntolerance_frames = 0.3\n[consistency.body]\nrms = 1.0\nmax = 4.0\nfloor = 0.2\n")
     settings = load_replay_settings(path)
     assert settings.lag.tolerance_frames == 0.3
     assert settings.consistency.body.max == 4.0
     assert settings.consistency.gripper == ReplaySettings().consistency.gripper
 
 
-@pytest.mark.parametrize(("text", "key"), [
-    ("[lag]\ntolerance_frames = 1.5\n", "lag.tolerance_frames"),
-    ("[lag]\nmin_shift_frames = 2\n", "lag.min_shift_frames"),
-    ("[consistency.body]\nrms = 8.0\nmax = 6.0\nfloor = 0.2\n", "consistency.body.rms"),
-    ("[consistency.body]\nrms = 1.0\n", "consistency.body.max"),
-    ("[engine]\nsettle_iterations = 0\n", "engine.settle_iterations"),
-    ("[lag]\ntolerance = 0.5\n", "lag.tolerance"),
-])
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[lag]\ntolerance_frames = 1.5\n", "lag.tolerance_frames"),
+        ("[lag]\nmin_shift_frames = 2\n", "lag.min_shift_frames"),
+        ("[consistency.body]\nrms = 8.0\nmax = 6.0\nfloor = 0.2\n", "consistency.body.rms"),
+        ("[consistency.body]\nrms = 1.0\n", "consistency.body.max"),
+        ("[engine]\nsettle_iterations = 0\n", "engine.settle_iterations"),
+        ("[lag]\ntolerance = 0.5\n", "lag.tolerance"),
+    ],
+)
 def test_bad_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "replay.toml"
     path.write_text(text)

@@ -14,14 +14,24 @@ from hilrec.daemon.replay.units import resolve_units
 from hilrec.daemon.so101 import JOINT_NAMES
 
 # The dataset sidecar fields hilrec's hardware rigs write (daemon/control/hardware.py _dataset_fields).
-CAL = {name: {"id": i + 1, "drive_mode": int(name == "elbow_flex"), "homing_offset": 0,
-              "range_min": 1000, "range_max": 3000 + 100 * i} for i, name in enumerate(JOINT_NAMES)}
+CAL = {
+    name: {
+        "id": i + 1,
+        "drive_mode": int(name == "elbow_flex"),
+        "homing_offset": 0,
+        "range_min": 1000,
+        "range_max": 3000 + 100 * i,
+    }
+    for i, name in enumerate(JOINT_NAMES)
+}
 
 
 def rig_sidecar(body: str) -> dict:
     joints = {name: ("range_0_100" if name == "gripper" else body) for name in JOINT_NAMES}
-    return {"units": {"body_norm_mode": body, "joints": joints},
-            "calibration": {"follower": CAL, "leader": CAL}}
+    return {
+        "units": {"body_norm_mode": body, "joints": joints},
+        "calibration": {"follower": CAL, "leader": CAL},
+    }
 
 
 def test_units_from_a_hilrec_sidecar() -> None:
@@ -32,8 +42,7 @@ def test_units_from_a_hilrec_sidecar() -> None:
 
 
 def test_m100_units_use_the_recorded_calibration() -> None:
-    units = resolve_units(Path("/ds"), rig_sidecar("range_m100_100"), units_flag=None,
-                          calibration_flag=None)
+    units = resolve_units(Path("/ds"), rig_sidecar("range_m100_100"), units_flag=None, calibration_flag=None)
     assert units.body == "range_m100_100" and units.calibration_source == "dataset metadata"
     out = units.to_twin(np.array([[100.0, 50.0, 50.0, 0.0, -100.0, 42.0]]))[0]
     # +100 is the range's top: half the range above the middle, in degrees.
@@ -47,15 +56,13 @@ def test_without_metadata_or_flags_the_units_are_unknown() -> None:
     with pytest.raises(ReplayError, match="no hilrec metadata.*--units"):
         resolve_units(Path("/ds"), None, units_flag=None, calibration_flag=None)
     with pytest.raises(ReplayError, match="does not state the units"):
-        resolve_units(Path("/ds"), {"writer": {"name": "lerobot"}}, units_flag=None,
-                      calibration_flag=None)
+        resolve_units(Path("/ds"), {"writer": {"name": "lerobot"}}, units_flag=None, calibration_flag=None)
 
 
 def test_flags_override_the_sidecar_and_say_so(tmp_path: Path) -> None:
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps(CAL))
-    units = resolve_units(Path("/ds"), rig_sidecar("degrees"), units_flag="m100_100",
-                          calibration_flag=cal)
+    units = resolve_units(Path("/ds"), rig_sidecar("degrees"), units_flag="m100_100", calibration_flag=cal)
     assert units.body == "range_m100_100" and units.calibration_source == str(cal)
     assert units.overridden == "dataset metadata says degrees"
     with pytest.raises(ReplayError, match="--calibration"):
@@ -77,7 +84,9 @@ def test_timestep_makes_whole_frames() -> None:
     assert step * 30 * 7 == pytest.approx(1.0) and "7 steps" in why
     assert timestep_for(30, {"physics": {"timestep": 0.002}}) == (0.002, "dataset metadata")
     assert timestep_for(25, {"sim": {"physics": {"timestep": 0.004, "substeps": 10}}}) == (
-        0.004, "dataset metadata")
+        0.004,
+        "dataset metadata",
+    )
 
 
 def test_engine_starts_at_rest_at_the_first_recorded_state() -> None:

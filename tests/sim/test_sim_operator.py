@@ -25,8 +25,18 @@ def test_leader_path_is_standalone_and_deterministic() -> None:
     np.testing.assert_array_equal(first.act(5, None), path[5])
     np.testing.assert_array_equal(first.act(10_000, None), path[-1])
     phases = first.phase_starts
-    assert list(phases) == ["reach", "descend", "grasp", "lift", "carry", "lower", "release",
-                            "retreat", "home", "settle"]
+    assert list(phases) == [
+        "reach",
+        "descend",
+        "grasp",
+        "lift",
+        "carry",
+        "lower",
+        "release",
+        "retreat",
+        "home",
+        "settle",
+    ]
     assert all(a < b for a, b in zip(phases.values(), list(phases.values())[1:]))
 
 
@@ -73,8 +83,9 @@ def test_operator_replans_when_the_cube_is_knocked_before_the_grasp() -> None:
             act_and_step(twin, action, [knock] if frame == knock.frame else [])
             frame += 1
         outcome = outcome_of(twin)
-    moved = np.hypot(start.cube.x - operator._require_plan().cube.x,
-                     start.cube.y - operator._require_plan().cube.y)
+    moved = np.hypot(
+        start.cube.x - operator._require_plan().cube.x, start.cube.y - operator._require_plan().cube.y
+    )
     assert len(operator.replans) == 1 and moved > 0.01
     replanned_at = operator.replans[0]
     np.testing.assert_array_equal(operator.leader_path()[:replanned_at], planned[:replanned_at])

@@ -12,10 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.reader import (load_episodes, load_info, probe_video, read_episode,
-                                          video_file_path)
-from hilrec.daemon.dataset.sidecar import (episode_json_path, episode_npz_path,
-                                           load_dataset_sidecar, load_episode_sidecar)
+from hilrec.daemon.dataset.reader import load_episodes, load_info, probe_video, read_episode, video_file_path
+from hilrec.daemon.dataset.sidecar import (
+    episode_json_path,
+    episode_npz_path,
+    load_dataset_sidecar,
+    load_episode_sidecar,
+)
 from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY
 from hilrec.sim.model import locate_model
 from hilrec.sim.replay import NOT_REPLAYABLE, replay_check
@@ -26,8 +29,23 @@ EPISODES = 2
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sim") / "ds"
-    code = main(["record", "--sim", "--root", str(root), "--episodes", str(EPISODES),
-                 "--seed", "5", "--cameras", "none", "--pushes", "1.5", "--no-progress"])
+    code = main(
+        [
+            "record",
+            "--sim",
+            "--root",
+            str(root),
+            "--episodes",
+            str(EPISODES),
+            "--seed",
+            "5",
+            "--cameras",
+            "none",
+            "--pushes",
+            "1.5",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return root
 
@@ -44,16 +62,35 @@ def test_record_writes_a_finalized_dataset(recorded: Path) -> None:
     info = load_info(root)
     assert info["total_episodes"] == EPISODES and info["fps"] == 25
     assert info["robot_type"] == "so_follower"
-    assert set(k for k in info["features"] if not k.startswith(("timestamp", "frame_index",
-               "episode_index", "index", "task_index"))) == {ACTION_KEY, STATE_KEY}
+    assert set(
+        k
+        for k in info["features"]
+        if not k.startswith(("timestamp", "frame_index", "episode_index", "index", "task_index"))
+    ) == {ACTION_KEY, STATE_KEY}
     rows = read_episode(root, 0, [ACTION_KEY, STATE_KEY])
     assert rows[ACTION_KEY].dtype == np.float32 and rows[STATE_KEY].shape[1] == 6
 
 
 def test_record_summary_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "one"
-    assert main(["record", "--sim", "--root", str(root), "--episodes", "1", "--seed", "9",
-                 "--cameras", "none", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "record",
+                "--sim",
+                "--root",
+                str(root),
+                "--episodes",
+                "1",
+                "--seed",
+                "9",
+                "--cameras",
+                "none",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("1 episodes, 1 successes, ") and " frames, " in line
     assert str(root) in line and "real time" in line
@@ -110,8 +147,9 @@ def test_check_replay_json(recorded: Path, capsys: pytest.CaptureFixture[str]) -
 def _shift_state_one_frame_late(root: Path, episode_index: int) -> None:
     info = load_info(root)
     row = next(r for r in load_episodes(root) if r["episode_index"] == episode_index)
-    path = root / info["data_path"].format(chunk_index=row["data/chunk_index"],
-                                           file_index=row["data/file_index"])
+    path = root / info["data_path"].format(
+        chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
+    )
     table = pq.read_table(path)
     column = table.column(STATE_KEY)
     states = np.array(column.to_pylist(), dtype=np.float32)
@@ -146,19 +184,34 @@ def test_episode_without_start_state_is_not_replayable(copy_of: Path) -> None:
 
 
 def test_record_refuses_a_frame_rate_that_is_not_whole_substeps(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "bad"
-    assert main(["record", "--sim", "--root", str(root), "--episodes", "1", "--fps", "30",
-                 "--cameras", "none", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "record",
+                "--sim",
+                "--root",
+                str(root),
+                "--episodes",
+                "1",
+                "--fps",
+                "30",
+                "--cameras",
+                "none",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "valid rates near it" in capsys.readouterr().err
     assert not root.exists()
 
 
-def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path,
-                                                  tmp_path: Path) -> None:
+def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path, tmp_path: Path) -> None:
     out = tmp_path / "rendered"
-    assert main(["render", str(recorded), "--out", str(out), "--camera", "wrist",
-                 "--size", "48x64"]) == 0
+    assert main(["render", str(recorded), "--out", str(out), "--camera", "wrist", "--size", "48x64"]) == 0
     info = load_info(out)
     assert info["features"]["observation.images.wrist"]["shape"] == [48, 64, 3]
     assert "observation.images.front" not in info["features"]
@@ -171,16 +224,30 @@ def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path,
         video = probe_video(video_file_path(out, info, row, "observation.images.wrist"))
         assert (video.height, video.width) == (48, 64)
     total = sum(r["length"] for r in load_episodes(out))
-    frames = probe_video(video_file_path(out, info, load_episodes(out)[0],
-                                         "observation.images.wrist")).num_frames
+    frames = probe_video(
+        video_file_path(out, info, load_episodes(out)[0], "observation.images.wrist")
+    ).num_frames
     assert frames == total  # one file holds both episodes, frame for row
     assert replay_check(out).passed
 
 
-def test_record_refuses_an_existing_dataset(recorded: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_record_refuses_an_existing_dataset(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = load_info(recorded)["total_episodes"]
-    assert main(["record", "--sim", "--root", str(recorded), "--episodes", "1",
-                 "--cameras", "none", "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "record",
+                "--sim",
+                "--root",
+                str(recorded),
+                "--episodes",
+                "1",
+                "--cameras",
+                "none",
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "already exists and is not empty" in capsys.readouterr().err
     assert load_info(recorded)["total_episodes"] == before

@@ -157,9 +157,11 @@ def test_scene_config_is_validated() -> None:
 def test_only_measurable_features_are_accepted() -> None:
     features = sim_features({"front": (48, 64)})
     check_measurable(features)
-    for key, spec in [("observation.cube_pose", {"dtype": "float32", "shape": [7], "names": None}),
-                      ("observation.environment_state", {"dtype": "float32", "shape": [3]}),
-                      ("observation.velocity", {"dtype": "float32", "shape": [6]})]:
+    for key, spec in [
+        ("observation.cube_pose", {"dtype": "float32", "shape": [7], "names": None}),
+        ("observation.environment_state", {"dtype": "float32", "shape": [3]}),
+        ("observation.velocity", {"dtype": "float32", "shape": [6]}),
+    ]:
         with pytest.raises(FeatureSpecError, match="not measurable on a real SO-101"):
             check_measurable({**features, key: spec})
     bad_state = dict(so101_features())
@@ -197,8 +199,16 @@ def test_realtime_pacer_holds_each_frame_to_the_wall_clock() -> None:
 
 
 def test_extra_features_must_be_measurable() -> None:
-    features = sim_features({}, extra={"observation.images.side": {
-        "dtype": "video", "shape": [48, 64, 3], "names": ["height", "width", "channels"]}})
+    features = sim_features(
+        {},
+        extra={
+            "observation.images.side": {
+                "dtype": "video",
+                "shape": [48, 64, 3],
+                "names": ["height", "width", "channels"],
+            }
+        },
+    )
     assert "observation.images.side" in features
     with pytest.raises(FeatureSpecError, match="cube_pos.*not measurable"):
         sim_features({}, extra={"observation.cube_pos": {"dtype": "float32", "shape": [3]}})

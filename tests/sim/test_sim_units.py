@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
-from hilrec.sim.units import (DEG_PER_RAD, GRIPPER_INDEX, MID_TICKS, TICKS_PER_RAD,
-                              angle_from_present_position, default_units_map,
-                              emulated_calibration, present_position, units_mapping)
+from hilrec.sim.units import (
+    DEG_PER_RAD,
+    GRIPPER_INDEX,
+    MID_TICKS,
+    TICKS_PER_RAD,
+    angle_from_present_position,
+    default_units_map,
+    emulated_calibration,
+    present_position,
+    units_mapping,
+)
 
 
 def test_body_joints_read_degrees_through_ticks() -> None:
@@ -38,11 +46,9 @@ def test_round_trip_both_ways() -> None:
     low = np.array([lo for lo, _ in umap.joint_ranges])
     high = np.array([hi for _, hi in umap.joint_ranges])
     rad = rng.uniform(low, high, size=(1000, 6))
-    np.testing.assert_allclose(umap.rad_from_units(umap.units_from_rad(rad)), rad,
-                               rtol=0, atol=1e-13)
+    np.testing.assert_allclose(umap.rad_from_units(umap.units_from_rad(rad)), rad, rtol=0, atol=1e-13)
     units = umap.units_from_rad(rad)
-    np.testing.assert_allclose(umap.units_from_rad(umap.rad_from_units(units)), units,
-                               rtol=0, atol=1e-11)
+    np.testing.assert_allclose(umap.units_from_rad(umap.rad_from_units(units)), units, rtol=0, atol=1e-11)
 
 
 def test_present_position_round_trip() -> None:
@@ -77,11 +83,17 @@ def test_lerobot_normalisation_of_emulated_ticks_equals_twin_units() -> None:
     from lerobot.motors.feetech import FeetechMotorsBus
 
     calibration = emulated_calibration()
-    motors = {name: Motor(cal["id"], "sts3215",
-                          MotorNormMode.RANGE_0_100 if name == "gripper" else MotorNormMode.DEGREES)
-              for name, cal in calibration.items()}
-    bus = FeetechMotorsBus(port="/dev/null", motors=motors,
-                           calibration={k: MotorCalibration(**v) for k, v in calibration.items()})
+    motors = {
+        name: Motor(
+            cal["id"], "sts3215", MotorNormMode.RANGE_0_100 if name == "gripper" else MotorNormMode.DEGREES
+        )
+        for name, cal in calibration.items()
+    }
+    bus = FeetechMotorsBus(
+        port="/dev/null",
+        motors=motors,
+        calibration={k: MotorCalibration(**v) for k, v in calibration.items()},
+    )
     umap = default_units_map()
     rng = np.random.default_rng(7)
     for _ in range(50):
@@ -91,8 +103,7 @@ def test_lerobot_normalisation_of_emulated_ticks_equals_twin_units() -> None:
             low, high = umap.joint_ranges[index]
             ticks = round(rng.uniform(present_position(name, low), present_position(name, high)))
             rad[index] = angle_from_present_position(name, ticks)
-        ticks_by_id = {calibration[n]["id"]: round(present_position(n, r))
-                       for n, r in zip(JOINT_NAMES, rad)}
+        ticks_by_id = {calibration[n]["id"]: round(present_position(n, r)) for n, r in zip(JOINT_NAMES, rad)}
         lerobot = bus._normalize(ticks_by_id)
         ours = umap.units_from_rad(rad)
         for index, name in enumerate(JOINT_NAMES):
@@ -109,5 +120,6 @@ def test_units_mapping_is_json_and_matches_the_maths() -> None:
         assert joint["units_per_rad"] == umap.scale[index]
         rad = 0.123
         assert (rad - joint["rad_at_zero_units"]) * joint["units_per_rad"] == pytest.approx(
-            umap.units_from_rad(np.full(6, rad))[index], rel=1e-15)
+            umap.units_from_rad(np.full(6, rad))[index], rel=1e-15
+        )
     assert mapping["emulated_calibration"] == emulated_calibration()
