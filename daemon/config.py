@@ -13,6 +13,7 @@ A dataclass may define ``validate(self) -> None`` to check cross-field rules; it
 from __future__ import annotations
 
 import dataclasses
+import enum
 import tomllib
 import types
 import typing
@@ -42,8 +43,7 @@ def load_toml(cls: type[T], path: str | Path, *, section: str | None = None) -> 
     return from_mapping(cls, data, source=str(path), prefix=section or "")
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any], *, source: str | None = None,
-                 prefix: str = "") -> T:
+def from_mapping(cls: type[T], data: Mapping[str, Any], *, source: str | None = None, prefix: str = "") -> T:
     """Build the dataclass ``cls`` from ``data``; errors name the dotted key."""
     try:
         return _build(cls, data, prefix)
@@ -64,8 +64,7 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(_join(prefix, unknown[0]),
-                          f"unknown key (known keys: {', '.join(sorted(fields))})")
+        raise ConfigError(_join(prefix, unknown[0]), f"unknown key (known keys: {', '.join(sorted(fields))})")
     kwargs: dict[str, Any] = {}
     for name, field in fields.items():
         key = _join(prefix, name)
@@ -103,6 +102,12 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             except ConfigError as exc:
                 errors.append(exc.problem)
         raise ConfigError(key, " or ".join(errors))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in tp)
+            raise ConfigError(key, f"must be one of {allowed}, got {value!r}") from None
     if origin is Literal:
         if value not in args:
             raise ConfigError(key, f"must be one of {', '.join(repr(a) for a in args)}, got {value!r}")

@@ -9,18 +9,40 @@ column and a real column mean the same thing.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, Literal
+from enum import StrEnum
+from typing import Any, Final
 
-NormMode = Literal["degrees", "range_0_100", "range_m100_100"]
+
+class NormMode(StrEnum):
+    """How a joint's ticks become dataset units (LeRobot's ``MotorNormMode`` values)."""
+
+    DEGREES = "degrees"
+    RANGE_0_100 = "range_0_100"
+    RANGE_M100_100 = "range_m100_100"
+
+
+class BodyMode(StrEnum):
+    """The units of the five body joints; the gripper is always RANGE_0_100."""
+
+    DEGREES = "degrees"  # LeRobot use_degrees=True
+    RANGE_M100_100 = "range_m100_100"
+
+
+class Role(StrEnum):
+    """Which arm of the pair: the follower is commanded, the leader only read."""
+
+    FOLLOWER = "follower"
+    LEADER = "leader"
+
 
 # motor name -> (servo id, normalisation mode). Order is the column order.
 MOTORS: Final[dict[str, tuple[int, NormMode]]] = {
-    "shoulder_pan": (1, "degrees"),
-    "shoulder_lift": (2, "degrees"),
-    "elbow_flex": (3, "degrees"),
-    "wrist_flex": (4, "degrees"),
-    "wrist_roll": (5, "degrees"),
-    "gripper": (6, "range_0_100"),
+    "shoulder_pan": (1, NormMode.DEGREES),
+    "shoulder_lift": (2, NormMode.DEGREES),
+    "elbow_flex": (3, NormMode.DEGREES),
+    "wrist_flex": (4, NormMode.DEGREES),
+    "wrist_roll": (5, NormMode.DEGREES),
+    "gripper": (6, NormMode.RANGE_0_100),
 }
 JOINT_NAMES: Final[tuple[str, ...]] = tuple(MOTORS)
 MOTOR_IDS: Final[tuple[int, ...]] = tuple(mid for mid, _ in MOTORS.values())
@@ -46,8 +68,9 @@ def camera_feature(height: int, width: int, *, video: bool = True) -> dict[str, 
     }
 
 
-def so101_features(cameras: Mapping[str, tuple[int, int]] | None = None, *,
-                   video: bool = True) -> dict[str, dict[str, Any]]:
+def so101_features(
+    cameras: Mapping[str, tuple[int, int]] | None = None, *, video: bool = True
+) -> dict[str, dict[str, Any]]:
     """The dataset features of an SO-101 follower teleoperated by a leader, as LeRobot builds them.
 
     ``cameras`` maps a camera name to its (height, width).

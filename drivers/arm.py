@@ -18,7 +18,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
@@ -30,11 +29,10 @@ from hilrec.daemon.errors import (
     DeviceError,
     ServoFaultError,
 )
-from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, NUM_JOINTS
+from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, NUM_JOINTS, BodyMode, Role
 from hilrec.drivers.bus import BusConfig, FeetechBus, SyncReading
 from hilrec.drivers.calibration import (
     ArmCalibration,
-    Role,
     lerobot_calibration_path,
     load_calibration,
 )
@@ -42,7 +40,6 @@ from hilrec.drivers.tables import MODEL_NUMBER_STS3215, OperatingMode, describe_
 
 log = logging.getLogger(__name__)
 
-BodyMode = Literal["degrees", "range_m100_100"]
 _GRIPPER = "gripper"
 
 
@@ -51,7 +48,7 @@ class ArmConfig:
     port: str
     id: str = "so101"  # LeRobot's arm id: the calibration file is <id>.json
     calibration: Path | None = None  # None: LeRobot's calibration directory
-    body_mode: BodyMode = "degrees"  # LeRobot use_degrees=True; range_m100_100 otherwise
+    body_mode: BodyMode = BodyMode.DEGREES
     read_retries: int = 2
     reply_timeout_ms: float | None = None
     # A servo whose EEPROM (offsets, limits) disagrees with the file gets the file written to
@@ -85,8 +82,11 @@ class FollowerConfig(ArmConfig):
             unknown = sorted(set(caps) - set(JOINT_NAMES))
             missing = sorted(set(JOINT_NAMES) - set(caps))
             if unknown or missing:
-                raise ConfigError("max_relative_target", f"needs exactly the joints "
-                                  f"{', '.join(JOINT_NAMES)} (unknown {unknown}, missing {missing})")
+                raise ConfigError(
+                    "max_relative_target",
+                    f"needs exactly the joints "
+                    f"{', '.join(JOINT_NAMES)} (unknown {unknown}, missing {missing})",
+                )
             values = list(caps.values())
         else:
             values = [] if caps is None else [caps]
@@ -126,8 +126,9 @@ class _SO101Arm:
     def __init__(self, config: ArmConfig) -> None:
         config.validate()
         self.config = config
-        self.bus = FeetechBus(BusConfig(port=config.port, retries=config.read_retries,
-                                        reply_timeout_ms=config.reply_timeout_ms))
+        self.bus = FeetechBus(
+            BusConfig(port=config.port, retries=config.read_retries, reply_timeout_ms=config.reply_timeout_ms)
+        )
         self.calibration_path = config.calibration or lerobot_calibration_path(self.role, config.id)
         self._calibration: ArmCalibration | None = None
 
@@ -192,27 +193,34 @@ class _SO101Arm:
                 missing.append(servo_id)
                 continue
             if model != MODEL_NUMBER_STS3215:
-                raise DeviceError(f"{self!r}: servo id {servo_id} is model {model}, expected "
-                                  f"an STS3215 ({MODEL_NUMBER_STS3215})")
+                raise DeviceError(
+                    f"{self!r}: servo id {servo_id} is model {model}, expected "
+                    f"an STS3215 ({MODEL_NUMBER_STS3215})"
+                )
         if missing:
             names = ", ".join(f"{sid} ({JOINT_NAMES[MOTOR_IDS.index(sid)]})" for sid in missing)
-            raise BusTimeoutError(f"servo(s) {names} do not answer", port=self.config.port,
-                                  servo_id=missing[0], register="PING")
+            raise BusTimeoutError(
+                f"servo(s) {names} do not answer", port=self.config.port, servo_id=missing[0], register="PING"
+            )
 
     def _apply_calibration(self, calibration: ArmCalibration) -> None:
         """Make the servos' EEPROM match the file (Homing_Offset, position limits)."""
         stale = []
         for name, cal in calibration.items():
-            stored = (self.bus.read(cal.id, "Homing_Offset"),
-                      self.bus.read(cal.id, "Min_Position_Limit"),
-                      self.bus.read(cal.id, "Max_Position_Limit"))
+            stored = (
+                self.bus.read(cal.id, "Homing_Offset"),
+                self.bus.read(cal.id, "Min_Position_Limit"),
+                self.bus.read(cal.id, "Max_Position_Limit"),
+            )
             if stored != (cal.homing_offset, cal.range_min, cal.range_max):
                 stale.append(name)
         if not stale:
             return
         if not self.config.write_calibration:
-            raise CalibrationError(f"{self!r}: servos {', '.join(stale)} hold a calibration "
-                                   f"different from {self.calibration_path}")
+            raise CalibrationError(
+                f"{self!r}: servos {', '.join(stale)} hold a calibration "
+                f"different from {self.calibration_path}"
+            )
         log.info("%r: writing %s to joints %s", self, self.calibration_path, ", ".join(stale))
         self.bus.set_torque(MOTOR_IDS, enabled=False)  # EEPROM writes need Lock 0
         for name in stale:
@@ -240,11 +248,15 @@ class _SO101Arm:
             reading = self.bus.sync_read("Present_Position", MOTOR_IDS)
         except ServoFaultError as exc:
             reading = getattr(exc, "reading", None)
-            if reading is None or any(bits & ~self.config.tolerated_status
-                                      for bits in reading.faulted.values()):
+            if reading is None or any(
+                bits & ~self.config.tolerated_status for bits in reading.faulted.values()
+            ):
                 raise
-            log.debug("%r: tolerated status %s", self, {
-                sid: describe_status(b) for sid, b in reading.faulted.items()})
+            log.debug(
+                "%r: tolerated status %s",
+                self,
+                {sid: describe_status(b) for sid, b in reading.faulted.items()},
+            )
         return reading
 
     def read(self) -> ArmReading:
@@ -258,7 +270,7 @@ class _SO101Arm:
 class SO101Leader(_SO101Arm):
     """The arm a person moves: torque off, read only."""
 
-    role: Role = "leader"
+    role: Role = Role.LEADER
 
     def _configure(self) -> None:
         self._configure_common()
@@ -274,7 +286,7 @@ class SO101Leader(_SO101Arm):
 class SO101Follower(_SO101Arm):
     """The arm that copies: position mode, gains, clamped goals, torque on while open."""
 
-    role: Role = "follower"
+    role: Role = Role.FOLLOWER
     config: FollowerConfig
 
     def __init__(self, config: FollowerConfig) -> None:
@@ -308,8 +320,7 @@ class SO101Follower(_SO101Arm):
     def get_observation(self) -> ArmReading:
         return self.read()
 
-    def send_action(self, action: np.ndarray | list[float],
-                    present: np.ndarray | None = None) -> SentAction:
+    def send_action(self, action: np.ndarray | list[float], present: np.ndarray | None = None) -> SentAction:
         """Command six joint goals (units). Returns the float32 goals actually sent.
 
         ``present`` (units) is the observation the loop just read; with a clamp configured and
@@ -317,8 +328,10 @@ class SO101Follower(_SO101Arm):
         """
         goal = np.asarray(action, dtype=np.float32)  # the recorded number is the executed one
         if goal.shape != (NUM_JOINTS,) or not np.all(np.isfinite(goal)):
-            raise ActionError(f"{self!r}: an action is {NUM_JOINTS} finite numbers in the order "
-                              f"{', '.join(JOINT_NAMES)}; got {np.asarray(action)!r}")
+            raise ActionError(
+                f"{self!r}: an action is {NUM_JOINTS} finite numbers in the order "
+                f"{', '.join(JOINT_NAMES)}; got {np.asarray(action)!r}"
+            )
         clamped = False
         if self._max_step is not None:
             now = self.read().values if present is None else np.asarray(present, np.float32)

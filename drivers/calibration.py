@@ -22,13 +22,13 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, NormMode
+from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode, Role
 
 RESOLUTION: Final[int] = 4096
 MAX_TICK: Final[int] = RESOLUTION - 1  # LeRobot's ``max_res`` in the DEGREES formula
@@ -36,7 +36,6 @@ HALF_TURN: Final[int] = MAX_TICK // 2  # 2047: where set_half_turn_homings puts 
 HOMING_OFFSET_LIMIT: Final[int] = 2047  # sign-magnitude, sign at bit 11
 FULL_TURN_JOINT: Final[str] = "wrist_roll"  # LeRobot records no range for it: 0..4095
 
-Role = Literal["follower", "leader"]
 # LeRobot 0.4.4: Robot.name / Teleoperator.name of the SO-100/101 classes.
 _LEROBOT_SUBDIR: Final[dict[Role, tuple[str, str]]] = {
     "follower": ("robots", "so_follower"),
@@ -65,15 +64,16 @@ class MotorCalibration:
             raise CalibrationError(f"{where}: drive_mode must be 0 or 1, got {self.drive_mode}")
         if abs(self.homing_offset) > HOMING_OFFSET_LIMIT:
             raise CalibrationError(
-                f"{where}: homing_offset {self.homing_offset} exceeds the register's "
-                f"+-{HOMING_OFFSET_LIMIT}")
+                f"{where}: homing_offset {self.homing_offset} exceeds the register's +-{HOMING_OFFSET_LIMIT}"
+            )
         for name in ("range_min", "range_max"):
             value = getattr(self, name)
             if not 0 <= value <= MAX_TICK:
                 raise CalibrationError(f"{where}: {name} {value} is outside 0..{MAX_TICK}")
         if self.range_min >= self.range_max:
             raise CalibrationError(
-                f"{where}: range_min {self.range_min} must be below range_max {self.range_max}")
+                f"{where}: range_min {self.range_min} must be below range_max {self.range_max}"
+            )
 
 
 # --- the maths (scalars, LeRobot's operation order) ----------------------------------------------
@@ -126,7 +126,8 @@ def half_turn_homing(present_ticks: int) -> int:
     if abs(offset) > HOMING_OFFSET_LIMIT:
         raise CalibrationError(
             f"present position {present_ticks} gives homing offset {offset}, beyond the "
-            f"register's +-{HOMING_OFFSET_LIMIT}; move the joint away from the encoder seam")
+            f"register's +-{HOMING_OFFSET_LIMIT}; move the joint away from the encoder seam"
+        )
     return offset
 
 
@@ -147,15 +148,16 @@ class ArmCalibration(Mapping[str, MotorCalibration]):
             extra = sorted(set(names) - set(JOINT_NAMES))
             raise CalibrationError(
                 f"{self.source}: calibration joints do not match the SO-101 "
-                f"(missing {missing}, unexpected {extra})")
+                f"(missing {missing}, unexpected {extra})"
+            )
         ordered = {name: self.motors[name] for name in JOINT_NAMES}
         object.__setattr__(self, "motors", ordered)
         for name, cal in ordered.items():
             expected_id = MOTORS[name][0]
             if cal.id != expected_id:
                 raise CalibrationError(
-                    f"{self.source}: joint '{name}' has id {cal.id}, the SO-101 wires it as "
-                    f"id {expected_id}")
+                    f"{self.source}: joint '{name}' has id {cal.id}, the SO-101 wires it as id {expected_id}"
+                )
             cal.check(name, self.source)
 
     def __getitem__(self, joint: str) -> MotorCalibration:
@@ -174,8 +176,7 @@ class ArmCalibration(Mapping[str, MotorCalibration]):
     @classmethod
     def from_mapping(cls, data: object, *, source: str = "<memory>") -> ArmCalibration:
         if not isinstance(data, Mapping):
-            raise CalibrationError(f"{source}: expected a JSON object of joints, got "
-                                   f"{type(data).__name__}")
+            raise CalibrationError(f"{source}: expected a JSON object of joints, got {type(data).__name__}")
         motors: dict[str, MotorCalibration] = {}
         for joint, entry in data.items():
             if not isinstance(entry, Mapping):
@@ -183,31 +184,44 @@ class ArmCalibration(Mapping[str, MotorCalibration]):
             unknown = sorted(set(entry) - set(_FIELDS))
             missing = [f for f in _FIELDS if f not in entry]
             if unknown or missing:
-                raise CalibrationError(f"{source}: joint '{joint}': missing fields {missing}, "
-                                       f"unknown fields {unknown}")
+                raise CalibrationError(
+                    f"{source}: joint '{joint}': missing fields {missing}, unknown fields {unknown}"
+                )
             for field in _FIELDS:
                 value = entry[field]
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise CalibrationError(
-                        f"{source}: joint '{joint}': {field} must be an integer, got {value!r}")
+                        f"{source}: joint '{joint}': {field} must be an integer, got {value!r}"
+                    )
             motors[str(joint)] = MotorCalibration(**{f: int(entry[f]) for f in _FIELDS})
         return cls(motors, source)
 
-    def modes(self, body_mode: NormMode = "degrees") -> tuple[NormMode, ...]:
+    def modes(self, body_mode: BodyMode | NormMode = BodyMode.DEGREES) -> tuple[NormMode, ...]:
         """Per joint normalisation: ``body_mode`` for body joints, RANGE_0_100 for the gripper."""
-        return tuple(mode if mode == "range_0_100" else body_mode
-                     for _, mode in (MOTORS[name] for name in self.motors))
+        return tuple(
+            mode if mode == "range_0_100" else body_mode for _, mode in (MOTORS[name] for name in self.motors)
+        )
 
-    def ticks_to_units(self, ticks: Sequence[int], body_mode: NormMode = "degrees") -> np.ndarray:
+    def ticks_to_units(
+        self, ticks: Sequence[int], body_mode: BodyMode | NormMode = BodyMode.DEGREES
+    ) -> np.ndarray:
         """Six Present_Position values (joint order) -> float64 units, exactly LeRobot's."""
-        return np.array([ticks_to_units(int(t), cal, mode) for t, cal, mode in
-                         zip(ticks, self.motors.values(), self.modes(body_mode), strict=True)],
-                        dtype=np.float64)
+        return np.array(
+            [
+                ticks_to_units(int(t), cal, mode)
+                for t, cal, mode in zip(ticks, self.motors.values(), self.modes(body_mode), strict=True)
+            ],
+            dtype=np.float64,
+        )
 
-    def units_to_ticks(self, units: Sequence[float], body_mode: NormMode = "degrees") -> list[int]:
+    def units_to_ticks(
+        self, units: Sequence[float], body_mode: BodyMode | NormMode = BodyMode.DEGREES
+    ) -> list[int]:
         """Six unit values (joint order) -> Goal_Position ticks, LeRobot's truncation."""
-        return [units_to_ticks(float(u), cal, mode) for u, cal, mode in
-                zip(units, self.motors.values(), self.modes(body_mode), strict=True)]
+        return [
+            units_to_ticks(float(u), cal, mode)
+            for u, cal, mode in zip(units, self.motors.values(), self.modes(body_mode), strict=True)
+        ]
 
 
 # --- files -------------------------------------------------------------------------------------
@@ -222,7 +236,8 @@ def lerobot_calibration_root() -> Path:
     if lerobot_home:
         return Path(lerobot_home).expanduser() / "calibration"
     hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+        os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"
+    )
     return Path(hf_home).expanduser() / "lerobot" / "calibration"
 
 

@@ -68,3 +68,24 @@ def test_load_toml_names_file(tmp_path: Path) -> None:
     path.write_text("mode = \n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_toml(Root, path)
+
+
+def test_enum_fields_take_their_values_and_name_the_key_otherwise() -> None:
+    from dataclasses import dataclass
+
+    from hilrec.daemon.config import from_mapping
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.so101 import BodyMode
+
+    @dataclass(frozen=True, kw_only=True)
+    class Arm:
+        body_mode: BodyMode = BodyMode.DEGREES
+
+    assert from_mapping(Arm, {"body_mode": "range_m100_100"}).body_mode is BodyMode.RANGE_M100_100
+    try:
+        from_mapping(Arm, {"body_mode": "radians"}, prefix="follower")
+    except ConfigError as exc:
+        assert exc.key == "follower.body_mode"
+        assert "'degrees', 'range_m100_100'" in exc.problem and "'radians'" in exc.problem
+    else:
+        raise AssertionError("an unknown body_mode was accepted")

@@ -16,14 +16,15 @@ from typing import Literal
 
 from hilrec.daemon.config import load_toml
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.wire.security import ZmqSettings, is_loopback
+from hilrec.daemon.so101 import BodyMode
+from hilrec.daemon.wire.security import ZmqSettings
 
 Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
-BodyMode = Literal["degrees", "range_m100_100"]
 EmulatedLeaderMotion = Literal["operator", "wave", "servo"]
 CameraSource = Literal["opencv", "video", "sim", "twin"]
 DeviceLostPolicy = Literal["save", "discard"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class DatasetSettings:
@@ -46,7 +47,7 @@ class FollowerSettings:
     port: str = ""  # hil only; emulated mode makes its own
     id: str = "so101_follower"  # LeRobot's arm id: calibration file <id>.json in its directory
     calibration: Path | None = None  # hil: a file, else LeRobot's directory; emulated: the twin's
-    body_mode: BodyMode = "degrees"  # LeRobot use_degrees=True
+    body_mode: BodyMode = BodyMode.DEGREES
     # LeRobot's max_relative_target: per-tick clamp of the goal around the present position.
     max_relative_target: float | None = None
     # Servo status bits that do not fail a read (e.g. 32 = overload, for a gripper squeezing
@@ -57,7 +58,9 @@ class FollowerSettings:
         if self.max_relative_target is not None and self.max_relative_target <= 0:
             raise ConfigError("max_relative_target", "must be positive when set")
         if not 0 <= self.tolerated_status <= 255:
-            raise ConfigError("tolerated_status", f"must be a status byte 0..255, got {self.tolerated_status}")
+            raise ConfigError(
+                "tolerated_status", f"must be a status byte 0..255, got {self.tolerated_status}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,14 +239,22 @@ class DaemonSettings:
             if not name.isidentifier():
                 raise ConfigError(f"cameras.{name}", "camera names must be identifiers")
             if (cam.source == "sim") != (self.mode == "sim"):
-                raise ConfigError(key, f"source {cam.source!r} cannot be used in {self.mode} mode "
-                                       "(sim cameras render the twin and exist only in sim mode)")
+                raise ConfigError(
+                    key,
+                    f"source {cam.source!r} cannot be used in {self.mode} mode "
+                    "(sim cameras render the twin and exist only in sim mode)",
+                )
             if cam.source == "twin" and self.mode != "emulated":
-                raise ConfigError(key, "a 'twin' camera films the emulated world; in hil mode it "
-                                       "would record a rendering as a measurement")
+                raise ConfigError(
+                    key,
+                    "a 'twin' camera films the emulated world; in hil mode it "
+                    "would record a rendering as a measurement",
+                )
         if self.mode == "sim" and len({(c.height, c.width) for c in self.cameras.values()}) > 1:
-            raise ConfigError(f"cameras.{next(iter(self.cameras))}.height",
-                              "sim cameras render one twin and must share one frame size")
+            raise ConfigError(
+                f"cameras.{next(iter(self.cameras))}.height",
+                "sim cameras render one twin and must share one frame size",
+            )
         if self.mode == "hil":
             if not self.follower.port:
                 raise ConfigError("follower.port", "hil mode needs the follower's serial port")
@@ -251,21 +262,27 @@ class DaemonSettings:
                 raise ConfigError("leader.port", "a serial leader needs its serial port")
         else:
             if self.mode == "emulated" and self.follower.calibration is not None:
-                raise ConfigError("follower.calibration", "emulated mode uses the emulated arm's "
-                                                          "calibration; remove the key")
+                raise ConfigError(
+                    "follower.calibration",
+                    "emulated mode uses the emulated arm's calibration; remove the key",
+                )
             if self.follower.port:
-                raise ConfigError("follower.port", f"{self.mode} mode makes its own follower; remove the port")
+                raise ConfigError(
+                    "follower.port", f"{self.mode} mode makes its own follower; remove the port"
+                )
             if self.leader.port:
                 raise ConfigError("leader.port", f"{self.mode} mode makes its own leader; remove the port")
         if self.mode == "sim" and self.leader.source == "serial":
             raise ConfigError("leader.source", "sim mode takes a 'scripted' or 'remote' leader")
         if self.mode != "sim" and self.leader.source == "scripted":
-            raise ConfigError("leader.source", f"{self.mode} mode takes a 'serial' or 'remote' leader "
-                                               "(emulated mode's serial leader is moved by the "
-                                               "scripted operator: emulated.leader_motion)")
+            raise ConfigError(
+                "leader.source",
+                f"{self.mode} mode takes a 'serial' or 'remote' leader "
+                "(emulated mode's serial leader is moved by the "
+                "scripted operator: emulated.leader_motion)",
+            )
         if self.mode != "sim" and not self.sim.realtime:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
-
 
     def _check_twin_rate(self) -> None:
         from hilrec.sim.scene import SceneConfig
@@ -275,11 +292,17 @@ class DaemonSettings:
         valid = valid_frame_rates(timestep)
         if self.fps not in valid:
             near = sorted(sorted(valid, key=lambda rate: abs(rate - self.fps))[:4])
-            why = ("the twin" if self.mode == "sim" else
-                   "the mirroring twin (set twin.mirror = false to record without it)")
-            raise ConfigError("fps", f"{self.fps} fps is not a whole number of {timestep * 1000:g} ms "
-                                     f"physics steps, which {why} needs; valid rates near it: "
-                                     f"{', '.join(map(str, near))}")
+            why = (
+                "the twin"
+                if self.mode == "sim"
+                else "the mirroring twin (set twin.mirror = false to record without it)"
+            )
+            raise ConfigError(
+                "fps",
+                f"{self.fps} fps is not a whole number of {timestep * 1000:g} ms "
+                f"physics steps, which {why} needs; valid rates near it: "
+                f"{', '.join(map(str, near))}",
+            )
 
 
 def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from hilrec.daemon.errors import DeviceError
-from hilrec.daemon.so101 import MOTOR_IDS
+from hilrec.daemon.so101 import MOTOR_IDS, Role
 from hilrec.drivers.calibration import ArmCalibration, load_calibration
 from hilrec.drivers.emulated.faults import Fault, FaultPlan
 from hilrec.drivers.emulated.motion import (
@@ -46,8 +46,8 @@ from hilrec.drivers.emulated.motion import (
     TwinMotion,
     wave_path,
 )
-from hilrec.drivers.emulated.servo import EmulatedServo
 from hilrec.drivers.emulated.packets import Packet, PacketReader, status_packet
+from hilrec.drivers.emulated.servo import EmulatedServo
 from hilrec.drivers.tables import (
     BAUD_RATES,
     BITS_PER_BYTE_ON_WIRE,
@@ -57,7 +57,6 @@ from hilrec.drivers.tables import (
 
 log = logging.getLogger(__name__)
 
-Role = Literal["follower", "leader"]
 MotionKind = Literal["auto", "twin", "operator", "servo", "wave", "sweep"]
 _PR_SET_TIMERSLACK = 29
 
@@ -93,9 +92,14 @@ class _Outgoing:
 class EmulatedArm:
     """Six emulated STS3215 (ids 1..6) on a pty; ``start()``/``stop()`` or a context manager."""
 
-    def __init__(self, config: EmulatorConfig, *, motion: ArmMotion | None = None,
-                 frame: MechanicalFrame | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        *,
+        motion: ArmMotion | None = None,
+        frame: MechanicalFrame | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
         # The time the arm's motion runs on (monotonic seconds); replies and wire timing always
         # use the real monotonic clock. Tests inject a clock they set by hand.
@@ -143,8 +147,7 @@ class EmulatedArm:
         self._running = True
         self._started_at = time.monotonic()
         self._power_up()
-        self._thread = threading.Thread(target=self._serve, name=f"emulated-{self.config.role}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"emulated-{self.config.role}", daemon=True)
         self._thread.start()
         log.info("emulated %s on %s", self.config.role, self.port)
         return self.port
@@ -219,8 +222,9 @@ class EmulatedArm:
         if kind == "wave":
             return ServoMotion(middle, hand=wave_path(self.frame))
         if kind == "sweep":
-            self.sweep = SweepPath(self.frame, ready=lambda: all(
-                s.log.offset_writes >= 2 for s in self.servos))
+            self.sweep = SweepPath(
+                self.frame, ready=lambda: all(s.log.offset_writes >= 2 for s in self.servos)
+            )
             return ServoMotion(middle, hand=self.sweep)
         operator = OperatorPath(self.frame, seed=self.config.seed)
         return ServoMotion(operator(0.0), hand=operator)
@@ -373,8 +377,10 @@ class EmulatedArm:
         if code == Instruction.PING:
             return [(s, s.servo_id, b"") for s in self._addressed(packet.servo_id)]
         if code == Instruction.READ and len(params) == 2 and not broadcast:
-            return [(s, s.servo_id, s.read(params[0], params[1], *state(s)))
-                    for s in self._addressed(packet.servo_id)]
+            return [
+                (s, s.servo_id, s.read(params[0], params[1], *state(s)))
+                for s in self._addressed(packet.servo_id)
+            ]
         if code in (Instruction.WRITE, Instruction.REG_WRITE) and params:
             replies = []
             for servo in self._addressed(packet.servo_id):
@@ -399,8 +405,11 @@ class EmulatedArm:
         if code == Instruction.SYNC_READ and len(params) >= 2 and broadcast:
             address, length = params[0], params[1]
             by_id = {s.servo_id: s for s in self._present()}
-            return [(by_id[i], i, by_id[i].read(address, length, *state(by_id[i])))
-                    for i in params[2:] if i in by_id]
+            return [
+                (by_id[i], i, by_id[i].read(address, length, *state(by_id[i])))
+                for i in params[2:]
+                if i in by_id
+            ]
         if code == Instruction.SYNC_WRITE and len(params) >= 2 and broadcast:
             address, length = params[0], params[1]
             by_id = {s.servo_id: s for s in self._present()}
@@ -408,10 +417,11 @@ class EmulatedArm:
             for start in range(0, len(body) - length, length + 1):
                 servo = by_id.get(body[start])
                 if servo is not None:
-                    servo.write(address, body[start + 1:start + 1 + length], state(servo)[0])
+                    servo.write(address, body[start + 1 : start + 1 + length], state(servo)[0])
             return []
-        log.debug("emulated %s ignored instruction 0x%02x from %s", self.config.role, code,
-                  packet.raw.hex(" "))
+        log.debug(
+            "emulated %s ignored instruction 0x%02x from %s", self.config.role, code, packet.raw.hex(" ")
+        )
         return []
 
     def _reply(self, servo: EmulatedServo, reply_id: int, data: bytes, now: float) -> None:
@@ -455,4 +465,3 @@ def _tighten_timer_slack() -> None:
         libc.prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
     except (OSError, AttributeError):
         log.debug("could not tighten the timer slack; wire timing may run a little late")
-
