@@ -10,6 +10,7 @@ import pytest
 
 from hilrec.daemon.config import from_mapping, load_toml
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.so101 import BodyMode
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,22 +71,15 @@ def test_load_toml_names_file(tmp_path: Path) -> None:
         load_toml(Root, path)
 
 
+@dataclass(frozen=True, kw_only=True)
+class _ArmWithMode:
+    body_mode: BodyMode = BodyMode.DEGREES
+
+
 def test_enum_fields_take_their_values_and_name_the_key_otherwise() -> None:
-    from dataclasses import dataclass
-
-    from hilrec.daemon.config import from_mapping
-    from hilrec.daemon.errors import ConfigError
-    from hilrec.daemon.so101 import BodyMode
-
-    @dataclass(frozen=True, kw_only=True)
-    class Arm:
-        body_mode: BodyMode = BodyMode.DEGREES
-
-    assert from_mapping(Arm, {"body_mode": "range_m100_100"}).body_mode is BodyMode.RANGE_M100_100
-    try:
-        from_mapping(Arm, {"body_mode": "radians"}, prefix="follower")
-    except ConfigError as exc:
-        assert exc.key == "follower.body_mode"
-        assert "'degrees', 'range_m100_100'" in exc.problem and "'radians'" in exc.problem
-    else:
-        raise AssertionError("an unknown body_mode was accepted")
+    built = from_mapping(_ArmWithMode, {"body_mode": "range_m100_100"})
+    assert built.body_mode is BodyMode.RANGE_M100_100
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(_ArmWithMode, {"body_mode": "radians"}, prefix="follower")
+    assert caught.value.key == "follower.body_mode"
+    assert "'degrees', 'range_m100_100'" in caught.value.problem and "'radians'" in caught.value.problem
