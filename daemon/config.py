@@ -19,11 +19,14 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from hilrec.daemon.errors import ConfigError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def load_toml(cls: type[T], path: str | Path, *, section: str | None = None) -> T:
@@ -61,7 +64,7 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(prefix or "<root>", f"expected a table, got {type(data).__name__}")
     hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(_join(prefix, unknown[0]), f"unknown key (known keys: {', '.join(sorted(fields))})")
@@ -122,7 +125,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         elif origin is tuple and args:
             if len(value) != len(args):
                 raise ConfigError(key, f"expected {len(args)} items, got {len(value)}")
-            items = [_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value))]
+            items = [_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))]
         else:
             inner = args[0] if args else Any
             items = [_convert(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]

@@ -39,7 +39,7 @@ def test_builds_nested_frozen_config() -> None:
     assert cfg.follower.path == "/dev/ttyACM0" and cfg.follower.baudrate == 1_000_000
     assert cfg.gains == {"p": 16.0} and cfg.cameras == ("front",)
     with pytest.raises(AttributeError):
-        cfg.fps = 30  # type: ignore[misc]
+        cfg.fps = 30  # type: ignore[misc]  # the point: a frozen config refuses assignment
 
 
 @pytest.mark.parametrize(

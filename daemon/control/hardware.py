@@ -22,17 +22,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
-from hilrec.daemon.control.rig import Mirror, Rig, RigFactory, remote_leader
-from hilrec.daemon.control.session import EpisodeHooks, NoHooks
+from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory, remote_leader
 from hilrec.daemon.control.settings import CameraSettings, DaemonSettings
 from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
 from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CameraStalledError, ConfigError, DeviceError
 from hilrec.daemon.wire.security import Security
+
+if TYPE_CHECKING:
+    from hilrec.drivers.arm import SO101Follower, SO101Leader
+    from hilrec.drivers.emulated.sim_camera import SimCamera
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ _PR_SET_PDEATHSIG = 1
 class ArmFollower:
     """An SO101Follower as the loop's follower; the clamp uses the observation just read."""
 
-    def __init__(self, arm: Any) -> None:
+    def __init__(self, arm: SO101Follower) -> None:
         self.arm = arm
         self.description = repr(arm)
         self._present: np.ndarray | None = None
@@ -66,7 +69,7 @@ class ArmFollower:
 class ArmLeader:
     """An SO101Leader (torque off, moved by a person or the emulated hand) as the loop's leader."""
 
-    def __init__(self, arm: Any) -> None:
+    def __init__(self, arm: SO101Leader) -> None:
         self.arm = arm
         self.description = repr(arm)
         self._reads = 0
@@ -116,7 +119,10 @@ class EmulatorProcess:
             command += ["--fault", fault]
         self.role = role
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=_child_setup
+            command,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_child_setup,  # noqa: PLW1509 - only async-signal-safe calls (prctl, setpriority), before exec
         )
         self.port = self._first_line(timeout_s)
 
@@ -156,7 +162,7 @@ class EmulatorProcess:
 OPEN_ATTEMPTS = 3
 
 
-def open_with_retries(arm: Any) -> None:
+def open_with_retries(arm: SO101Follower | SO101Leader) -> None:
     """Open an arm, retrying a retryable bus error: opening is dozens of transactions, and one
     late reply (a loaded machine, a busy emulator) must not stop the daemon from starting."""
     for attempt in range(1, OPEN_ATTEMPTS + 1):
@@ -190,7 +196,7 @@ FIRST_RENDER_GRACE_S = 60.0
 class FreshCamera:
     """A camera whose frames older than ``stall_s`` count as a stall (CameraStalledError)."""
 
-    def __init__(self, camera: Any, stall_s: float) -> None:
+    def __init__(self, camera: SimCamera, stall_s: float) -> None:
         self.camera = camera
         self.name, self.height, self.width = camera.name, camera.height, camera.width
         self.stall_s = stall_s
@@ -203,7 +209,7 @@ class FreshCamera:
                 f"camera '{self.name}': no new frame for {age * 1000:.0f} ms "
                 f"(limit {self.stall_s * 1000:.0f} ms)"
             )
-        return frame.image  # type: ignore[no-any-return]
+        return frame.image
 
     def close(self) -> None:
         self.camera.close()

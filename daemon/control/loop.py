@@ -24,14 +24,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from hilrec.daemon.control.clock import TickPacer, TickTimes
+from hilrec.daemon.control.faults import Fault, FaultKind
 from hilrec.daemon.control.rig import Rig
-from hilrec.daemon.control.session import Fault, Session
+from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.sources import JointReading
 from hilrec.daemon.errors import (
     BusPacketError,
@@ -96,7 +97,7 @@ class ControlLoop:
             self.crashed = f"{type(exc).__name__}: {exc}"
             log.exception("control loop stopped")
             self.session.raise_fault(
-                Fault(kind="loop", device="loop", message=self.crashed, ends_episode=True)
+                Fault(kind=FaultKind.LOOP, device="loop", message=self.crashed, ends_episode=True)
             )
 
     def step(self) -> None:
@@ -121,10 +122,12 @@ class ControlLoop:
         if sent is not None:
             self.rig.follower.advance()
 
+        # A row is only ever the whole triple: the state observed, the action sent, the images.
+        row = (measured, sent) if measured is not None and sent is not None else None
         recorded = False
         frame_index = self.session.frame_index
-        if self.session.recording and measured is not None and sent is not None and images is not None:
-            recorded = self._hand_off(measured, sent, images)
+        if self.session.recording and row is not None and images is not None:
+            recorded = self._hand_off(row[0], row[1], images)
 
         twin = (
             self.rig.mirror.follow(measured) if self.rig.mirror is not None and measured is not None else None
@@ -132,9 +135,9 @@ class ControlLoop:
         tick.end = time.monotonic()
         if tick.overran(self.period_s):
             flags |= FrameFlag.OVERRUN
-        if recorded:
+        if recorded and row is not None:
             self.session.append_row(
-                tick, int(flags), measured, sent, twin, leader.values if leader is not None else None
+                tick, int(flags), row[0], row[1], twin, leader.values if leader is not None else None
             )
         self._account(tick, flags)
         self._publish(tick, flags, frame_index if recorded else None, measured, sent, leader, twin, images)
@@ -145,7 +148,7 @@ class ControlLoop:
         if not self._device_usable("follower"):
             return None, flags
         reading = self._read_arm("follower", self.rig.follower.read)
-        if reading is None:
+        if not isinstance(reading, JointReading):  # a follower always answers or fails
             if "follower" in self.session.faults:
                 return None, flags
             return self._measured, flags | FrameFlag.FOLLOWER_FAILED  # last good observation, marked
@@ -163,10 +166,10 @@ class ControlLoop:
             try:
                 image = camera.read_latest()
             except CameraStalledError as exc:
-                self._fault("camera_stalled", device, str(exc))
+                self._fault(FaultKind.CAMERA_STALLED, device, str(exc))
                 return None, flags
             except CameraError as exc:
-                self._fault("device_lost", device, str(exc))
+                self._fault(FaultKind.DEVICE_LOST, device, str(exc))
                 return None, flags
             self.session.clear_fault(device)
             if self._last_images.get(name) is image:
@@ -188,10 +191,9 @@ class ControlLoop:
         )
         if reading is None:
             return None, flags | FrameFlag.LEADER_FAILED
-        if reading is _NO_COMMAND:
+        if isinstance(reading, _NoCommand):
             self._watch_leader(live=False)
             return None, flags | FrameFlag.LEADER_STALE
-        assert isinstance(reading, JointReading)
         self._watch_leader(live=True)
         if reading.retries:
             flags |= FrameFlag.LEADER_RETRIED
@@ -210,7 +212,7 @@ class ControlLoop:
             self._leader_was_live = False
             self.session.raise_fault(
                 Fault(
-                    kind="leader_timeout",
+                    kind=FaultKind.LEADER_TIMEOUT,
                     device="leader",
                     ends_episode=False,
                     message=f"no remote leader command for {status.get('age_ms', 0):.0f} ms "
@@ -230,7 +232,7 @@ class ControlLoop:
         try:
             result = self.rig.follower.write(np.asarray(goal, dtype=np.float32))
         except PortGoneError as exc:
-            self._fault("device_lost", "follower", str(exc))
+            self._fault(FaultKind.DEVICE_LOST, "follower", str(exc))
             return None, flags | FrameFlag.WRITE_FAILED
         except DeviceError as exc:
             log.warning("follower write failed: %s", exc)
@@ -249,13 +251,15 @@ class ControlLoop:
         try:
             self.session.hand_off(frame)
         except WriterStalledError as exc:
-            self._fault("writer_stalled", "writer", str(exc))
+            self._fault(FaultKind.WRITER_STALLED, "writer", str(exc))
             return False
         return True
 
     # --- faults --------------------------------------------------------------------------------
 
-    def _read_arm(self, device: str, read: Any) -> Any:
+    def _read_arm(
+        self, device: str, read: Callable[[], JointReading | None]
+    ) -> JointReading | _NoCommand | None:
         """One arm read with the loop's fault policy; None when it failed."""
         try:
             reading = read()
@@ -263,22 +267,22 @@ class ControlLoop:
             self._failures[device] += 1
             if self._failures[device] >= self.max_failed_ticks:
                 self._fault(
-                    "device_lost",
+                    FaultKind.DEVICE_LOST,
                     device,
                     f"{self._failures[device]} ticks in a row failed after bus retries; last: {exc}",
                 )
             return None
         except PortGoneError as exc:
-            self._fault("device_lost", device, str(exc))
+            self._fault(FaultKind.DEVICE_LOST, device, str(exc))
             return None
         except DeviceError as exc:
-            self._fault("device_fault", device, str(exc))
+            self._fault(FaultKind.DEVICE_FAULT, device, str(exc))
             return None
         self._failures[device] = 0
         self.session.clear_fault(device)
         return _NO_COMMAND if reading is None else reading
 
-    def _fault(self, kind: str, device: str, message: str) -> None:
+    def _fault(self, kind: FaultKind, device: str, message: str) -> None:
         self._next_probe[device] = time.monotonic() + PROBE_PERIOD_S
         self.session.raise_fault(Fault(kind=kind, device=device, message=message, ends_episode=True))
 
@@ -343,7 +347,7 @@ class ControlLoop:
                 "overrun": bool(flags & FrameFlag.OVERRUN),
             },
             "flags": flag_names(int(flags)),
-            "faults": sorted(self.session.faults),
+            "faults": self.session.faults.devices(),
         }
         self.last_tick = {"action": sent if sent is not None else previous, "timing": message["timing"]}
         self.telemetry.tick(message)
@@ -363,7 +367,11 @@ class ControlLoop:
         }
 
 
-_NO_COMMAND: Any = object()
+class _NoCommand:
+    """A leader that answered with nothing new: hold, and let the watchdog judge its age."""
+
+
+_NO_COMMAND = _NoCommand()
 
 
 def _absdiff(a: np.ndarray, b: np.ndarray) -> list[float]:

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,20 @@ from hilrec.daemon.errors import DatasetStateError, WriterStalledError
 log = logging.getLogger(__name__)
 
 
+class WriterOp(StrEnum):
+    """What the loop and the control thread ask of the writer thread (named in its errors)."""
+
+    FRAME = "frame"
+    SAVE = "save"
+    DISCARD = "discard"
+    FINALIZE = "finalize"
+    SIDECAR = "sidecar"
+    STOP = "stop"
+
+
 @dataclass
 class _Op:
-    kind: str  # "frame" | "save" | "discard" | "finalize" | "sidecar" | "stop"
+    kind: WriterOp
     frame: Mapping[str, Any] | None = None
     sidecar: Mapping[str, Any] | None = None
     arrays: Mapping[str, np.ndarray] | None = None
@@ -58,12 +70,10 @@ class Recorder:
         *,
         queue_frames: int,
         stall_s: float,
-        on_saved: Callable[[int, Mapping[str, Any]], None] | None = None,
     ) -> None:
         self._sink_factory = sink_factory
         self._queue: queue.Queue[_Op] = queue.Queue(maxsize=queue_frames)
         self._stall_s = stall_s
-        self._on_saved = on_saved
         self._lock = threading.Lock()
         self._stats = RecorderStats()
         self._episode_error: str | None = None  # first refusal in the open episode
@@ -87,7 +97,7 @@ class Recorder:
         """Stop the thread after everything queued so far; True if it ended in time."""
         if not self._thread.is_alive():
             return True
-        self._put_control(_Op("stop"), timeout_s)
+        self._put_control(_Op(WriterOp.STOP), timeout_s)
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
@@ -97,7 +107,7 @@ class Recorder:
         if not self._thread.is_alive():
             raise WriterStalledError(f"dataset writer for {self._root()} is not running")
         try:
-            self._queue.put(_Op("frame", frame=frame), timeout=self._stall_s)
+            self._queue.put(_Op(WriterOp.FRAME, frame=frame), timeout=self._stall_s)
         except queue.Full:
             raise WriterStalledError(
                 f"dataset writer for {self._root()} took no frame for {self._stall_s:.1f} s "
@@ -107,19 +117,35 @@ class Recorder:
     def save(self, *, sidecar: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Future[int]:
         with self._lock:
             self._stats.saving += 1
-        return self._submit(_Op("save", sidecar=sidecar, arrays=arrays))
+        return self._submit(_Op(WriterOp.SAVE, sidecar=sidecar, arrays=arrays))
 
     def discard(self) -> Future[None]:
-        return self._submit(_Op("discard"))
+        return self._submit(_Op(WriterOp.DISCARD))
 
     def finalize(self) -> Future[None]:
-        return self._submit(_Op("finalize"))
+        return self._submit(_Op(WriterOp.FINALIZE))
 
     def update_dataset_sidecar(self, fields: Mapping[str, Any]) -> Future[None]:
         """Merge ``fields`` into hilrec/dataset.json, in order with everything else written."""
-        return self._submit(_Op("sidecar", sidecar=fields))
+        return self._submit(_Op(WriterOp.SIDECAR, sidecar=fields))
 
     # --- views -------------------------------------------------------------------------------
+
+    def status(self, root: object) -> dict[str, Any]:
+        """The ``dataset`` section of the daemon's status."""
+        stats = self.stats()
+        return {
+            "root": root,
+            "episodes": self.initial_episodes + stats.episodes_saved,
+            "saved_this_session": stats.episodes_saved,
+            "discarded_this_session": stats.episodes_discarded,
+            "saving": stats.saving,
+            "last_saved_index": stats.last_saved_index,
+            "finalized": stats.finalized,
+            "writer_queue": self.queued,
+            "writer_capacity": self.capacity,
+            "errors": stats.errors,
+        }
 
     @property
     def queued(self) -> int:
@@ -168,16 +194,16 @@ class Recorder:
         try:
             self._sink = self._sink_factory()
             self.initial_episodes = self._sink.num_episodes
-        except BaseException as exc:  # handed to start(), which raises it on the caller's thread
+        except BaseException as exc:  # noqa: BLE001 - handed to start(), which raises it on the caller's thread
             self._start_error = exc
             self._ready.set()
             return
         self._ready.set()
         while True:
             op = self._queue.get()
-            if op.kind == "stop":
+            if op.kind == WriterOp.STOP:
                 return
-            if op.kind == "frame":
+            if op.kind == WriterOp.FRAME:
                 self._write_frame(op)
                 continue
             assert op.future is not None
@@ -190,7 +216,7 @@ class Recorder:
                 self._record_error(f"{op.kind}: {type(exc).__name__}: {exc}")
                 op.future.set_exception(exc)
             finally:
-                if op.kind == "save":
+                if op.kind == WriterOp.SAVE:
                     with self._lock:
                         self._stats.saving -= 1
 
@@ -210,7 +236,7 @@ class Recorder:
     def _apply(self, op: _Op) -> Any:
         sink = self._sink
         assert sink is not None
-        if op.kind == "save":
+        if op.kind == WriterOp.SAVE:
             if self._episode_error is not None:
                 error, self._episode_error = self._episode_error, None
                 sink.discard_episode()
@@ -221,21 +247,19 @@ class Recorder:
             with self._lock:
                 self._stats.episodes_saved += 1
                 self._stats.last_saved_index = index
-            if self._on_saved is not None:
-                self._on_saved(index, op.sidecar or {})
             return index
-        if op.kind == "discard":
+        if op.kind == WriterOp.DISCARD:
             self._episode_error = None
             sink.discard_episode()
             with self._lock:
                 self._stats.episodes_discarded += 1
             return None
-        if op.kind == "sidecar":
+        if op.kind == WriterOp.SIDECAR:
             from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
 
             update_dataset_sidecar(sink.root, dict(op.sidecar or {}))
             return None
-        if op.kind == "finalize":
+        if op.kind == WriterOp.FINALIZE:
             sink.finalize()
             with self._lock:
                 self._stats.finalized = True

@@ -11,17 +11,17 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
 
-from hilrec.daemon.control.session import EpisodeHooks
 from hilrec.daemon.control.sources import Camera, Follower, Leader, RemoteLeader
 from hilrec.daemon.wire.security import Security, endpoint
 
 if TYPE_CHECKING:
     from hilrec.daemon.control.settings import DaemonSettings
+    from hilrec.sim.twin import Twin
 
 
 class Mirror:
@@ -31,7 +31,7 @@ class Mirror:
     cameras render it on their own threads.
     """
 
-    def __init__(self, twin: Any) -> None:
+    def __init__(self, twin: Twin) -> None:
         self.twin = twin
         self._started = False
         self._lock = threading.Lock()
@@ -48,7 +48,7 @@ class Mirror:
         its difference to ``measured`` is the divergence, not zero by construction.
         """
         if not self._started:
-            self.twin.reset(0, arm_units=measured)
+            self.twin.reset(0, arm_units=measured.tolist())
             self._started = True
         before = np.asarray(self.twin.observe(), dtype=np.float32)
         self.twin.command(measured)
@@ -57,6 +57,33 @@ class Mirror:
         with self._lock:
             self._state = state
         return before
+
+
+class EpisodeHooks(Protocol):
+    """Mode-specific work at episode edges (sim: plan the operator, reset the twin from the seed)."""
+
+    def prepare(self, seed: int | None) -> Any:
+        """Slow preparation on the control thread (e.g. planning); its result goes to begin()."""
+        ...
+
+    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        """Start the episode on the loop thread; return (seed used, sidecar fields, arrays)."""
+        ...
+
+    def end(self) -> dict[str, Any]:
+        """Close the episode on the rig side; return sidecar fields (e.g. a measured outcome)."""
+        ...
+
+
+class NoHooks:
+    def prepare(self, seed: int | None) -> Any:
+        return seed
+
+    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        return prepared, {}, {}
+
+    def end(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass

@@ -96,7 +96,7 @@ class LoopThread:
                 self._session.hooks = hooks
                 self.rig = rig
                 self.loop = self._make_loop(rig)
-            except BaseException as exc:  # handed to start(), raised on the main thread
+            except BaseException as exc:  # noqa: BLE001 - handed to start(), raised on the main thread
                 self._error = exc
                 self._ready.set()
                 return
@@ -186,8 +186,8 @@ class Daemon:
             # Last, so that no thread this one starts inherits the policy.
             self.control_priority = set_thread_priority(s.loop.control_priority, "the control server")
             server.serve(self._stop)
-            return self._shut_down()
-        return 1  # unreachable: the with block returns; kept for type checkers
+            exit_code = self._shut_down()
+        return exit_code
 
     def _shut_down(self) -> int:
         log.info("shutting down (%s)", self._stop_reason)

@@ -11,7 +11,10 @@ and handed over, and the save's outcome arrives as an ``episode_saved`` event an
 
 Faults that end an episode (a port gone, a camera stalled, the writer stalled, the loop died) save
 it, or discard it when ``faults.on_device_lost = "discard"``; the fault stays in status until the
-device works again.
+device works again (:mod:`hilrec.daemon.control.faults`).
+
+Locking: ``_lock`` guards the state, the open episode and the last episode's result, which the
+control thread reads for status while the loop thread changes them.
 """
 
 from __future__ import annotations
@@ -20,73 +23,35 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 from hilrec.daemon.control.episode import EpisodeBuffer
+from hilrec.daemon.control.faults import Fault, FaultRegistry
 from hilrec.daemon.control.recorder import Recorder
+from hilrec.daemon.control.rig import EpisodeHooks, NoHooks
 from hilrec.daemon.errors import HilrecError, RequestRefusedError, WriterStalledError
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, Request
 
 log = logging.getLogger(__name__)
 
-IDLE, RECORDING, FINALIZED = "idle", "recording", "finalized"
+
+class SessionState(StrEnum):
+    """The values are what status reports as ``state``."""
+
+    IDLE = "idle"
+    RECORDING = "recording"
+    FINALIZED = "finalized"
 
 
 def _refused(message: str, code: str = CODE_BAD_STATE) -> RequestRefusedError:
     """A well-formed request that does not fit the session's state."""
     return RequestRefusedError(message, code)
-
-
-@dataclass
-class Fault:
-    kind: str  # device_lost | camera_stalled | leader_timeout | bus_errors | writer | loop
-    device: str  # follower | leader | camera.<name> | writer | loop
-    message: str
-    ends_episode: bool
-    since_wall: float = field(default_factory=time.time)
-    since_mono: float = field(default_factory=time.monotonic)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "device": self.device,
-            "message": self.message,
-            "since": self.since_wall,
-            "ends_episode": self.ends_episode,
-        }
-
-
-class EpisodeHooks(Protocol):
-    """Mode-specific work at episode edges (sim: plan the operator, reset the twin from the seed)."""
-
-    def prepare(self, seed: int | None) -> Any:
-        """Slow preparation on the control thread (e.g. planning); its result goes to begin()."""
-        ...
-
-    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
-        """Start the episode on the loop thread; return (seed used, sidecar fields, arrays)."""
-        ...
-
-    def end(self) -> dict[str, Any]:
-        """Close the episode on the rig side; return sidecar fields (e.g. a measured outcome)."""
-        ...
-
-
-class NoHooks:
-    def prepare(self, seed: int | None) -> Any:
-        return seed
-
-    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
-        return prepared, {}, {}
-
-    def end(self) -> dict[str, Any]:
-        return {}
 
 
 @dataclass
@@ -114,9 +79,9 @@ class Session:
         self._publish_event = publish_event
         self._pending: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._state = IDLE
+        self._state = SessionState.IDLE
         self._episode: EpisodeBuffer | None = None
-        self._faults: dict[str, Fault] = {}
+        self.faults = FaultRegistry()
         self._saves_queued = 0
         self._last_episode: dict[str, Any] | None = None
 
@@ -136,33 +101,21 @@ class Session:
         return future
 
     @property
-    def state(self) -> str:
-        return self._state
+    def state(self) -> SessionState:
+        with self._lock:
+            return self._state
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             episode = self._episode.summary() if self._episode is not None else None
-            faults = [f.to_dict() for f in self._faults.values()]
             state = self._state
             last = dict(self._last_episode) if self._last_episode else None
-        stats = self._recorder.stats()
         return {
-            "state": state,
+            "state": str(state),
             "episode": episode,
             "last_episode": last,
-            "faults": faults,
-            "dataset": {
-                "root": self._context.get("root"),
-                "episodes": self._recorder.initial_episodes + stats.episodes_saved,
-                "saved_this_session": stats.episodes_saved,
-                "discarded_this_session": stats.episodes_discarded,
-                "saving": stats.saving,
-                "last_saved_index": stats.last_saved_index,
-                "finalized": stats.finalized,
-                "writer_queue": self._recorder.queued,
-                "writer_capacity": self._recorder.capacity,
-                "errors": stats.errors,
-            },
+            "faults": self.faults.to_list(),
+            "dataset": self._recorder.status(self._context.get("root")),
         }
 
     # --- loop thread -------------------------------------------------------------------------
@@ -182,10 +135,6 @@ class Session:
     @property
     def task(self) -> str:
         return self._episode.task if self._episode is not None else ""
-
-    @property
-    def faults(self) -> dict[str, Fault]:
-        return self._faults
 
     def apply_pending(self) -> None:
         """Run the requests submitted since the last tick, in order."""
@@ -222,11 +171,8 @@ class Session:
             self._episode.append(tick, flags, measured, commanded, twin, leader)
 
     def raise_fault(self, fault: Fault) -> None:
-        key = fault.device
-        if key in self._faults and self._faults[key].kind == fault.kind:
+        if not self.faults.raise_(fault):
             return
-        with self._lock:
-            self._faults[key] = fault
         log.error("fault on %s (%s): %s", fault.device, fault.kind, fault.message)
         self._publish_event("fault", fault=fault.to_dict())
         if self._episode is not None:
@@ -235,8 +181,7 @@ class Session:
                 self._end_for_fault(fault)
 
     def clear_fault(self, device: str) -> None:
-        with self._lock:
-            fault = self._faults.pop(device, None)
+        fault = self.faults.clear(device)
         if fault is not None:
             log.warning("fault on %s (%s) cleared", fault.device, fault.kind)
             self._publish_event("fault_cleared", fault=fault.to_dict())
@@ -253,9 +198,10 @@ class Session:
 
     def finalize(self, timeout_s: float) -> bool:
         """Finalize the dataset unless already done; True when it is finalized."""
-        if self._state == FINALIZED and self._recorder.stats().finalized:
-            return True
-        self._state = FINALIZED
+        with self._lock:
+            if self._state == SessionState.FINALIZED and self._recorder.stats().finalized:
+                return True
+            self._state = SessionState.FINALIZED
         future = self._recorder.finalize()
         try:
             future.result(timeout=timeout_s)
@@ -280,14 +226,14 @@ class Session:
         raise _refused(f"command {cmd!r} is not a session transition")
 
     def _start(self, task: str, prepared: Any) -> dict[str, Any]:
-        if self._state == FINALIZED:
+        if self.state == SessionState.FINALIZED:
             raise _refused(
                 f"dataset {self._context.get('root')} is finalized; "
                 "restart the daemon to record more episodes"
             )
         if self._episode is not None:
             raise _refused(f"episode {self._episode.index} is already recording; stop or discard it first")
-        blocking = [f for f in self._faults.values() if f.ends_episode]
+        blocking = self.faults.blocking()
         if blocking:
             raise _refused(
                 f"cannot start an episode while {blocking[0].device} is faulted: {blocking[0].message}",
@@ -308,7 +254,7 @@ class Session:
         )
         with self._lock:
             self._episode = episode
-            self._state = RECORDING
+            self._state = SessionState.RECORDING
         self._publish_event("episode_started", episode_index=index, task=task, seed=seed_used)
         return {"episode_index": index, "task": task, "seed": seed_used}
 
@@ -325,9 +271,10 @@ class Session:
     def _finalize_request(self) -> dict[str, Any]:
         if self._episode is not None:
             raise _refused(f"episode {self._episode.index} is still recording; stop or discard it first")
-        if self._state == FINALIZED:
-            return {"finalizing": False, "already": True}
-        self._state = FINALIZED
+        with self._lock:
+            if self._state == SessionState.FINALIZED:
+                return {"finalizing": False, "already": True}
+            self._state = SessionState.FINALIZED
         future = self._recorder.finalize()
         future.add_done_callback(self._on_finalized)
         return {"finalizing": True}
@@ -354,8 +301,8 @@ class Session:
         outcome = self.hooks.end()
         with self._lock:
             self._episode = None
-            if self._state == RECORDING:
-                self._state = IDLE
+            if self._state == SessionState.RECORDING:
+                self._state = SessionState.IDLE
         result: dict[str, Any] = {
             "episode_index": episode.index,
             "frames": episode.frames,
@@ -366,7 +313,8 @@ class Session:
                 sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
                 future = self._recorder.save(sidecar=sidecar, arrays=arrays)
                 self._saves_queued += 1
-                future.add_done_callback(lambda f, ep=episode: self._on_saved(f, ep.index, ep.frames))
+                index, frames = episode.index, episode.frames
+                future.add_done_callback(lambda done: self._on_saved(done, index, frames))
                 result["saving"] = True
                 self._publish_event("episode_stopped", **result)
             else:

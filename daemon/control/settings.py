@@ -285,24 +285,19 @@ class DaemonSettings:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
 
     def _check_twin_rate(self) -> None:
+        from hilrec.daemon.errors import FrameRateError
         from hilrec.sim.scene import SceneConfig
-        from hilrec.sim.twin import valid_frame_rates
+        from hilrec.sim.twin import substeps_for
 
-        timestep = SceneConfig().timestep
-        valid = valid_frame_rates(timestep)
-        if self.fps not in valid:
-            near = sorted(sorted(valid, key=lambda rate: abs(rate - self.fps))[:4])
+        try:
+            substeps_for(self.fps, SceneConfig().timestep)
+        except FrameRateError as exc:
             why = (
-                "the twin"
+                "the twin needs whole steps"
                 if self.mode == "sim"
-                else "the mirroring twin (set twin.mirror = false to record without it)"
+                else "the mirroring twin needs whole steps (set twin.mirror = false to record without it)"
             )
-            raise ConfigError(
-                "fps",
-                f"{self.fps} fps is not a whole number of {timestep * 1000:g} ms "
-                f"physics steps, which {why} needs; valid rates near it: "
-                f"{', '.join(map(str, near))}",
-            )
+            raise ConfigError("fps", f"{exc}; {why}") from None
 
 
 def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:

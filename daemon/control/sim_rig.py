@@ -15,27 +15,31 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
 
-from hilrec.daemon.control.rig import Rig, RigFactory, remote_leader
-from hilrec.daemon.control.session import EpisodeHooks, entropy_seed
+from hilrec.daemon.control.rig import EpisodeHooks, Rig, RigFactory, remote_leader
+from hilrec.daemon.control.session import entropy_seed
 from hilrec.daemon.control.settings import DaemonSettings
-from hilrec.daemon.control.sources import Leader, ScriptedLeader, TwinCamera, TwinFollower
+from hilrec.daemon.control.sources import Camera, Leader, ScriptedLeader, TwinCamera, TwinFollower
 from hilrec.daemon.wire.security import Security
+
+if TYPE_CHECKING:
+    from hilrec.sim.operator import ScriptedOperator
+    from hilrec.sim.twin import Twin
 
 
 class SimHooks:
-    def __init__(self, twin: Any, scripted: ScriptedLeader | None, fps: int) -> None:
+    def __init__(self, twin: Twin, scripted: ScriptedLeader | None, fps: int) -> None:
         self._twin = twin
         self._scripted = scripted
         self._fps = fps
-        self._planning_twin: Any = None
+        self._planning_twin: Twin | None = None
         self._planning_lock = threading.Lock()
 
-    def prepare(self, seed: int | None) -> tuple[int, Any]:
+    def prepare(self, seed: int | None) -> tuple[int, ScriptedOperator | None]:
         seed = entropy_seed() if seed is None else seed
         if self._scripted is None:
             return seed, None
@@ -93,7 +97,7 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
         size = sizes.pop() if sizes else (480, 640)
         twin = stack.enter_context(Twin(fps=settings.fps, cameras=names, image_size=size))
         follower = TwinFollower(twin)
-        cameras = {name: TwinCamera(twin, name, size[0], size[1]) for name in names}
+        cameras: dict[str, Camera] = {name: TwinCamera(twin, name, size[0], size[1]) for name in names}
         scripted: ScriptedLeader | None = None
         leader: Leader
         if settings.leader.source == "scripted":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
@@ -23,6 +23,10 @@ from hilrec.daemon.errors import ProtocolError
 from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.daemon.wire.protocol import parse_leader
 from hilrec.daemon.wire.security import bind
+
+if TYPE_CHECKING:
+    from hilrec.sim.operator import ScriptedOperator
+    from hilrec.sim.twin import Twin
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +93,7 @@ class Camera(Protocol):
 class TwinFollower:
     """Sim mode: the MuJoCo twin is the follower. Observe, command (float32), then step."""
 
-    def __init__(self, twin: Any) -> None:
+    def __init__(self, twin: Twin) -> None:
         self.twin = twin
         self.description = f"MuJoCo twin ({twin.fps} fps, {twin.substeps} substeps)"
 
@@ -111,7 +115,7 @@ class TwinFollower:
 class TwinCamera:
     """Sim mode: a camera of the twin, rendered at observation time (before the command)."""
 
-    def __init__(self, twin: Any, name: str, height: int, width: int) -> None:
+    def __init__(self, twin: Twin, name: str, height: int, width: int) -> None:
         self.twin = twin
         self.name = name
         self.height = height
@@ -131,10 +135,10 @@ class ScriptedLeader:
     """The scripted operator as the leader: acts only inside an episode, holds between them."""
 
     def __init__(self) -> None:
-        self._operator: Any = None
+        self._operator: ScriptedOperator | None = None
         self.description = "scripted operator"
 
-    def begin_with(self, operator: Any) -> None:
+    def begin_with(self, operator: ScriptedOperator) -> None:
         """Play ``operator`` (a planned ScriptedOperator) from frame 0 of the new episode."""
         self._operator = operator
 

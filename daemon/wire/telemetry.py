@@ -146,12 +146,13 @@ class Telemetry:
     def _encode_preview(self, seq: int, payload: Mapping[str, Any]) -> list[bytes]:
         cameras: list[dict[str, Any]] = []
         blobs: list[bytes] = []
-        for name, image in payload["images"].items():
-            height, width = image.shape[:2]
+        for name, frame in payload["images"].items():
+            height, width = frame.shape[:2]
+            image = frame
             if width > self._preview_width:
                 scale = self._preview_width / width
                 image = cv2.resize(
-                    image, (self._preview_width, max(1, round(height * scale))), interpolation=cv2.INTER_AREA
+                    frame, (self._preview_width, max(1, round(height * scale))), interpolation=cv2.INTER_AREA
                 )
             ok, jpeg = cv2.imencode(
                 ".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, self._jpeg_quality]

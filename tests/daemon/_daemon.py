@@ -192,7 +192,11 @@ def check_passes(root: Path) -> None:
 
 def run_cli(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hilrec.daemon.cli", *args], capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, "-m", "hilrec.daemon.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 
@@ -206,7 +210,7 @@ def write_test_video(path: Path, *, frames: int, size: tuple[int, int] = (48, 64
 
     height, width = size
     yy, xx = np.mgrid[0:height, 0:width]
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), fps, (width, height))
     for i in range(frames):
         # A triangle wave, not a sawtooth: a wrap from 255 to 0 is a hard edge the codec smears.
         phase = (xx * 2 + yy + i * 3) % 510

@@ -114,7 +114,7 @@ def test_a_full_writer_queue_raises_after_the_stall_timeout_and_nothing_is_dropp
     for n in range(4):  # one in the sink's hands, three queued
         recorder.add_frame({"n": n})
     began = time.monotonic()
-    with pytest.raises(WriterStalledError, match="took no frame for 0.2 s"):
+    with pytest.raises(WriterStalledError, match=r"took no frame for 0\.2 s"):
         recorder.add_frame({"n": 99})
     assert 0.15 < time.monotonic() - began < 5.0
     sink.gate.set()

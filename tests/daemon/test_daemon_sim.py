@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -30,8 +31,8 @@ from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag, new_request
 def daemons(tmp_path: Path):
     started: list[Daemon] = []
 
-    def make(config: str, **kwargs: object) -> Daemon:
-        daemon = Daemon(tmp_path, config, **kwargs)  # type: ignore[arg-type]
+    def make(config: str, **kwargs: Any) -> Daemon:
+        daemon = Daemon(tmp_path, config, **kwargs)
         started.append(daemon)
         return daemon.start()
 
@@ -105,7 +106,7 @@ def test_records_episodes_over_zeromq_while_refusing_bad_requests(tmp_path: Path
     assert previews
     header, jpegs = previews[-1]
     image = cv2.imdecode(np.frombuffer(jpegs[0], np.uint8), cv2.IMREAD_COLOR)
-    assert image.shape == (header["cameras"][0]["height"], 32, 3)
+    assert image is not None and image.shape == (header["cameras"][0]["height"], 32, 3)
     events = [h["event"] for t, h, _ in seen if t == "event"]
     assert events.count("episode_saved") == 2 and "episode_discarded" in events
     assert events[-1] == "daemon_stopped"
@@ -122,6 +123,7 @@ def test_records_episodes_over_zeromq_while_refusing_bad_requests(tmp_path: Path
         assert np.all(np.diff(arrays["tick_deadline"]) > 0)
     meta0, _ = load_episode_sidecar(root, 0)
     meta1, _ = load_episode_sidecar(root, 1)
+    assert meta0 is not None and meta1 is not None
     assert (
         meta0["seed"] == 3
         and meta0["success_reported"] is True
@@ -138,7 +140,7 @@ def test_remote_leader_watchdog_holds_the_follower_and_reports_a_fault(tmp_path:
     daemon = daemons(sim_config(root, leader="remote"))
     assert daemon.call("status")["leader"]["state"] == "waiting"
     leader = daemon.leader()
-    pose = np.float32([5.0, -40.0, 40.0, 60.0, 0.0, 20.0])
+    pose = np.array([5.0, -40.0, 40.0, 60.0, 0.0, 20.0], dtype=np.float32)
     pushing = threading.Event()
     pushing.set()
     done = threading.Event()
@@ -233,7 +235,7 @@ def test_sigkill_keeps_saved_episodes_and_a_restarted_daemon_carries_on(tmp_path
     replay = replay_check(root)
     assert replay.passed, replay.format_text()
     episodes = load_episodes(root)
-    assert [e["length"] for e in episodes][0] == saved["frames"] and len(episodes) == 2
+    assert episodes[0]["length"] == saved["frames"] and len(episodes) == 2
 
 
 def test_sim_mode_may_run_faster_than_real_time_and_says_so(tmp_path: Path, daemons) -> None:
@@ -274,16 +276,15 @@ def test_beyond_loopback_only_curve_clients_with_authorized_keys_get_answers(tmp
     try:
         daemon.start(expect_ready=False)
         server_public = keys / "server.key"
-        good = ClientKeys.from_files(server_public, client_secret)
+        good = ClientKeys.from_files(server_public, Path(client_secret))
         with ControlClient(daemon.control, timeout_ms=1000, retries=60, keys=good) as client:
             assert client.call("status")["ok"]
-        for label, keyset in (
-            ("no keys", None),
-            ("unknown key", ClientKeys.from_files(server_public, stranger_secret)),
-        ):
-            with ControlClient(daemon.control, timeout_ms=500, retries=1, keys=keyset) as client:
-                with pytest.raises(DaemonUnreachableError):
-                    client.request("status")
+        for keyset in (None, ClientKeys.from_files(server_public, Path(stranger_secret))):  # none, unknown
+            with (
+                ControlClient(daemon.control, timeout_ms=500, retries=1, keys=keyset) as client,
+                pytest.raises(DaemonUnreachableError),
+            ):
+                client.request("status")
         with ControlClient(daemon.control, timeout_ms=2000, retries=2, keys=good) as client:
             client.call("shutdown")
         assert daemon.wait_exit() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,7 +34,10 @@ from hilrec.daemon.wire.protocol import (
 
 
 def test_every_command_round_trips_through_the_client_encoding() -> None:
-    examples = {"start_episode": {"task": "pick the cube", "seed": 7}, "stop_episode": {"success": True}}
+    examples: dict[str, dict[str, Any]] = {
+        "start_episode": {"task": "pick the cube", "seed": 7},
+        "stop_episode": {"success": True},
+    }
     for cmd in COMMANDS:
         request = new_request(cmd, **examples.get(cmd, {}))
         parsed = parse_request([request.encode()])
@@ -96,7 +100,7 @@ def test_replies_carry_version_and_echo_the_id() -> None:
 def test_leader_command_is_six_finite_numbers_cast_to_float32() -> None:
     command = parse_leader([encode_leader([1.5, -2, 3, 4, 5, 60], seq=9)])
     assert command.seq == 9 and command.action.dtype == np.float32
-    np.testing.assert_array_equal(command.action, np.float32([1.5, -2, 3, 4, 5, 60]))
+    np.testing.assert_array_equal(command.action, np.array([1.5, -2, 3, 4, 5, 60], dtype=np.float32))
 
 
 @pytest.mark.parametrize(

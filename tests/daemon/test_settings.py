@@ -105,6 +105,7 @@ def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> N
     path.write_text(MINIMAL + "[zmq]\nleader_port = 99999\n")
     result = subprocess.run(
         [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=60,
@@ -128,6 +129,7 @@ def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
         )
         result = subprocess.run(
             [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+            check=False,
             capture_output=True,
             text=True,
             timeout=120,
@@ -153,7 +155,7 @@ def test_a_frame_rate_the_twin_cannot_step_is_refused_unless_the_mirror_is_off(t
         '[leader]\nsource = "serial"\nport = "/dev/b"\n'
     )
     path.write_text(hil)
-    with pytest.raises(ConfigError, match="twin.mirror = false"):
+    with pytest.raises(ConfigError, match=r"twin\.mirror = false"):
         load_settings(path)
     path.write_text(hil + "[twin]\nmirror = false\n")
     assert load_settings(path).fps == 30
