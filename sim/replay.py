@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -33,8 +33,35 @@ from hilrec.sim.episode import Outcome, Push, act_and_step, outcome_of, pushes_b
 from hilrec.sim.provenance import check_same_world, scene_from_sidecar
 from hilrec.sim.twin import Twin
 
-MAX_SHIFT = 3
+MAX_SHIFT = 3  # a column written a few frames late or early; further is not a timing slip
 PASSED, FAILED, NOT_REPLAYABLE = "passed", "failed", "not_replayable"
+
+
+class Shift(TypedDict):
+    """:func:`best_shift`'s answer: which whole-frame shift explains a mismatch, and how well."""
+
+    best_lag: int
+    best_mean_error: float
+    mean_error_by_lag: dict[str, float]  # keyed by the shift as text, as it is in the JSON report
+    exact_at_best_lag: bool
+
+
+class OutcomeCheck(TypedDict, total=False):
+    """The recorded outcome against the replayed one; empty for an episode that was not replayed."""
+
+    identical: bool
+    difference: str
+    recorded: dict[str, Any]
+    replayed: dict[str, Any]
+
+
+class DisturbanceEffect(TypedDict):
+    """How far the episode ends up without its recorded pushes: the size of their effect."""
+
+    max_state_drift: float
+    max_state_drift_per_joint: dict[str, float]
+    cube_final_distance_m: float
+    success_without: bool
 
 
 @dataclass(kw_only=True)
@@ -49,17 +76,17 @@ class EpisodeReplay:
     max_error_per_joint: dict[str, float] = field(default_factory=dict)
     mismatched_rows: int = 0
     first_mismatch_frame: int | None = None
-    outcome: dict[str, Any] = field(default_factory=dict)
-    shift: dict[str, Any] | None = None
+    outcome: OutcomeCheck = field(default_factory=OutcomeCheck)
+    shift: Shift | None = None  # only when the rows differ
     disturbances: int = 0
-    disturbance_effect: dict[str, Any] | None = None
+    disturbance_effect: DisturbanceEffect | None = None
 
     @property
     def passed(self) -> bool:
         return self.status == PASSED
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()} | {"passed": self.passed}
+        return dict(self.__dict__) | {"passed": self.passed}
 
     def format_text(self) -> str:
         head = f"episode {self.episode_index}: {self.status.upper().replace('_', ' ')}"
@@ -94,6 +121,8 @@ class EpisodeReplay:
 
 @dataclass(kw_only=True)
 class ReplayReport:
+    """The verdicts on a dataset's episodes, or why none could be replayed (``error``)."""
+
     root: str
     episodes: list[EpisodeReplay] = field(default_factory=list)
     world_differences: list[str] = field(default_factory=list)
@@ -259,17 +288,25 @@ def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.nd
     error = np.abs(recorded.astype(np.float64) - replayed.astype(np.float64))
     error[~np.isfinite(error)] = np.inf
     per_joint = error.max(axis=0) if len(error) else np.zeros(len(JOINT_NAMES))
-    result.max_error_per_joint = {j: float(e) for j, e in zip(JOINT_NAMES, per_joint)}
+    result.max_error_per_joint = {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)}
     result.max_error = float(per_joint.max()) if len(per_joint) else 0.0
     bad_rows = np.nonzero(error.max(axis=1) > 0)[0] if len(error) else np.array([], int)
     result.mismatched_rows = len(bad_rows)
     result.first_mismatch_frame = int(bad_rows[0]) if len(bad_rows) else None
 
 
-def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_SHIFT) -> dict[str, Any]:
+def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_SHIFT) -> Shift:
     """The lag k in [-max_shift, max_shift] minimising mean |recorded[t] - replayed[t - k]|.
 
     k > 0: the recording is late by k frames (its row t is the twin's row t - k).
+
+    A sim replay is deterministic, so the question is yes or no: is the recording the replay
+    moved by whole frames, bit for bit? Hence whole shifts only; each scored on its own full
+    overlap, so that ``exact_at_best_lag`` covers every row that can be compared; mean absolute
+    errors, in the joints' own units, for the report; and a tie goes to the smallest shift. The
+    hardware replay check estimates a different thing, the fractional lag of a noisy physical
+    recording, with estimators of its own (:mod:`hilrec.daemon.replay.alignment`, a higher layer
+    this one cannot import); neither could take the other's place without changing its answers.
     """
     n = len(recorded)
     errors: dict[int, float] = {}
@@ -288,7 +325,7 @@ def best_shift(recorded: np.ndarray, replayed: np.ndarray, max_shift: int = MAX_
     }
 
 
-def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> dict[str, Any]:
+def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> OutcomeCheck:
     replayed = {"success": outcome.success, "final_cube": outcome.cube.to_dict()}
     recorded_cube = meta.get("final_cube") or {}
     recorded = {"success": meta.get("success"), "final_cube": recorded_cube}
@@ -314,13 +351,13 @@ def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> dict[str, Any
 
 def _effect(
     recorded: np.ndarray, free: np.ndarray, meta: Mapping[str, Any], free_outcome: Outcome
-) -> dict[str, Any]:
+) -> DisturbanceEffect:
     drift = np.abs(recorded.astype(np.float64) - free.astype(np.float64))
     per_joint = drift.max(axis=0)
     cube = np.asarray((meta.get("final_cube") or {}).get("position", [np.nan] * 3), np.float64)
     return {
         "max_state_drift": float(per_joint.max()),
-        "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint)},
+        "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)},
         "cube_final_distance_m": float(np.linalg.norm(cube - free_outcome.cube.position)),
         "success_without": free_outcome.success,
     }

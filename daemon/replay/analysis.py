@@ -22,152 +22,32 @@ behaviour and left out of the gripper's error judgement.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
-from hilrec.daemon.replay.alignment import align
+from hilrec.daemon.replay.alignment import align, fit_shift, response_lag, slack_error
 from hilrec.daemon.replay.metrics import (
     Excursion,
-    Stall,
     count_blips,
     find_stalls,
-    fit_shift,
     grasp_mask,
     limit_hits,
-    response_lag,
     runs,
-    slack_error,
     stale_rows,
     sustained_excursion,
 )
+from hilrec.daemon.replay.results import (
+    BODY,
+    GRIPPER,
+    EpisodeResult,
+    GripperResult,
+    JointResult,
+    LagResult,
+    Trajectories,
+    Verdict,
+)
 from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
 from hilrec.daemon.so101 import JOINT_NAMES
-
-GRIPPER = JOINT_NAMES.index("gripper")
-BODY = tuple(i for i in range(len(JOINT_NAMES)) if i != GRIPPER)
-
-
-class Verdict(str, Enum):
-    CONSISTENT = "consistent"
-    LAGGING = "lagging"
-    DIVERGED = "diverged"
-    NOT_REPLAYABLE = "not_replayable"
-
-
-# The exit status of `hilrec replay` is the code of the worst verdict among the episodes checked.
-# 1 is left to Python's own failures and 2 to usage/config errors (argparse, HilrecError).
-EXIT_CODES: dict[Verdict, int] = {
-    Verdict.CONSISTENT: 0,
-    Verdict.LAGGING: 3,
-    Verdict.DIVERGED: 4,
-    Verdict.NOT_REPLAYABLE: 5,
-}
-SEVERITY: tuple[Verdict, ...] = (
-    Verdict.CONSISTENT,
-    Verdict.LAGGING,
-    Verdict.DIVERGED,
-    Verdict.NOT_REPLAYABLE,
-)
-
-
-def worst(verdicts: list[Verdict]) -> Verdict:
-    return max(verdicts, key=SEVERITY.index, default=Verdict.CONSISTENT)
-
-
-@dataclass(frozen=True)
-class Trajectories:
-    recorded: np.ndarray  # (n, 6) observation.state, twin units
-    replayed: np.ndarray  # (n, 6) the twin's state, same frames
-    action: np.ndarray  # (n, 6) recorded action, twin units
-    limits: np.ndarray  # (6, 2) [low, high] of each joint's command range, twin units
-    leader: np.ndarray | None = None  # (n, 6) leader reading, when the recorder kept it
-
-
-@dataclass
-class JointResult:
-    name: str
-    motion: float  # peak-to-peak of the replayed position
-    rms_error: float  # as recorded, no alignment
-    max_error: float
-    aligned_rms_error: float  # after shifting the replay by the episode's lag
-    aligned_max_error: float
-    judged_rms_error: float  # aligned, with the timing slack: what the verdict is based on
-    judged_max_error: float
-    lag_frames: float | None  # this joint's own best shift (None if it barely moved or diverged)
-    limits: ErrorLimits  # what its errors are judged against (degrees, or 0..100 for the gripper)
-    divergence: Excursion | None = None
-    blips: int = 0
-    stalls: list[Stall] = field(default_factory=list)
-    at_limit_frames: int = 0
-    beyond_range_frames: int = 0
-    leader_mismatch_frames: int | None = None
-
-
-@dataclass
-class LagResult:
-    frames: float | None  # None: no joint moved enough to show a lag
-    best_shift: int | None
-    shifts: np.ndarray
-    mse: np.ndarray | None
-    joints_used: list[str]
-    response_recorded: float | None  # action -> recorded state, frames (cross-correlation)
-    response_replayed: float | None  # action -> replayed state, frames
-    at_search_edge: bool = False
-    fitted_frames: int = 0  # the lag was fitted on frames [0, fitted_frames)
-
-
-@dataclass
-class GripperResult:
-    commanded: tuple[float, float]
-    achieved: tuple[float, float]
-    replayed: tuple[float, float]
-    mean_tracking_gap: float  # mean |action - recorded| outside grasps
-    grasp_frames: int
-    grasps: list[tuple[int, int]]
-    held_opening: float | None  # median recorded opening while grasping
-    replayed_grasp_frames: int
-
-
-@dataclass
-class EpisodeResult:
-    episode_index: int
-    verdict: Verdict
-    reason: str
-    frames: int
-    fps: int
-    lag: LagResult | None = None
-    joints: list[JointResult] = field(default_factory=list)
-    gripper: GripperResult | None = None
-    divergence_joint: str | None = None
-    divergence_onset: int | None = None
-    trajectories: Trajectories | None = None
-    aligned_replay: np.ndarray | None = None
-    judged_error: np.ndarray | None = None  # (n, 6) |error| with the timing slack
-    stale_rows: list[int] = field(default_factory=list)  # rows repeating the last while the twin moved
-    notes: list[str] = field(default_factory=list)
-    # What the recorder itself flagged per frame (hilrec's frame_flags): name -> (frames, first)
-    recorder_flags: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    @classmethod
-    def not_replayable(
-        cls, episode_index: int, reason: str, *, frames: int = 0, fps: int = 0
-    ) -> EpisodeResult:
-        return cls(
-            episode_index=episode_index, verdict=Verdict.NOT_REPLAYABLE, reason=reason, frames=frames, fps=fps
-        )
-
-    def ms(self, frames: float | None) -> float | None:
-        return None if frames is None or not self.fps else frames * 1000.0 / self.fps
-
-    def worst_joint(self) -> JointResult | None:
-        """The joint closest to (or furthest past) its limits, body and gripper alike."""
-        return max(
-            self.joints,
-            default=None,
-            key=lambda j: max(j.judged_rms_error / j.limits.rms, j.judged_max_error / j.limits.max),
-        )
 
 
 def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: ReplaySettings) -> EpisodeResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,20 +23,21 @@ import numpy as np
 from hilrec.daemon.dataset import reader
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import HilrecError, ReplayError
-from hilrec.daemon.replay.analysis import (
+from hilrec.daemon.replay.analysis import analyse
+from hilrec.daemon.replay.engine import ReplayEngine
+from hilrec.daemon.replay.results import (
     EXIT_CODES,
     SEVERITY,
     EpisodeResult,
     Trajectories,
     Verdict,
-    analyse,
+    to_json,
     worst,
 )
-from hilrec.daemon.replay.engine import ReplayEngine
-from hilrec.daemon.replay.report import to_json
 from hilrec.daemon.replay.settings import ReplaySettings
 from hilrec.daemon.replay.units import ColumnUnits, resolve_units
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
+from hilrec.daemon.wire.protocol import FrameFlag
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,14 @@ LEADER_ARRAY = "leader"
 FLAGS_ARRAY = "frame_flags"
 SLOTS_ARRAY = "tick_slot"  # the pacer's slot of each row: rows are (slot difference) / fps apart
 
-EngineFactory = Callable[[int, Any, ReplaySettings], ReplayEngine]
+# (fps, dataset sidecar, settings) -> the engine to replay on, for a caller that brings its own.
+EngineFactory = Callable[[int, Mapping[str, Any] | None, ReplaySettings], ReplayEngine]
 
 
 @dataclass
 class DatasetCheck:
+    """The check of one dataset: what it was checked with, and one result per chosen episode."""
+
     root: Path
     fps: int
     robot_type: str | None
@@ -96,8 +100,8 @@ def parse_episode_spec(specs: Iterable[str]) -> list[int]:
     """``["0", "3,5-7"]`` -> ``[0, 3, 5, 6, 7]`` (order kept, duplicates dropped)."""
     out: list[int] = []
     for spec in specs:
-        for part in str(spec).split(","):
-            part = part.strip()
+        for raw in str(spec).split(","):
+            part = raw.strip()
             if not part:
                 continue
             try:
@@ -202,7 +206,7 @@ def check_dataset(
     return check
 
 
-def _default_engine(fps: int, sidecar: Any, settings: ReplaySettings) -> ReplayEngine:
+def _default_engine(fps: int, sidecar: Mapping[str, Any] | None, settings: ReplaySettings) -> ReplayEngine:
     return ReplayEngine.create(fps, sidecar, settle_iterations=settings.engine.settle_iterations)
 
 
@@ -272,8 +276,6 @@ def _note_recorder_flags(result: EpisodeResult, flags: np.ndarray | None, n: int
     """Say what the recorder flagged (a failed read, a held follower...), next to the verdict."""
     if flags is None or flags.shape != (n,):
         return
-    from hilrec.daemon.wire.protocol import FrameFlag
-
     flags = flags.astype(np.int64)
     for flag in FrameFlag:
         hit = np.flatnonzero(flags & int(flag))

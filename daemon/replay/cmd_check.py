@@ -10,16 +10,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.errors import ReplayError
+
+if TYPE_CHECKING:  # the twin imports MuJoCo; it is imported only when --replay asks for it
+    from hilrec.sim.replay import ReplayReport
 
 EXIT_PASSED = 0
 EXIT_FAILED = 1
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "check",
         help="check a LeRobot v3.0 dataset (and replay it with --replay)",
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PASSED if report.passed else EXIT_FAILED
 
 
-def _replay(root: Path) -> Any:
+def _replay(root: Path) -> ReplayReport:
     try:
         from hilrec.sim.replay import replay_check
     except ImportError as exc:

@@ -18,12 +18,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from hilrec.daemon.replay.analysis import EpisodeResult, Verdict
+from hilrec.daemon.replay.results import EpisodeResult, Verdict
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "replay",
         help="replay-check hardware episodes on the twin",
@@ -124,7 +123,9 @@ def _table(results: list[EpisodeResult], fps: int) -> str:
                 r.reason,
             )
         )
+    # The reason, last, is not padded: it is long, and nothing follows it.
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in rows
     )

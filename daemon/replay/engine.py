@@ -21,16 +21,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hilrec.daemon.errors import HilrecError, ReplayError
 from hilrec.daemon.so101 import NUM_JOINTS
 
+if TYPE_CHECKING:  # the twin imports MuJoCo: only ReplayEngine.create pays for it
+    from hilrec.sim.twin import Twin
+
 # Where the cube is parked: on the table's far corner, ~0.65 m from the base, beyond the arm's reach.
 PARKED_CUBE_XY = (0.55, 0.35)
-DEFAULT_TIMESTEP = 0.005  # the twin's own physics step (sim.scene.SceneConfig)
+# SceneConfig's default physics step, repeated so that choosing a step does not import MuJoCo.
+DEFAULT_TIMESTEP = 0.005
 
 
 def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, str]:
@@ -55,7 +59,7 @@ def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, st
 class ReplayEngine:
     """One twin, reused episode after episode. Lifecycle: create -> replay... -> close."""
 
-    def __init__(self, twin: Any, *, timestep_source: str, settle_iterations: int = 3) -> None:
+    def __init__(self, twin: Twin, *, timestep_source: str, settle_iterations: int = 3) -> None:
         self._twin = twin
         self._timestep_source = timestep_source
         self._settle_iterations = settle_iterations
@@ -106,7 +110,9 @@ class ReplayEngine:
         low, high = self._twin.units.units_limits()
         rest = target
         for _ in range(max(1, self._settle_iterations)):
-            self._twin.reset(0, arm_units=np.clip(goal, low, high).astype(np.float32))
+            start = np.clip(goal, low, high).astype(np.float32)
+            # Twin.reset takes any array (np.asarray); its hint says Sequence[float] (sim/twin.py).
+            self._twin.reset(0, arm_units=start)  # type: ignore[arg-type]
             rest = self._twin.observe().astype(np.float64)
             goal = goal + (target - rest)
         return rest

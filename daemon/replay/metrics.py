@@ -1,12 +1,8 @@
-"""Signal maths of the replay check: lag between two trajectories, error runs, stalls, grasps.
+"""Error events of the replay check: runs over a limit, divergences, stalls, grasps, stale rows.
 
-Everything here is plain numpy on ``(n, d)`` float arrays (frames x joints) and knows nothing of
-datasets or the twin, so each estimator can be tested on signals whose answer is known.
-
-Sign convention: a positive shift ``k`` means the recording *lags* the twin, i.e.
-``recorded[t] ~ replayed[t - k]`` (observations written late, or commands reaching the follower
-late). Negative shifts (the recording ahead of its cause) are searched too, because finding one
-is itself a diagnosis (a mislabelled or reordered column).
+Plain numpy on 1-D or ``(n, d)`` float arrays (frames x joints): nothing here knows datasets or the
+twin, so each detector can be tested on signals whose answer is known. The lag between the two
+trajectories, and the alignment these errors are measured at, are :mod:`hilrec.daemon.replay.alignment`'s.
 """
 
 from __future__ import annotations
@@ -14,97 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-
-@dataclass(frozen=True)
-class ShiftFit:
-    """The best alignment ``recorded[t] ~ replayed[t - lag]`` found in a range of shifts."""
-
-    lag: float  # frames, sub-frame by linear interpolation between the neighbouring shifts
-    best_shift: int  # the integer shift with the least error
-    shifts: np.ndarray  # (m,) int, the shifts tried
-    mse: np.ndarray  # (m,) mean squared error (summed over the joints used) at each shift
-
-
-def shift_mse(recorded: np.ndarray, replayed: np.ndarray, shifts: np.ndarray) -> np.ndarray:
-    """Mean squared error per joint of ``recorded[t] - replayed[t - k]`` for every k in ``shifts``.
-
-    Every shift is scored on the same recorded frames ``t in [max(k), n + min(k))``, so a larger
-    shift is not favoured merely by dropping frames at the ends. Returns ``(len(shifts), d)``.
-    """
-    n = recorded.shape[0]
-    lo, hi = int(min(shifts.min(), 0)), int(max(shifts.max(), 0))
-    start, stop = hi, n + lo
-    if stop - start < 2:
-        raise ValueError(f"{n} frames are too few for shifts in [{lo}, {hi}]")
-    target = recorded[start:stop]
-    out = np.empty((shifts.size, recorded.shape[1]))
-    for i, k in enumerate(shifts):
-        diff = target - replayed[start - k : stop - k]
-        out[i] = np.mean(diff * diff, axis=0)
-    return out
-
-
-def fit_shift(recorded: np.ndarray, replayed: np.ndarray, *, min_shift: int, max_shift: int) -> ShiftFit:
-    """The shift in ``[min_shift, max_shift]`` that best aligns the two, refined below a frame.
-
-    The refinement is least squares, not curve fitting: between integer shifts k and k+1 the
-    replay is linearly interpolated, ``(1 - f) * replayed[t - k] + f * replayed[t - k - 1]``, and
-    the error is a quadratic in f with a closed-form minimum. Both intervals around the best
-    integer shift are tried and the better one kept, so the answer is never worse than the integer
-    shift it started from.
-    """
-    shifts = np.arange(min_shift, max_shift + 1)
-    mse = shift_mse(recorded, replayed, shifts).sum(axis=1)
-    best_i = int(np.argmin(mse))
-    best = int(shifts[best_i])
-    n = recorded.shape[0]
-    start, stop = max_shift, n + min_shift
-    target = recorded[start:stop]
-    lag, best_err = float(best), float(mse[best_i])
-    for k in (best - 1, best):  # intervals [best-1, best] and [best, best+1]
-        if k < min_shift or k + 1 > max_shift:
-            continue
-        near = replayed[start - k : stop - k]
-        far = replayed[start - k - 1 : stop - k - 1]
-        step = far - near
-        denom = float(np.sum(step * step))
-        if denom <= 0.0:
-            continue
-        f = float(np.clip(np.sum((target - near) * step) / denom, 0.0, 1.0))
-        resid = target - near - f * step
-        err = float(np.mean(np.sum(resid * resid, axis=1)))
-        if err < best_err:
-            lag, best_err = k + f, err
-    return ShiftFit(lag=lag, best_shift=best, shifts=shifts, mse=mse)
-
-
-def shift_by(series: np.ndarray, lag: float) -> np.ndarray:
-    """``series`` delayed by ``lag`` frames (linear interpolation, edges held): ``out[t] = s[t - lag]``."""
-    n = series.shape[0]
-    t = np.arange(n, dtype=np.float64)
-    if series.ndim == 1:
-        return np.interp(t - lag, t, series)
-    return np.stack([np.interp(t - lag, t, series[:, j]) for j in range(series.shape[1])], axis=1)
-
-
-def shift_whole(series: np.ndarray, k: int) -> np.ndarray:
-    """``series`` delayed by a whole ``k`` frames, edges held: ``out[t] = s[clip(t - k)]``."""
-    index = np.clip(np.arange(series.shape[0]) - k, 0, series.shape[0] - 1)
-    return series[index]
-
-
-def slack_error(
-    recorded: np.ndarray, replayed: np.ndarray, aligned: np.ndarray, lag: float, slack: int
-) -> np.ndarray:
-    """Per frame and joint, the smallest ``|recorded - replay|`` over the aligned replay and the
-    whole shifts within ``slack`` frames of the lag: an error that a timing slip of up to
-    ``slack`` frames explains is not counted."""
-    error = np.abs(recorded - aligned)
-    centre = int(round(lag))
-    for k in range(centre - slack, centre + slack + 1):
-        np.minimum(error, np.abs(recorded - shift_whole(replayed, k)), out=error)
-    return error
 
 
 def stale_rows(recorded: np.ndarray, replayed: np.ndarray, *, moved: float) -> np.ndarray:
@@ -115,48 +20,11 @@ def stale_rows(recorded: np.ndarray, replayed: np.ndarray, *, moved: float) -> n
     return np.flatnonzero(same & moving) + 1
 
 
-def response_lag(command: np.ndarray, response: np.ndarray, max_lag: int) -> float | None:
-    """Frames by which ``response`` follows ``command``, from the cross-correlation of their steps.
-
-    Frame-to-frame differences are correlated rather than positions, so a constant offset or a
-    slow drift does not pull the peak. Joints are normalised and averaged, so one large joint does
-    not decide alone. Returns None when nothing moved. The peak is refined with a parabola through
-    its neighbours (the usual sub-sample estimate for a smooth correlation peak).
-    """
-    dc = np.diff(command, axis=0)
-    dr = np.diff(response, axis=0)
-    n = dc.shape[0]
-    if n <= max_lag + 2:
-        return None
-    # Every lag is scored over the same response steps t in [max_lag, n) and normalised by the
-    # energy of exactly the two windows it multiplies (a Pearson coefficient per lag), so neither
-    # a shorter overlap nor motion that speeds up towards the end favours one lag over another.
-    target = dr[max_lag:]
-    target_energy = np.sum(target * target, axis=0)
-    corr = np.zeros(max_lag + 1)
-    for k in range(max_lag + 1):
-        window = dc[max_lag - k : n - k]
-        scale = np.sqrt(target_energy * np.sum(window * window, axis=0))
-        moving = scale > 0.0
-        if not np.any(moving):
-            return None
-        corr[k] = float(np.mean(np.sum(target[:, moving] * window[:, moving], axis=0) / scale[moving]))
-    peak = int(np.argmax(corr))
-    if corr[peak] <= 0.0:
-        return None
-    if 0 < peak < max_lag:
-        a, b, c = corr[peak - 1], corr[peak], corr[peak + 1]
-        curvature = a - 2.0 * b + c
-        if curvature < 0.0:
-            return peak + 0.5 * (a - c) / curvature
-    return float(peak)
-
-
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """The ``[start, stop)`` intervals where a 1-D boolean mask is True, in order."""
     m = np.concatenate(([False], np.asarray(mask, dtype=bool), [False]))
     edges = np.flatnonzero(m[1:] != m[:-1])
-    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2])]
+    return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""The replay check as people and machines read it: a PNG per episode, a Markdown summary page,
-and the JSON form of every result.
+"""The replay check as people read it: a PNG per episode and a Markdown summary page.
 
 Each PNG shows, per joint, the recorded position, the twin's replayed position and the command,
 and next to it the error before and after the lag alignment against the joint's limit; the last
 row is the lag search curve and the verdict. The summary page (``summary.md``) has the dataset's
-table of verdicts, each episode's numbers and its plot.
+table of verdicts, each episode's numbers and its plot. ``report.json`` beside them is the
+document of :meth:`hilrec.daemon.replay.check.DatasetCheck.to_document`.
 
 matplotlib runs on the Agg backend (no display), imported only here so the check itself does not
 pay for it.
@@ -12,17 +12,21 @@ pay for it.
 
 from __future__ import annotations
 
-import math
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hilrec.daemon.atomic import atomic_write_bytes
-from hilrec.daemon.replay.analysis import GRIPPER, EpisodeResult, Verdict
+from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json
+from hilrec.daemon.replay.check import DatasetCheck
+from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, Verdict
 from hilrec.daemon.so101 import JOINT_NAMES
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 _COLOURS = {
     "recorded": "#1f77b4",
@@ -76,7 +80,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
         f"{_wrap(result.reason, 140)}",
         fontsize=10,
     )
-    first: Any = None
+    first: Axes | None = None
     last_row = len(JOINT_NAMES) - 1
     for j, name in enumerate(JOINT_NAMES):
         unit = "0..100" if j == GRIPPER else "deg"
@@ -144,8 +148,6 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     )
 
     path = Path(path)
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     atomic_write_bytes(path, buf.getvalue())
@@ -288,13 +290,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def write_report(directory: str | os.PathLike[str], check: Any, document: Mapping[str, Any]) -> Path:
-    """Write every replayed episode's PNG, ``report.json`` and ``summary.md`` into ``directory``.
-
-    ``check`` is a :class:`hilrec.daemon.replay.check.DatasetCheck`; returns the summary's path.
-    """
-    from hilrec.daemon.atomic import atomic_write_json
-
+def write_report(directory: str | os.PathLike[str], check: DatasetCheck, document: Mapping[str, Any]) -> Path:
+    """Write every replayed episode's PNG, ``report.json`` (``document``, the check's
+    :meth:`~hilrec.daemon.replay.check.DatasetCheck.to_document`) and ``summary.md`` into
+    ``directory``; returns the summary's path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     plots: dict[int, str] = {}
@@ -308,98 +307,3 @@ def write_report(directory: str | os.PathLike[str], check: Any, document: Mappin
     summary = directory / "summary.md"
     atomic_write_bytes(summary, summary_markdown(document, check.results, plots).encode())
     return summary
-
-
-def to_json(result: EpisodeResult) -> dict[str, Any]:
-    """The machine-readable form of one episode's result (no arrays but the lag curve)."""
-    fps = result.fps
-
-    def num(x: float | None) -> float | None:
-        return None if x is None or not math.isfinite(x) else round(float(x), 6)
-
-    out: dict[str, Any] = {
-        "episode_index": result.episode_index,
-        "verdict": result.verdict.value,
-        "reason": result.reason,
-        "frames": result.frames,
-        "fps": fps,
-        "notes": list(result.notes),
-        "stale_rows": list(result.stale_rows),
-        "recorder_flags": {
-            name: {"frames": n, "first_frame": first} for name, (n, first) in result.recorder_flags.items()
-        },
-    }
-    if result.verdict is Verdict.NOT_REPLAYABLE:
-        return out
-    lag = result.lag
-    assert lag is not None
-    out["lag"] = {
-        "frames": num(lag.frames),
-        "ms": num(result.ms(lag.frames)),
-        "best_shift": lag.best_shift,
-        "joints_used": lag.joints_used,
-        "fitted_frames": lag.fitted_frames,
-        "at_search_edge": lag.at_search_edge,
-        "response_recorded_frames": num(lag.response_recorded),
-        "response_replayed_frames": num(lag.response_replayed),
-        "curve": None
-        if lag.mse is None
-        else {"shifts": [int(k) for k in lag.shifts], "mse": [num(v) for v in lag.mse]},
-    }
-    out["divergence"] = (
-        None
-        if result.divergence_onset is None
-        else {
-            "joint": result.divergence_joint,
-            "onset_frame": result.divergence_onset,
-            "onset_s": num(result.divergence_onset / fps),
-        }
-    )
-    out["joints"] = {
-        j.name: {
-            "motion": num(j.motion),
-            "rms_error": num(j.rms_error),
-            "max_error": num(j.max_error),
-            "aligned_rms_error": num(j.aligned_rms_error),
-            "aligned_max_error": num(j.aligned_max_error),
-            "judged_rms_error": num(j.judged_rms_error),
-            "judged_max_error": num(j.judged_max_error),
-            "lag_frames": num(j.lag_frames),
-            "lag_ms": num(result.ms(j.lag_frames)),
-            "divergence": None
-            if j.divergence is None
-            else {
-                "onset_frame": j.divergence.onset,
-                "first_over_frame": j.divergence.first_over,
-                "peak_error": num(j.divergence.peak),
-            },
-            "limits": {"rms": j.limits.rms, "max": j.limits.max, "floor": j.limits.floor},
-            "blips": j.blips,
-            "stalls": [
-                {
-                    "start_frame": s.start,
-                    "stop_frame": s.stop,
-                    "held": num(s.held_value),
-                    "twin_motion": num(s.command_motion),
-                }
-                for s in j.stalls
-            ],
-            "commands_at_limit": j.at_limit_frames,
-            "commands_beyond_range": j.beyond_range_frames,
-            "leader_mismatch_frames": j.leader_mismatch_frames,
-        }
-        for j in result.joints
-    }
-    g = result.gripper
-    if g is not None:
-        out["gripper"] = {
-            "commanded_range": [num(v) for v in g.commanded],
-            "achieved_range": [num(v) for v in g.achieved],
-            "replayed_range": [num(v) for v in g.replayed],
-            "mean_tracking_gap": num(g.mean_tracking_gap),
-            "grasp_frames": g.grasp_frames,
-            "grasps": [list(iv) for iv in g.grasps],
-            "held_opening": num(g.held_opening),
-            "replayed_grasp_frames": g.replayed_grasp_frames,
-        }
-    return out

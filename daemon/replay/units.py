@@ -28,30 +28,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 
 from hilrec.daemon.errors import ReplayError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
+from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
 
-BodyUnits = Literal["degrees", "range_m100_100"]
-FLAG_UNITS: Final[dict[str, BodyUnits]] = {"degrees": "degrees", "m100_100": "range_m100_100"}
+# ``--units`` values: the flag spells -100..100 shorter than the mode's name.
+FLAG_UNITS: Final[dict[str, BodyMode]] = {"degrees": BodyMode.DEGREES, "m100_100": BodyMode.RANGE_M100_100}
 
 
 @dataclass(frozen=True)
 class ColumnUnits:
     """How to turn the dataset's columns into the twin's units (degrees / gripper 0..100)."""
 
-    body: BodyUnits
+    body: BodyMode
     source: str  # where this came from, said in the report
     calibration: ArmCalibration | None = None
     calibration_source: str | None = None
     overridden: str | None = None  # what the flags replaced, if anything
 
     def __post_init__(self) -> None:
-        if self.body == "range_m100_100" and self.calibration is None:
+        if self.body == BodyMode.RANGE_M100_100 and self.calibration is None:
             raise ReplayError(
                 "body joints in -100..100 need the arm's calibration (range_min, "
                 "range_max per joint) to become angles: pass --calibration FILE "
@@ -61,11 +61,11 @@ class ColumnUnits:
     def to_twin(self, values: np.ndarray) -> np.ndarray:
         """``(n, 6)`` dataset values -> float64 twin units."""
         out = np.asarray(values, dtype=np.float64).copy()
-        if self.body == "degrees":
+        if self.body == BodyMode.DEGREES:
             return out
         assert self.calibration is not None
         for j, name in enumerate(JOINT_NAMES):
-            if MOTORS[name][1] == "range_0_100":
+            if MOTORS[name][1] == NormMode.RANGE_0_100:
                 continue
             cal = self.calibration[name]
             # Undo LeRobot's RANGE_M100_100 (drive_mode negates it), back to ticks from the range
@@ -77,7 +77,7 @@ class ColumnUnits:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "body": "degrees" if self.body == "degrees" else "-100..100",
+            "body": "degrees" if self.body == BodyMode.DEGREES else "-100..100",
             "gripper": "0..100",
             "source": self.source,
             "calibration": self.calibration_source,
@@ -85,11 +85,13 @@ class ColumnUnits:
         }
 
 
-def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyUnits | None:
+def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyMode | None:
     """The body joints' mode from a hilrec dataset sidecar's units mapping, if it states one.
 
-    The mapping is :func:`hilrec.sim.units.units_mapping`'s: ``units.joints.<joint>.norm_mode``.
-    Body joints that disagree with each other are refused rather than half-converted.
+    Per joint, ``units.joints.<joint>`` is either a mapping with a ``norm_mode`` (sim recordings,
+    :func:`hilrec.sim.units.units_mapping`) or the mode itself (hardware recordings,
+    :mod:`hilrec.daemon.control.hardware`). Body joints that disagree with each other are refused
+    rather than half-converted.
     """
     units = sidecar.get("units")
     if not isinstance(units, Mapping):
@@ -97,9 +99,9 @@ def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyUnits | None:
     joints = units.get("joints")
     if not isinstance(joints, Mapping):
         return None
-    modes = set()
+    modes: set[str] = set()
     for name in JOINT_NAMES:
-        if MOTORS[name][1] == "range_0_100":
+        if MOTORS[name][1] == NormMode.RANGE_0_100:
             continue
         entry = joints.get(name)
         mode = entry.get("norm_mode") if isinstance(entry, Mapping) else entry
@@ -112,9 +114,10 @@ def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyUnits | None:
             "the replay converts one mode for all body joints"
         )
     mode = modes.pop()
-    if mode in ("degrees", "range_m100_100"):
-        return mode  # type: ignore[return-value]
-    raise ReplayError(f"hilrec/dataset.json: unknown body-joint norm_mode {mode!r}")
+    try:
+        return BodyMode(mode)
+    except ValueError:
+        raise ReplayError(f"hilrec/dataset.json: unknown body-joint norm_mode {mode!r}") from None
 
 
 def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibration | None:
@@ -140,7 +143,7 @@ def resolve_units(
         if units_flag not in FLAG_UNITS:
             raise ReplayError(f"--units {units_flag!r}: expected one of {', '.join(FLAG_UNITS)}")
         mode = FLAG_UNITS[units_flag]
-        if calibration is None and mode == "range_m100_100" and sidecar:
+        if calibration is None and mode == BodyMode.RANGE_M100_100 and sidecar:
             calibration = _sidecar_calibration(sidecar, root)
             cal_source = "dataset metadata" if calibration is not None else None
         overridden = None
@@ -163,7 +166,7 @@ def resolve_units(
             f"{root}: the units of action/observation.state are unknown: {why}; "
             "pass --units degrees, or --units m100_100 with --calibration FILE"
         )
-    if calibration is None and meta_mode == "range_m100_100":
+    if calibration is None and meta_mode == BodyMode.RANGE_M100_100:
         calibration = _sidecar_calibration(sidecar or {}, root)
         cal_source = "dataset metadata" if calibration is not None else None
     return ColumnUnits(

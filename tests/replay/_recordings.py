@@ -20,11 +20,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, ROBOT_TYPE, STATE_KEY, so101_features
+
+if TYPE_CHECKING:  # MuJoCo and the emulator load only in the tests that record
+    from hilrec.drivers.emulated.motion import ArmMotion
+    from hilrec.sim.twin import Twin
 
 FPS = 25
 TASK = "move the arm"
@@ -79,7 +83,7 @@ def leader_path(seed: int, frames: int, fps: int = FPS) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def make_twin(fps: int = FPS) -> Any:
+def make_twin(fps: int = FPS) -> Twin:
     """A twin without cameras, cube parked out of reach, stepping ``fps`` in whole steps.
 
     The physics step is the one ``hilrec replay`` picks for a dataset that does not state one
@@ -101,7 +105,7 @@ def make_twin(fps: int = FPS) -> Any:
     return Twin(fps=fps, cameras=(), scene=scene)
 
 
-def record(spec: RecordingSpec, twin: Any) -> Episode:
+def record(spec: RecordingSpec, twin: Twin) -> Episode:
     """One episode on ``twin`` as a hardware recorder would have written it.
 
     A missed tick slot (the recorder was late by a whole period) is physics without a row: the
@@ -162,7 +166,7 @@ class FaultyMotion:
 
     def __init__(
         self,
-        inner: Any,
+        inner: ArmMotion,
         *,
         jam_joint: str | None = None,
         latency_s: float = 0.0,
@@ -227,7 +231,7 @@ class FaultyMotion:
         self._inner.close()
 
 
-def record_operator(seed: int, twin: Any) -> Episode:
+def record_operator(seed: int, twin: Twin) -> Episode:
     """A pick-and-place episode: the sim's scripted operator on the leader, the cube in the
     follower's scene (a default-scene twin), so the follower's jaw closes on the cube."""
     from hilrec.sim.operator import ScriptedOperator
@@ -271,7 +275,7 @@ def record_emulated(
     """
     from hilrec.daemon.control.clock import TickPacer
     from hilrec.daemon.errors import BusError
-    from hilrec.daemon.so101 import MOTORS
+    from hilrec.daemon.so101 import MOTORS, Role
     from hilrec.daemon.wire.protocol import FrameFlag
     from hilrec.drivers.arm import FollowerConfig, SO101Follower
     from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
@@ -295,7 +299,7 @@ def record_emulated(
         jam_joint=spec.frozen.joint if spec.frozen is not None else None,
         virtual_period=None if realtime else period,
     )
-    arm = EmulatedArm(EmulatorConfig(role="follower", calibration=calibration), motion=motion, frame=frame)
+    arm = EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, calibration=calibration), motion=motion, frame=frame)
     states, actions, flags = [], [], []
     with arm as port, SO101Follower(FollowerConfig(port=port, calibration=calibration)) as follower:
         pacer = TickPacer(period, realtime=realtime)
@@ -384,20 +388,20 @@ def write_with_lerobot(
         if body_units == "m100_100":
             assert calibration is not None
             action, state = to_m100_100(action, calibration), to_m100_100(state, calibration)
-        for a, s in zip(action, state):
+        for a, s in zip(action, state, strict=True):
             dataset.add_frame({ACTION_KEY: a, STATE_KEY: s, "task": TASK})
         dataset.save_episode()
     dataset.finalize()
     return root
 
 
-def write_native(root: Path, episodes: Sequence[Episode], twin: Any, *, fps: int = FPS) -> Path:
+def write_native(root: Path, episodes: Sequence[Episode], twin: Twin, *, fps: int = FPS) -> Path:
     """Write with hilrec's native writer, plus the dataset sidecar a hilrec recorder writes."""
     from hilrec.daemon.dataset.writer import DatasetWriter
 
     with DatasetWriter.create(root, fps=fps, features=so101_features(), robot_type=ROBOT_TYPE) as writer:
         for ep in episodes:
-            for a, s in zip(ep.action, ep.state):
+            for a, s in zip(ep.action, ep.state, strict=True):
                 writer.add_frame({ACTION_KEY: a, STATE_KEY: s, "task": TASK})
             arrays = {
                 name: value
@@ -424,7 +428,7 @@ def _describe(spec: RecordingSpec) -> dict[str, Any]:
     }
 
 
-def add_hilrec_metadata(root: Path, twin: Any) -> None:
+def add_hilrec_metadata(root: Path, twin: Twin) -> None:
     """The dataset sidecar a hilrec recorder writes: units mapping and physics."""
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
     from hilrec.sim.units import units_mapping

@@ -10,17 +10,19 @@ import json
 
 import numpy as np
 import pytest
+from _results import gripper_of, lag_of, onset_of
 
-from hilrec.daemon.replay.analysis import (
+from hilrec.daemon.replay.alignment import shift_by
+from hilrec.daemon.replay.analysis import analyse
+from hilrec.daemon.replay.results import (
     EXIT_CODES,
     GRIPPER,
+    EpisodeResult,
     Trajectories,
     Verdict,
-    analyse,
+    to_json,
     worst,
 )
-from hilrec.daemon.replay.metrics import shift_by
-from hilrec.daemon.replay.report import to_json
 from hilrec.daemon.replay.settings import ReplaySettings
 
 FPS = 25
@@ -32,7 +34,7 @@ def commands(n: int = 300) -> np.ndarray:
     t = np.arange(n) / FPS
     cols = [
         25.0 * np.sin(2 * np.pi * f * t + p)
-        for f, p in zip((0.21, 0.33, 0.27, 0.41, 0.17), (0.0, 1.1, 2.2, 3.3, 4.4))
+        for f, p in zip((0.21, 0.33, 0.27, 0.41, 0.17), (0.0, 1.1, 2.2, 3.3, 4.4), strict=True)
     ]
     cols.append(50.0 + 35.0 * np.sin(2 * np.pi * 0.3 * t))
     return np.stack(cols, axis=1)
@@ -48,10 +50,12 @@ def servo(goal: np.ndarray, *, delay: float = 0.0) -> np.ndarray:
     return out
 
 
-def judge(recorded: np.ndarray, replayed: np.ndarray, action: np.ndarray, **kw: object):
+def judge(
+    recorded: np.ndarray, replayed: np.ndarray, action: np.ndarray, *, leader: np.ndarray | None = None
+) -> EpisodeResult:
     return analyse(
         0,
-        Trajectories(recorded=recorded, replayed=replayed, action=action, limits=LIMITS, **kw),
+        Trajectories(recorded=recorded, replayed=replayed, action=action, limits=LIMITS, leader=leader),
         fps=FPS,
         settings=SETTINGS,
     )
@@ -62,7 +66,7 @@ def test_a_recording_that_matches_the_twin_is_consistent() -> None:
     rep = servo(act)
     result = judge(rep + 0.05 * np.sin(np.arange(len(act)))[:, None], rep, act)
     assert result.verdict is Verdict.CONSISTENT
-    assert result.lag.frames == pytest.approx(0.0, abs=0.05)
+    assert lag_of(result).frames == pytest.approx(0.0, abs=0.05)
     assert all(j.aligned_rms_error < 0.1 for j in result.joints)
 
 
@@ -71,10 +75,12 @@ def test_a_late_follower_is_lagging_by_its_delay(delay: float) -> None:
     act = commands()
     result = judge(servo(act, delay=delay), servo(act), act)
     assert result.verdict is Verdict.LAGGING
-    assert result.lag.frames == pytest.approx(delay, abs=0.1)
+    lag = lag_of(result)
+    assert lag.frames == pytest.approx(delay, abs=0.1)
     assert f"{delay:.2f} frames ({delay * 1000 / FPS:.0f} ms)" in result.reason
     # The action->state cross-correlation sees the same extra delay.
-    extra = result.lag.response_recorded - result.lag.response_replayed
+    assert lag.response_recorded is not None and lag.response_replayed is not None
+    extra = lag.response_recorded - lag.response_replayed
     assert extra == pytest.approx(delay, abs=0.3)
 
 
@@ -83,7 +89,7 @@ def test_a_recording_ahead_of_the_twin_is_reported_as_leading() -> None:
     rep = servo(act)
     result = judge(shift_by(rep, -2.0), rep, act)
     assert result.verdict is Verdict.LAGGING
-    assert result.lag.frames == pytest.approx(-2.0, abs=0.05)
+    assert lag_of(result).frames == pytest.approx(-2.0, abs=0.05)
     assert "leads" in result.reason
 
 
@@ -101,8 +107,8 @@ def test_a_frozen_servo_diverges_from_the_frame_it_froze() -> None:
     assert lift.stalls and lift.stalls[0].start == 150
     assert "servo stalled or not responding" in result.reason
     # The other joints still align at lag 0: one frozen servo does not drag the lag fit.
-    assert result.lag.frames == pytest.approx(0.0, abs=0.05)
-    assert "shoulder_lift" not in result.lag.joints_used
+    assert lag_of(result).frames == pytest.approx(0.0, abs=0.05)
+    assert "shoulder_lift" not in lag_of(result).joints_used
 
 
 def test_a_short_blip_is_counted_but_not_a_divergence() -> None:
@@ -125,7 +131,7 @@ def test_a_grasp_is_gripper_behaviour_not_divergence() -> None:
     held = act[:, GRIPPER] < 30.0
     rec[:, GRIPPER] = np.maximum(rep[:, GRIPPER], 30.0)
     result = judge(rec, rep, act)
-    g = result.gripper
+    g = gripper_of(result)
     assert g.grasp_frames > 0 and g.held_opening == pytest.approx(30.0, abs=0.5)
     assert g.grasp_frames <= int(held.sum())
     assert result.joints[GRIPPER].divergence is None
@@ -155,7 +161,7 @@ def test_too_short_or_still_episodes() -> None:
     still = np.tile(commands()[:1], (100, 1))
     result = judge(still, still, still)
     assert result.verdict is Verdict.CONSISTENT
-    assert result.lag.frames is None and "lag not estimable" in result.reason
+    assert lag_of(result).frames is None and "lag not estimable" in result.reason
 
 
 def test_json_is_plain_and_complete() -> None:
@@ -195,6 +201,6 @@ def test_a_whole_observation_frozen_half_way_does_not_choose_the_lag() -> None:
     rec[150:] = rec[149]
     result = judge(rec, rep, act)
     assert result.verdict is Verdict.DIVERGED
-    assert result.lag.frames == pytest.approx(2.0, abs=0.1)
-    assert result.lag.fitted_frames <= 151
-    assert 148 <= result.divergence_onset <= 152
+    assert lag_of(result).frames == pytest.approx(2.0, abs=0.1)
+    assert lag_of(result).fitted_frames <= 151
+    assert 148 <= onset_of(result) <= 152

@@ -1,15 +1,15 @@
 """`hilrec replay` on recordings with known faults (issue 6, item 3).
 
-| recording                                         | made by                        | expected      |
-|---------------------------------------------------|--------------------------------|---------------|
-| clean                                             | emulated follower (pty, arm)   | consistent    |
-| a servo jams mid-episode                          | emulated follower              | diverged, from the jam |
-| a servo stops answering mid-episode               | emulated follower (bus fault)  | diverged, from the silence |
-| leader->follower latency of 70 ms (1.75 frames)   | emulated follower              | lagging, within a frame |
-| observation column one frame late                 | twin recorder                  | lagging by one frame |
-| leader->follower latency of 3 frames              | twin recorder                  | lagging by 3 frames |
-| a pick and place: the jaw closes on the cube       | twin recorder, scripted operator | consistent, grasp reported |
-| written by LeRobot's own writer, no hilrec files  | LeRobotDataset                 | replayed with the flags, else not replayable with the reason |
+| recording                           | made by                 | expected                                   |
+|-------------------------------------|-------------------------|--------------------------------------------|
+| clean                               | emulated follower (pty) | consistent                                 |
+| a servo jams mid-episode            | emulated follower       | diverged, from the jam                     |
+| a servo stops answering mid-episode | emulated (bus fault)    | diverged, from the silence                 |
+| follower 70 ms late (1.75 frames)   | emulated follower       | lagging, within a frame                    |
+| observation column one frame late   | twin recorder           | lagging by one frame                       |
+| follower commands 3 frames late     | twin recorder           | lagging by 3 frames                        |
+| pick and place: jaw closes on cube  | twin, scripted operator | consistent, grasp reported                 |
+| LeRobot's writer, no hilrec files   | LeRobotDataset          | replayed with --units, else not replayable |
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from _recordings import (
     write_native,
     write_with_lerobot,
 )
+from _results import gripper_of, lag_frames, lag_of, onset_of, trajectories_of
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.replay.analysis import Verdict
 from hilrec.daemon.replay.check import DatasetCheck, check_dataset
+from hilrec.daemon.replay.results import EpisodeResult, Verdict
 from hilrec.daemon.replay.settings import ReplaySettings
 
 SETTINGS = ReplaySettings()
@@ -63,7 +64,7 @@ ARM_CALIBRATION = {
 }
 
 
-def by_name(check: DatasetCheck, names: dict[str, RecordingSpec]) -> dict[str, object]:
+def by_name(check: DatasetCheck, names: dict[str, RecordingSpec]) -> dict[str, EpisodeResult]:
     return {name: check.results[i] for i, name in enumerate(names)}
 
 
@@ -75,13 +76,13 @@ def emulated_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def emulated(emulated_root: Path) -> dict[str, object]:
+def emulated(emulated_root: Path) -> dict[str, EpisodeResult]:
     check = check_dataset(emulated_root, settings=SETTINGS, settings_source="defaults")
     return by_name(check, EMULATED)
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EpisodeResult]:
     from hilrec.sim.twin import Twin
 
     twin = make_twin()
@@ -112,76 +113,81 @@ def lerobot_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # --- the emulated follower ---------------------------------------------------------------------
 
 
-def test_clean_emulated_recording_is_consistent(emulated: dict) -> None:
+def test_clean_emulated_recording_is_consistent(emulated: dict[str, EpisodeResult]) -> None:
     clean = emulated["clean"]
     assert clean.verdict is Verdict.CONSISTENT, clean.reason
-    assert abs(clean.lag.frames) < SETTINGS.lag.tolerance_frames
+    assert abs(lag_frames(clean)) < SETTINGS.lag.tolerance_frames
     # Servo ticks quantise both columns (0.088 deg): the twin tracks to a fraction of a degree.
     assert all(j.aligned_rms_error < 0.5 for j in clean.joints)
 
 
-def test_jammed_servo_diverges_from_the_jam(emulated: dict) -> None:
+def test_jammed_servo_diverges_from_the_jam(emulated: dict[str, EpisodeResult]) -> None:
     jammed = emulated["jammed"]
     assert jammed.verdict is Verdict.DIVERGED
     assert jammed.divergence_joint == "elbow_flex"
     # Jammed as tick 60 starts, so row 60 already reads a joint that missed row 59's goal.
-    assert 60 <= jammed.divergence_onset <= 62, jammed.reason
-    assert "frame" in jammed.reason and f"{jammed.divergence_onset / 25:.2f} s" in jammed.reason
+    assert 60 <= onset_of(jammed) <= 62, jammed.reason
+    assert "frame" in jammed.reason and f"{onset_of(jammed) / 25:.2f} s" in jammed.reason
     others = [j for j in jammed.joints if j.name not in ("elbow_flex",)]
     assert all(j.divergence is None for j in others)
 
 
-def test_silent_servo_diverges_from_the_silence(emulated: dict) -> None:
+def test_silent_servo_diverges_from_the_silence(emulated: dict[str, EpisodeResult]) -> None:
     silent = emulated["silent"]
     assert silent.verdict is Verdict.DIVERGED
     # From frame 50 every read fails and the row repeats the last good one (frame 49's).
-    assert 49 <= silent.divergence_onset <= 51, silent.reason
+    assert 49 <= onset_of(silent) <= 51, silent.reason
     count, first = silent.recorder_flags["follower_failed"]
     assert (count, first) == (15, 50)
     assert any("follower_failed" in note for note in silent.notes)
-    assert abs(silent.lag.frames) < SETTINGS.lag.tolerance_frames
+    assert abs(lag_frames(silent)) < SETTINGS.lag.tolerance_frames
 
 
-def test_follower_latency_is_measured_within_a_frame(emulated: dict) -> None:
+def test_follower_latency_is_measured_within_a_frame(emulated: dict[str, EpisodeResult]) -> None:
     late = emulated["latency"]
     assert late.verdict is Verdict.LAGGING, late.reason
-    assert abs(late.lag.frames - 70.0 / 40.0) <= 1.0
-    assert late.ms(late.lag.frames) == pytest.approx(late.lag.frames * 40.0)
+    lag = lag_frames(late)
+    assert abs(lag - 70.0 / 40.0) <= 1.0
+    assert late.ms(lag) == pytest.approx(lag * 40.0)
 
 
 # --- the twin recorder: column and timing faults -----------------------------------------------
 
 
-def test_clean_twin_recording_matches_exactly(synthetic: dict) -> None:
+def test_clean_twin_recording_matches_exactly(synthetic: dict[str, EpisodeResult]) -> None:
     clean = synthetic["clean"]
     assert clean.verdict is Verdict.CONSISTENT
     assert max(j.max_error for j in clean.joints) < 1e-3
 
 
-def test_observations_written_a_frame_late_are_lagging_by_one_frame(synthetic: dict) -> None:
+def test_observations_written_a_frame_late_are_lagging_by_one_frame(
+    synthetic: dict[str, EpisodeResult],
+) -> None:
     late = synthetic["obs_late"]
     assert late.verdict is Verdict.LAGGING
-    assert late.lag.frames == pytest.approx(1.0, abs=0.1)
-    assert late.lag.best_shift == 1
+    assert lag_of(late).frames == pytest.approx(1.0, abs=0.1)
+    assert lag_of(late).best_shift == 1
     assert "lags the replay by 1.00 frames (40 ms)" in late.reason
 
 
-def test_latency_of_three_frames_is_found(synthetic: dict) -> None:
+def test_latency_of_three_frames_is_found(synthetic: dict[str, EpisodeResult]) -> None:
     late = synthetic["latency"]
     assert late.verdict is Verdict.LAGGING
-    assert late.lag.frames == pytest.approx(3.0, abs=0.25)
-    response = late.lag.response_recorded - late.lag.response_replayed
+    lag = lag_of(late)
+    assert lag.frames == pytest.approx(3.0, abs=0.25)
+    assert lag.response_recorded is not None and lag.response_replayed is not None
+    response = lag.response_recorded - lag.response_replayed
     assert response == pytest.approx(3.0, abs=0.5)
 
 
-def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict) -> None:
+def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict[str, EpisodeResult]) -> None:
     frozen = synthetic["frozen"]
     assert frozen.verdict is Verdict.DIVERGED
     assert frozen.divergence_joint == "shoulder_lift"
-    assert 120 <= frozen.divergence_onset <= 123
+    assert 120 <= onset_of(frozen) <= 123
 
 
-def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict) -> None:
+def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict[str, EpisodeResult]) -> None:
     # With the slots beside the episode the replay holds the command through the missed frames,
     # as the follower did, and matches exactly; without them the rows look 1/fps apart and the
     # recording jumps ahead of the replay at the missed slots (a transient the servo recovers).
@@ -190,17 +196,18 @@ def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict) -> None:
     assert max(j.max_error for j in missed.joints) < 1e-3
     assert any("5 missed slot(s)" in note for note in missed.notes)
     unknown = synthetic["missed_unknown"]
-    traj = unknown.trajectories
+    traj = trajectories_of(unknown)
     off = np.flatnonzero(np.abs(traj.recorded - traj.replayed).max(axis=1) > 0.5)
     assert off.size and off[0] == 50
 
 
-def test_a_grasp_is_reported_and_not_judged(synthetic: dict) -> None:
+def test_a_grasp_is_reported_and_not_judged(synthetic: dict[str, EpisodeResult]) -> None:
     # The follower's jaw stops on the cube; the replay's twin has no cube in reach and closes.
     grasp = synthetic["grasp"]
     assert grasp.verdict is Verdict.CONSISTENT, grasp.reason
-    g = grasp.gripper
+    g = gripper_of(grasp)
     assert len(g.grasps) == 1 and g.grasp_frames >= 20
+    assert g.held_opening is not None
     assert g.commanded[0] < 5.0 and 10.0 < g.held_opening < 25.0  # 30 mm cube, jaw held open
     assert g.replayed[0] < 5.0 and g.replayed_grasp_frames == 0
     assert all(j.divergence is None for j in grasp.joints)
@@ -209,7 +216,7 @@ def test_a_grasp_is_reported_and_not_judged(synthetic: dict) -> None:
 # --- LeRobot's own writer, no hilrec metadata --------------------------------------------------
 
 
-def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict) -> None:
+def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict[str, Path]) -> None:
     check = check_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults")
     assert [r.verdict for r in check.results] == [Verdict.NOT_REPLAYABLE] * 2
     reason = check.results[0].reason
@@ -217,18 +224,18 @@ def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict) ->
     assert check.exit_status == 5
 
 
-def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict) -> None:
+def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict[str, Path]) -> None:
     check = check_dataset(
         lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults", units_flag="degrees"
     )
     assert check.twin["substeps"] == 7 and check.twin["fps"] == 30
     clean, late = check.results
     assert clean.verdict is Verdict.CONSISTENT, clean.reason
-    assert late.verdict is Verdict.LAGGING and late.lag.frames == pytest.approx(1.0, abs=0.1)
+    assert late.verdict is Verdict.LAGGING and lag_of(late).frames == pytest.approx(1.0, abs=0.1)
     assert "33 ms" in late.reason  # one frame at 30 fps
 
 
-def test_m100_dataset_needs_the_calibration(lerobot_roots: dict) -> None:
+def test_m100_dataset_needs_the_calibration(lerobot_roots: dict[str, Path]) -> None:
     check = check_dataset(
         lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults", units_flag="m100_100"
     )
@@ -245,7 +252,9 @@ def test_m100_dataset_needs_the_calibration(lerobot_roots: dict) -> None:
     assert max(j.max_error for j in check.results[0].joints) < 0.01
 
 
-def test_a_calibration_too_wide_drives_commands_past_the_range(lerobot_roots: dict, tmp_path: Path) -> None:
+def test_a_calibration_too_wide_drives_commands_past_the_range(
+    lerobot_roots: dict[str, Path], tmp_path: Path
+) -> None:
     # A wrong range width only rescales a joint, in both columns alike, which a replay cannot
     # see; what it sees is the rescaled arm leaving its range (clamped) and no longer tracking.
     wrong = {name: dict(cal) for name, cal in ARM_CALIBRATION.items()}
@@ -300,7 +309,7 @@ def test_cli_consistent_episode_exits_zero(emulated_root: Path, capsys: pytest.C
 
 
 def test_cli_not_replayable_and_usage_errors(
-    lerobot_roots: dict, emulated_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    lerobot_roots: dict[str, Path], emulated_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["replay", str(lerobot_roots["degrees"])]) == 5
     assert "--units" in capsys.readouterr().out
@@ -317,4 +326,4 @@ def test_cli_not_replayable_and_usage_errors(
 def test_replay_is_deterministic(emulated_root: Path) -> None:
     a = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
     b = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
-    assert np.array_equal(a.results[0].trajectories.replayed, b.results[0].trajectories.replayed)
+    assert np.array_equal(trajectories_of(a.results[0]).replayed, trajectories_of(b.results[0]).replayed)

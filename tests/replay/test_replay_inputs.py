@@ -28,7 +28,7 @@ def test_columns_are_taken_by_name_in_any_order() -> None:
 
 
 def test_columns_that_are_not_an_so101_are_refused() -> None:
-    with pytest.raises(ReplayError, match="no 'observation.state' feature"):
+    with pytest.raises(ReplayError, match=r"no 'observation\.state' feature"):
         _column_order({"features": {}}, "observation.state")
     names = [f"motor_{i}" for i in range(6)]
     with pytest.raises(ReplayError, match="not the six SO-101 joints"):

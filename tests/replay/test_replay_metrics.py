@@ -5,16 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hilrec.daemon.replay.alignment import fit_shift, response_lag, shift_by, shift_mse
 from hilrec.daemon.replay.metrics import (
     count_blips,
     find_stalls,
-    fit_shift,
     grasp_mask,
     limit_hits,
-    response_lag,
     runs,
-    shift_by,
-    shift_mse,
     sustained_excursion,
 )
 
@@ -28,7 +25,9 @@ def smooth_motion(n: int = 300, joints: int = 3, seed: int = 0) -> np.ndarray:
         freqs = rng.uniform(0.1, 0.6, size=3)
         phases = rng.uniform(0, 2 * np.pi, size=3)
         amps = rng.uniform(5.0, 30.0, size=3)
-        cols.append(sum(a * np.sin(2 * np.pi * f * t + p) for a, f, p in zip(amps, freqs, phases)))
+        cols.append(
+            sum(a * np.sin(2 * np.pi * f * t + p) for a, f, p in zip(amps, freqs, phases, strict=True))
+        )
     return np.stack(cols, axis=1)
 
 
@@ -56,7 +55,7 @@ def test_shift_mse_scores_every_shift_on_the_same_frames() -> None:
     shifts = np.arange(-2, 11)
     mse = shift_mse(recorded, replayed, shifts)
     # The window starts at frame max(shift) = 10, so the bad frames are never scored, for any shift.
-    assert mse[list(shifts).index(0), 0] == 0.0
+    assert mse[shifts.tolist().index(0), 0] == 0.0
     with pytest.raises(ValueError):
         shift_mse(recorded[:12], replayed[:12], shifts)
 

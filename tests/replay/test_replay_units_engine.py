@@ -53,7 +53,7 @@ def test_m100_units_use_the_recorded_calibration() -> None:
 
 
 def test_without_metadata_or_flags_the_units_are_unknown() -> None:
-    with pytest.raises(ReplayError, match="no hilrec metadata.*--units"):
+    with pytest.raises(ReplayError, match=r"no hilrec metadata.*--units"):
         resolve_units(Path("/ds"), None, units_flag=None, calibration_flag=None)
     with pytest.raises(ReplayError, match="does not state the units"):
         resolve_units(Path("/ds"), {"writer": {"name": "lerobot"}}, units_flag=None, calibration_flag=None)
