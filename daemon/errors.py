@@ -58,6 +58,10 @@ class DatasetStateError(DatasetError):
     """The call does not fit the writer's lifecycle (e.g. finalize with an episode open)."""
 
 
+class DatasetLockedError(DatasetStateError):
+    """Another process is writing this dataset root (names its pid and command)."""
+
+
 class CorruptDatasetError(DatasetError):
     """A file of a dataset cannot be read (e.g. a parquet file with no footer)."""
 

@@ -59,9 +59,13 @@ class FaultRegistry:
             self._faults[fault.device] = fault
             return True
 
-    def clear(self, device: str) -> Fault | None:
+    def clear(self, device: str, *, kinds: frozenset[FaultKind] | None = None) -> Fault | None:
+        """Remove the device's fault (only if it is of one of ``kinds``, when given)."""
         with self._lock:
-            return self._faults.pop(device, None)
+            fault = self._faults.get(device)
+            if fault is None or (kinds is not None and fault.kind not in kinds):
+                return None
+            return self._faults.pop(device)
 
     def get(self, device: str) -> Fault | None:
         with self._lock:

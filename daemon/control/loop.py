@@ -50,6 +50,7 @@ from hilrec.daemon.wire.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 _RETRYABLE = (BusTimeoutError, BusPacketError)
+_DEVICE_KINDS = frozenset({FaultKind.DEVICE_LOST, FaultKind.DEVICE_FAULT})
 PROBE_PERIOD_S = 1.0
 
 
@@ -279,7 +280,9 @@ class ControlLoop:
             self._fault(FaultKind.DEVICE_FAULT, device, str(exc))
             return None
         self._failures[device] = 0
-        self.session.clear_fault(device)
+        # The device answered, so the faults of a failing device clear; a leader that answered
+        # with nothing new keeps its watchdog fault, which only a live command clears.
+        self.session.clear_fault(device, kinds=None if reading is not None else _DEVICE_KINDS)
         return _NO_COMMAND if reading is None else reading
 
     def _fault(self, kind: FaultKind, device: str, message: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.control.episode import EpisodeBuffer
-from hilrec.daemon.control.faults import Fault, FaultRegistry
+from hilrec.daemon.control.faults import Fault, FaultKind, FaultRegistry
 from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import EpisodeHooks, NoHooks
 from hilrec.daemon.errors import HilrecError, RequestRefusedError, WriterStalledError
@@ -180,8 +180,8 @@ class Session:
             if fault.ends_episode:
                 self._end_for_fault(fault)
 
-    def clear_fault(self, device: str) -> None:
-        fault = self.faults.clear(device)
+    def clear_fault(self, device: str, *, kinds: frozenset[FaultKind] | None = None) -> None:
+        fault = self.faults.clear(device, kinds=kinds)
         if fault is not None:
             log.warning("fault on %s (%s) cleared", fault.device, fault.kind)
             self._publish_event("fault_cleared", fault=fault.to_dict())

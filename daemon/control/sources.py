@@ -222,16 +222,24 @@ class RemoteLeader:
             try:
                 command = parse_leader(frames, max_bytes=self._max_bytes)
             except ProtocolError as exc:
-                self.rejected += 1
-                self.last_error = str(exc)
+                self._reject(str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - no message, however made, may stop the loop
+                self._reject(f"leader command could not be read: {type(exc).__name__}: {exc}")
                 continue
             if command.action.shape != (NUM_JOINTS,):
+                self._reject(f"leader command has {command.action.size} targets, not {NUM_JOINTS}")
                 continue
             with self._lock:
                 self._latest = command.action
                 self._latest_at = time.monotonic()
                 self._latest_seq = command.seq
                 self.received += 1
+
+    def _reject(self, why: str) -> None:
+        with self._lock:
+            self.rejected += 1
+            self.last_error = why
 
     def status(self) -> dict[str, Any]:
         with self._lock:

@@ -37,12 +37,12 @@ from hilrec.daemon.errors import (
     VersionMismatchError,
 )
 from hilrec.daemon.so101 import NUM_JOINTS
+from hilrec.daemon.text import task_problem
 
 PROTOCOL_VERSION: Final[int] = 1
 
 DEFAULT_MAX_REQUEST_BYTES: Final[int] = 64 * 1024
 DEFAULT_MAX_LEADER_BYTES: Final[int] = 4 * 1024
-MAX_TASK_CHARS: Final[int] = 1000
 MAX_ID_CHARS: Final[int] = 128
 
 TOPIC_TICK: Final[bytes] = b"tick"
@@ -199,12 +199,24 @@ def parse_leader(frames: Sequence[bytes], *, max_bytes: int = DEFAULT_MAX_LEADER
         raise ProtocolError(
             f"leader command field 'action' must be a list of {NUM_JOINTS} numbers, got {_describe(action)}"
         )
+    # The check is on the float32 the servo would get: 1e39 is finite as JSON and inf as float32,
+    # and an integer of hundreds of digits overflows the cast itself.
+    targets = np.empty(NUM_JOINTS, dtype=np.float32)
     for i, value in enumerate(action):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ProtocolError(
-                f"leader command field 'action[{i}]' must be a finite number, got {_describe(value)}"
+                f"leader command field 'action[{i}]' must be a number, got {_describe(value)}"
             )
-    return LeaderCommand(seq=seq, action=np.asarray(action, dtype=np.float32))
+        try:
+            with np.errstate(over="raise", invalid="raise"):
+                targets[i] = np.float32(value)
+        except (OverflowError, FloatingPointError):
+            targets[i] = np.inf
+        if not math.isfinite(targets[i]):
+            raise ProtocolError(
+                f"leader command field 'action[{i}]' must be a finite float32, got {_describe(value)}"
+            )
+    return LeaderCommand(seq=seq, action=targets)
 
 
 def encode_leader(action: Sequence[float] | np.ndarray, seq: int) -> bytes:
@@ -267,7 +279,7 @@ def _json_object(payload: bytes, what: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{what} is not UTF-8 (byte {exc.start})") from None
     try:
-        obj = json.loads(text, parse_constant=_refuse_constant)
+        obj = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     except ValueError as exc:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -281,7 +293,7 @@ def _check_version(obj: Mapping[str, Any], what: str, *, required: bool) -> None
             raise VersionMismatchError(f"{what} has no protocol version field 'v'")
         return  # a hand-typed {"cmd": "status"} is read as the current version
     version = obj["v"]
-    if version != PROTOCOL_VERSION or isinstance(version, bool):
+    if type(version) is not int or version != PROTOCOL_VERSION:  # 1.0 and true are not version 1
         raise VersionMismatchError(
             f"{what} has protocol version {_describe(version)}, this daemon speaks version {PROTOCOL_VERSION}"
         )
@@ -302,15 +314,24 @@ def _check_args(cmd: str, args: Mapping[str, Any]) -> None:
         if (isinstance(value, bool) and bool not in types_) or not isinstance(value, types_):
             kind = " or ".join(t.__name__ for t in types_)
             raise ProtocolError(f"command {cmd!r} argument {name!r} must be {kind}, got {_describe(value)}")
-    task = args.get("task")
-    if isinstance(task, str) and not (len(task.strip()) > 0 and len(task) <= MAX_TASK_CHARS):
-        raise ProtocolError(
-            f"command {cmd!r} argument 'task' must be a non-empty string of at most "
-            f"{MAX_TASK_CHARS} characters"
-        )
+    if "task" in args:
+        problem = task_problem(args["task"])
+        if problem is not None:
+            raise ProtocolError(f"command {cmd!r} argument 'task' {problem}")
     seed = args.get("seed")
     if isinstance(seed, int) and not 0 <= seed < 2**32:
         raise ProtocolError(f"command {cmd!r} argument 'seed' must be in [0, 2**32), got {seed}")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A key given twice is refused: which one counts differs between JSON parsers, so a check
+    passed by one value could let the other through."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r} appears twice")
+        obj[key] = value
+    return obj
 
 
 def _refuse_constant(name: str) -> Any:

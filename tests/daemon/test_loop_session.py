@@ -252,3 +252,34 @@ def test_frame_flags_reach_the_episode_sidecar(tmp_path: Path) -> None:
         flags = arrays["frame_flags"]
         clamped = [i for i, f in enumerate(flags) if int(f) & FrameFlag.CLAMPED]
         assert clamped == [2]
+
+
+@dataclass
+class SilentRemoteLeader:
+    """A remote leader whose commands stopped: it answers, with nothing new, and says stale."""
+
+    description: str = "silent leader"
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {"source": "remote", "state": "stale", "age_ms": 900.0, "watchdog_ms": 200.0}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_silent_remote_leader_raises_one_fault_not_one_a_tick(tmp_path: Path) -> None:
+    with bench(tmp_path, ramp(1)) as b:
+        b.loop.rig.leader = SilentRemoteLeader()
+        b.loop.watchdog_faults = True
+        for _ in range(75):  # three seconds of ticks
+            b.loop.step()
+        names = [name for name, _ in b.events]
+        assert names.count("fault") == 1 and names.count("fault_cleared") == 0
+        assert [f["kind"] for f in b.session.snapshot()["faults"]] == ["leader_timeout"]
+        b.loop.rig.leader = FakeLeader(ramp(3))
+        b.loop.step()
+        names = [name for name, _ in b.events]
+        assert names.count("fault_cleared") == 1 and b.session.snapshot()["faults"] == []

@@ -129,3 +129,46 @@ def test_telemetry_header_is_checked_against_its_topic() -> None:
 def test_frame_flag_names_are_stable_bits() -> None:
     assert FrameFlag.FOLLOWER_RETRIED == 1 and FrameFlag.OVERRUN == 1 << 10
     assert flag_names(int(FrameFlag.LATE | FrameFlag.CLAMPED)) == ["clamped", "late"]
+
+
+HOSTILE_LEADER = [
+    b'{"v":1,"type":"leader","seq":1,"action":[1e39,0,0,0,0,0]}',  # finite JSON, inf as float32
+    b'{"v":1,"type":"leader","seq":1,"action":[-3.5e38,0,0,0,0,0]}',
+    b'{"v":1,"type":"leader","seq":1,"action":[0,0,0,0,0,0],"action":[1e39,0,0,0,0,0]}',
+    b'{"v":1,"type":"leader","seq":1,"action":[' + b"9" * 401 + b",0,0,0,0,0]}",  # OverflowError
+    b'{"v":1.0,"type":"leader","seq":1,"action":[0,0,0,0,0,0]}',
+    b'{"v":true,"type":"leader","seq":1,"action":[0,0,0,0,0,0]}',
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_LEADER)
+def test_leader_commands_the_float32_cast_cannot_carry_are_refused(raw: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        parse_leader([raw])
+
+
+def test_the_largest_finite_float32_passes_the_protocol_for_the_clamp_to_judge() -> None:
+    big = float(np.finfo(np.float32).max)
+    command = parse_leader([encode_leader([big, 0, 0, 0, 0, 0], seq=1)])
+    assert command.action[0] == np.float32(big)
+
+
+@pytest.mark.parametrize(
+    "task, why",
+    [
+        ("bad \ud800", "not valid Unicode"),
+        ("two\nlines", "control characters"),
+        ("nul\x00", "control characters"),
+        ("   ", "empty"),
+        ("x" * 1001, "at most 1000"),
+    ],
+)
+def test_task_strings_that_cannot_be_written_are_refused_at_the_socket(task: str, why: str) -> None:
+    raw = json.dumps({"v": 1, "cmd": "start_episode", "task": task}).encode()  # \ud800 as JSON escapes it
+    with pytest.raises(ProtocolError, match=why):
+        parse_request([raw])
+
+
+def test_a_request_key_given_twice_is_refused() -> None:
+    with pytest.raises(ProtocolError, match="appears twice"):
+        parse_request([b'{"v":1,"cmd":"status","cmd":"shutdown"}'])
