@@ -17,7 +17,7 @@ from typing import Literal
 from hilrec.daemon.config import load_toml
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import BodyMode
-from hilrec.daemon.wire.security import ZmqSettings
+from hilrec.daemon.wire.security import ZmqSettings, is_loopback
 
 Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
@@ -210,6 +210,25 @@ class EmulatedSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UiSettings:
+    """``hilrec ui``: the web page at the daemon. Beyond loopback every request needs the token."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    token: str = ""  # sent as "Authorization: Bearer <token>" or ?token=<token>
+
+    def validate(self) -> None:
+        if not 1 <= self.port <= 65535:
+            raise ConfigError("port", f"must be a TCP port in 1..65535, got {self.port}")
+        if not is_loopback(self.host) and len(self.token) < 16:
+            raise ConfigError(
+                "token",
+                f"serving the page on host {self.host!r} reaches beyond loopback and requires an "
+                "access token of at least 16 characters ([ui] token)",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class DaemonSettings:
     mode: Mode
     fps: int = 25
@@ -224,6 +243,7 @@ class DaemonSettings:
     twin: TwinSettings = field(default_factory=TwinSettings)
     sim: SimSettings = field(default_factory=SimSettings)
     emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
+    ui: UiSettings = field(default_factory=UiSettings)
 
     @property
     def period_s(self) -> float:

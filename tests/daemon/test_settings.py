@@ -159,3 +159,13 @@ def test_a_frame_rate_the_twin_cannot_step_is_refused_unless_the_mirror_is_off(t
         load_settings(path)
     path.write_text(hil + "[twin]\nmirror = false\n")
     assert load_settings(path).fps == 30
+
+
+def test_a_ui_beyond_loopback_without_a_token_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "ui.toml"
+    path.write_text(MINIMAL + '[ui]\nhost = "0.0.0.0"\n')
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    assert refused.value.key == "ui.token" and "beyond loopback" in refused.value.problem
+    path.write_text(MINIMAL + '[ui]\nhost = "0.0.0.0"\ntoken = "a-long-enough-token-1234"\n')
+    assert load_settings(path).ui.token == "a-long-enough-token-1234"
