@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,8 @@ def start_emulator(role: str, motion: str, calibration: Path) -> tuple[subproces
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    port = process.stdout.readline().strip()  # type: ignore[union-attr]
+    assert process.stdout is not None  # stdout=PIPE
+    port = process.stdout.readline().strip()
     if not port.startswith("/dev/"):
         process.kill()
         raise SystemExit(f"emulated {role} did not start: {port!r}")
@@ -159,7 +161,7 @@ def main() -> None:
         leader_proc, leader_port = start_emulator("leader", "wave", calibration)
         follower_proc, follower_port = start_emulator("follower", "servo", calibration)
         pids = [leader_proc.pid, follower_proc.pid]
-        rows = []
+        rows: list[tuple[str, dict[str, Any]]] = []  # a run's measures, or why it failed
         try:
             runs = [
                 (

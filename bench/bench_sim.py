@@ -111,7 +111,10 @@ def bench_record_process(workdir: Path, episodes: int) -> tuple[float, int]:
         timeout=600,
     )
     seconds = time.perf_counter() - began
-    return seconds, int(re.search(r"(\d+) frames", done.stdout).group(1))
+    frames = re.search(r"(\d+) frames", done.stdout)
+    if frames is None:
+        raise SystemExit(f"hilrec record printed no frame count: {done.stdout!r}")
+    return seconds, int(frames.group(1))
 
 
 def bench_writer_alone(workdir: Path, lengths: list[int]) -> tuple[float, float]:
@@ -253,7 +256,8 @@ def main() -> int:
         )
         _, successes, _ = sim_loop(range(args.seeds), push_rate=0.5)
         row(
-            f"scripted operator success with 0.5 pushes/s (re-plans when the cube is knocked), seeds 0..{args.seeds - 1}",
+            "scripted operator success with 0.5 pushes/s (re-plans when the cube is knocked), "
+            f"seeds 0..{args.seeds - 1}",
             f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)",
         )
     finally:

@@ -87,6 +87,7 @@ def run_hilrec(
         writer.add_frame(frame)
     fed = time.perf_counter()
     if wait_for_encoder and with_camera:
+        assert writer._episode is not None  # frames were added: an episode is open
         encoder = writer._episode.encoders[CAM]  # benchmark-only peek: wait as real time would
         while encoder.frames_encoded < encoder.frames_in:
             time.sleep(0.01)

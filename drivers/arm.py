@@ -245,10 +245,10 @@ class _SO101Arm:
 
     def _sync_read_positions(self) -> SyncReading:
         try:
-            reading = self.bus.sync_read("Present_Position", MOTOR_IDS)
+            return self.bus.sync_read("Present_Position", MOTOR_IDS)
         except ServoFaultError as exc:
-            reading = getattr(exc, "reading", None)
-            if reading is None or any(
+            reading = getattr(exc, "reading", None)  # attached by FeetechBus.sync_read
+            if not isinstance(reading, SyncReading) or any(
                 bits & ~self.config.tolerated_status for bits in reading.faulted.values()
             ):
                 raise
@@ -257,7 +257,7 @@ class _SO101Arm:
                 self,
                 {sid: describe_status(b) for sid, b in reading.faulted.items()},
             )
-        return reading
+            return reading
 
     def read(self) -> ArmReading:
         """Present positions in units, float32 in joint order (LeRobot's float64 maths, cast)."""

@@ -30,12 +30,12 @@ The SDK frames packets and computes checksums; this class adds what it lacks (se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import termios
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import scservo_sdk as scs
@@ -116,6 +116,8 @@ class SyncReading:
 class _ExclusivePort(scs.PortHandler):
     """The SDK's PortHandler, opening the port exclusively and waiting without spinning."""
 
+    is_open: bool  # set by the SDK's __init__; declared for the type checker
+
     def __init__(self, port_name: str, *, wait_slice_s: float, reply_timeout_ms: float | None) -> None:
         super().__init__(port_name)
         self._wait_slice_s = wait_slice_s
@@ -160,11 +162,13 @@ class _StatusSyncRead(scs.GroupSyncRead):
     ) -> None:
         super().__init__(port, packets, address, length)
         self._receive = receive
+        self.status: dict[int, int] = {}
+        self.failed_id: int | None = None
 
     def rxPacket(self) -> int:
         self.last_result = False
-        self.status: dict[int, int] = {}
-        self.failed_id: int | None = None
+        self.status = {}
+        self.failed_id = None
         if not self.data_dict:
             return scs.COMM_NOT_AVAILABLE
         for servo_id in self.data_dict:
@@ -231,10 +235,9 @@ class FeetechBus:
     def close(self) -> None:
         port, self._port = self._port, None
         if port is not None and port.ser is not None:
-            try:
+            # A vanished port is closed all the same.
+            with contextlib.suppress(OSError, serial.SerialException):
                 port.closePort()
-            except (OSError, serial.SerialException):
-                pass  # a vanished port is closed all the same
 
     def __enter__(self) -> FeetechBus:
         self.open()
@@ -245,7 +248,7 @@ class FeetechBus:
 
     # --- transactions -----------------------------------------------------------------------
 
-    @contextmanager
+    @contextlib.contextmanager
     def _transaction(self, servo_id: int | None, what: str) -> Iterator[_ExclusivePort]:
         """Own the port for one exchange: lock, discard stale input, map I/O errors."""
         port = self._port
@@ -459,15 +462,9 @@ class FeetechBus:
         """
         reg = register(name)
         ids = tuple(servo_ids)
-        key = (reg.address, reg.size, ids)
-        reader = self._sync_readers.get(key)
-        if reader is None:
-            reader = _StatusSyncRead(self._port, self._packets, reg.address, reg.size, self._receive)
-            for servo_id in ids:
-                reader.addParam(servo_id)
-            self._sync_readers[key] = reader
         result, attempts = scs.COMM_SUCCESS, 0
         with self._transaction(None, reg.name) as port:
+            reader = self._sync_reader(port, reg, ids)
             if ids:
                 self._settle(port, ids[0], reg.size + 2)
             for attempts in range(1, self.config.retries + 2):
@@ -478,7 +475,7 @@ class FeetechBus:
                 if attempts <= self.config.retries:
                     self.stats.retries += 1
         if result != scs.COMM_SUCCESS:
-            raise self._comm_error(result, getattr(reader, "failed_id", None), reg.name, attempts)
+            raise self._comm_error(result, reader.failed_id, reg.name, attempts)
         values = {sid: decode_value(reg, from_bytes(reader.data_dict[sid])) for sid in ids}
         reading = SyncReading(reg.name, values, dict(reader.status), attempts)
         if check_status and reading.faulted:
@@ -491,9 +488,20 @@ class FeetechBus:
                 register=reg.name,
                 error_bits=bits,
             )
-            error.reading = reading  # type: ignore[attr-defined]
+            error.reading = reading  # type: ignore[attr-defined]  # errors.py cannot name SyncReading
             raise error
         return reading
+
+    def _sync_reader(self, port: _ExclusivePort, reg: Register, ids: tuple[int, ...]) -> _StatusSyncRead:
+        """The SDK's group reader for these servos and this register, made once per open."""
+        key = (reg.address, reg.size, ids)
+        reader = self._sync_readers.get(key)
+        if reader is None:
+            reader = _StatusSyncRead(port, self._packets, reg.address, reg.size, self._receive)
+            for servo_id in ids:
+                reader.addParam(servo_id)
+            self._sync_readers[key] = reader
+        return reader
 
     def sync_write(self, name: str, values: Mapping[int, int]) -> None:
         """One SYNC_WRITE of register ``name``; servos do not answer it, so nothing is retried."""

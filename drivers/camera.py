@@ -20,7 +20,6 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import cv2
 import numpy as np
@@ -146,7 +145,7 @@ class OpenCVCamera(NewestFrameSource):
         self.height = config.height or 0
         self.fps = config.fps or 0.0
         self._latest = LatestFrame(config.name, config.stall_timeout_s)
-        self._capture: Any = None
+        self._capture: cv2.VideoCapture | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -163,8 +162,8 @@ class OpenCVCamera(NewestFrameSource):
             capture.release()
             raise CameraError(f"{self!r}: OpenCV cannot open it")
         if cfg.fourcc:
-            capture.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*cfg.fourcc))
-        if cfg.width is not None:
+            capture.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
+        if cfg.width is not None and cfg.height is not None:  # validate(): both or neither
             capture.set(cv2.CAP_PROP_FRAME_WIDTH, cfg.width)
             capture.set(cv2.CAP_PROP_FRAME_HEIGHT, cfg.height)
         if cfg.fps is not None:
@@ -184,15 +183,17 @@ class OpenCVCamera(NewestFrameSource):
         self._capture = capture
         self._latest.publish(cv2.cvtColor(first, cv2.COLOR_BGR2RGB), time.monotonic())
         self._stop.clear()
-        self._thread = threading.Thread(target=self._read_loop, name=f"camera-{self.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._read_loop, args=(capture,), name=f"camera-{self.name}", daemon=True
+        )
         self._thread.start()
 
     def _is_file(self) -> bool:
         source = _parse_source(self.config.source)
         return isinstance(source, str) and Path(source).is_file()
 
-    def _read_loop(self) -> None:
-        capture, cfg = self._capture, self.config
+    def _read_loop(self, capture: cv2.VideoCapture) -> None:
+        cfg = self.config
         is_file = self._is_file()
         period = 1.0 / self.fps if (is_file and cfg.realtime and self.fps > 0) else 0.0
         next_due = time.monotonic() + period

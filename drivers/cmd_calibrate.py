@@ -20,7 +20,7 @@ from hilrec.drivers.calibrator import Calibrator
 _FULL_TURN_NOTE = "wrist_roll is a full-turn joint: it is not recorded (0..4095, as LeRobot)"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "calibrate", help="calibrate an SO-101 arm (LeRobot's procedure)", description=__doc__.splitlines()[0]
     )
@@ -65,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             deadline = time.monotonic() + args.duration
             print(f"Recording positions for {args.duration:g} s...")
-            until = lambda: time.monotonic() >= deadline  # noqa: E731
+
+            def until() -> bool:
+                return time.monotonic() >= deadline
+
         mins, maxes = calibrator.record_ranges(until)
         calibration = calibrator.finish(mins, maxes, source=str(output))
     save_calibration(calibration, output)

@@ -4,8 +4,9 @@ Addresses, sizes and sign bits follow LeRobot's ``STS_SMS_SERIES_CONTROL_TABLE``
 ``STS_SMS_SERIES_ENCODINGS_TABLE`` (checked against the installed lerobot 0.4.4), cross-checked
 with Feetech's ``sms_sts.py``. Defaults are the emulator's power-up values: feetech-cli's
 measured STS3215 defaults and the juxitech/aifitlab memory tables where they give one, a plausible
-value otherwise (hilrec itself never relies on a default: the arms write what they need). Everything the bus, the arms and the emulator know about the servo
-is read from here, never spelled as a number in code.
+value otherwise (hilrec itself never relies on a default: the arms write what they need).
+Everything the bus, the arms and the emulator know about the servo is read from here, never
+spelled as a number in code.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class StatusBit(IntFlag):
 
 def describe_status(bits: int) -> str:
     """'overload, voltage' for 0x21; unknown bits are shown in hex rather than dropped."""
-    names = [flag.name.lower().replace("_", " ") for flag in StatusBit if bits & flag]
+    names = [name.lower().replace("_", " ") for name, flag in StatusBit.__members__.items() if bits & flag]
     unknown = bits & ~sum(StatusBit)
     if unknown:
         names.append(f"unknown bits 0x{unknown:02x}")

@@ -9,13 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from hilrec.daemon.errors import ConfigError
 from hilrec.sim.recorder import DEFAULT_TASK, RecordConfig, record
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "record",
         help="record episodes in the MuJoCo twin with the scripted operator",

@@ -30,13 +30,14 @@ from hilrec.sim.episode import Push
 from hilrec.sim.features import sim_features
 from hilrec.sim.provenance import SIDECAR_KEY, scene_from_sidecar
 from hilrec.sim.replay import run_actions
+from hilrec.sim.scene import Visual
 from hilrec.sim.twin import Twin
 
 _NUMERIC = {ACTION_KEY, STATE_KEY}
 _DEFAULT_KEYS = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "render", help="re-render the camera videos of sim episodes", description=__doc__.splitlines()[0]
     )
@@ -84,7 +85,7 @@ def render_dataset(
     *,
     cameras: tuple[str, ...],
     size: tuple[int, int],
-    quality: str = "fast",
+    quality: Visual = "fast",
     video_codec: str = "libsvtav1",
 ) -> tuple[int, int]:
     """Write a copy of the sim dataset at ``root`` to ``out`` with new camera videos."""

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.errors import ReplayError
+from hilrec.sim.operator import ScriptedOperator
 from hilrec.sim.scene import (
     ARM_BODIES,
     CUBE_BODY,
@@ -63,11 +64,17 @@ class Push:
             return cls(
                 frame=int(data["frame"]),
                 body=str(data["body"]),
-                force=tuple(float(v) for v in data["force"]),  # type: ignore[arg-type]
-                torque=tuple(float(v) for v in data.get("torque", (0, 0, 0))),
-            )  # type: ignore[arg-type]
+                force=_vector3(data["force"]),
+                torque=_vector3(data.get("torque", (0, 0, 0))),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayError(f"{where}: malformed disturbance {dict(data)!r}: {exc}") from exc
+
+
+def _vector3(values: Iterable[float]) -> tuple[float, float, float]:
+    """Three floats from a JSON list; anything else is a ValueError (a malformed disturbance)."""
+    x, y, z = (float(v) for v in values)
+    return x, y, z
 
 
 def push_schedule(seed: int, num_frames: int, fps: int, rate_hz: float) -> list[Push]:
@@ -115,7 +122,9 @@ def act_and_step(twin: Twin, action: np.ndarray, pushes: Sequence[Push] = ()) ->
     return executed
 
 
-def operator_action(twin: Twin, operator: Any, frame: int, observation: np.ndarray) -> np.ndarray:
+def operator_action(
+    twin: Twin, operator: ScriptedOperator, frame: int, observation: np.ndarray
+) -> np.ndarray:
     """The scripted operator's leader position for ``frame``, after it has looked at the cube
     (and re-planned if a push knocked it away before the grasp)."""
     if operator.watching(frame):

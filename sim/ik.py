@@ -69,10 +69,6 @@ class ArmKinematics:
         """World position and rotation matrix of the gripper body at the current joints."""
         return self._body_xpos.copy(), self._body_xmat.copy()
 
-    def point_in_body(self, world_point: np.ndarray) -> np.ndarray:
-        position, rotation = self.body_frame()
-        return rotation.T @ (world_point - position)
-
     def solve(
         self,
         q_init: np.ndarray,
@@ -104,15 +100,16 @@ class ArmKinematics:
         # 0.05 mm and 0.03 deg: far below what a position servo holds, one or two DLS
         # iterations sooner than tighter bounds.
         close_enough, aligned = 5e-5**2, math.cos(5e-4)
-        it = 0
+        done = 0
         rotation = self._body_xmat
-        for it in range(1, iterations + 1):
+        while done < iterations:
+            done += 1
             self.set_joints(q)
             world_point = self._body_xpos + rotation @ point
             err[:3] = target - world_point
             e_rot = np.zeros(3)
             worst = 1.0
-            for axis, direction in zip(axes, directions):
+            for axis, direction in zip(axes, directions, strict=True):
                 current = rotation @ axis
                 e_rot += cross3(current, direction)
                 worst = min(worst, float(current @ direction))
@@ -127,13 +124,14 @@ class ArmKinematics:
             if np.abs(q_next - q).max() < 1e-7:
                 break
             q = q_next
-        return self._result(q, point, target, axes, directions, it)
+        return self._result(q, point, target, axes=axes, directions=directions, iterations=done)
 
     def _result(
         self,
         q: np.ndarray,
         point: np.ndarray,
         target: np.ndarray,
+        *,
         axes: Sequence[np.ndarray],
         directions: Sequence[np.ndarray],
         iterations: int,
@@ -143,7 +141,7 @@ class ArmKinematics:
         position_error = float(np.linalg.norm(target - (position + rotation @ point)))
         angle_error = max(
             float(np.arccos(np.clip((rotation @ axis) @ direction, -1.0, 1.0)))
-            for axis, direction in zip(axes, directions)
+            for axis, direction in zip(axes, directions, strict=True)
         )
         return IKResult(q=q, position_error=position_error, angle_error=angle_error, iterations=iterations)
 

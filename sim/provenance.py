@@ -13,11 +13,12 @@ import dataclasses
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import mujoco
 
-from hilrec.daemon.errors import ReplayError
+from hilrec.daemon.errors import ReplayError, SimError
 from hilrec.sim import ik, operator
 from hilrec.sim.model import model_provenance, sha256_text
 from hilrec.sim.scene import SUCCESS_CRITERION, SceneConfig, scene_xml
@@ -29,7 +30,7 @@ FORMAT = "hilrec.sim/1"
 
 def operator_source() -> dict[str, Any]:
     """sha256 of the code that turns a seed into a leader path (operator + its IK)."""
-    files = {Path(module.__file__).name: Path(module.__file__).read_bytes() for module in (operator, ik)}
+    files = {path.name: path.read_bytes() for path in (_source_file(module) for module in (operator, ik))}
     combined = hashlib.sha256()
     for name in sorted(files):
         combined.update(name.encode() + b"\0" + files[name])
@@ -39,11 +40,17 @@ def operator_source() -> dict[str, Any]:
     }
 
 
+def _source_file(module: ModuleType) -> Path:
+    if module.__file__ is None:
+        raise SimError(f"{module.__name__} has no source file to hash")
+    return Path(module.__file__)
+
+
 def dataset_provenance(
     *,
     scene: SceneConfig,
     physics: Mapping[str, Any],
-    operator_config: Any | None,
+    operator_config: operator.OperatorConfig | None,
     cameras: Mapping[str, tuple[int, int]],
     render_quality: str,
     push_rate: float,
@@ -88,7 +95,7 @@ def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) ->
             f"{root}: hilrec/dataset.json sim.scene.config has keys this hilrec does "
             f"not know ({', '.join(unknown)}); it was recorded by another version"
         )
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     try:
         return SceneConfig(**values)
     except (TypeError, ValueError) as exc:

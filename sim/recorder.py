@@ -15,7 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +43,27 @@ SOURCE = "hilrec.sim.recorder"
 # Saved episodes wait in the writer's journal (durable) up to this long before they are merged
 # into LeRobot's files: one merge per interval, not one per episode, when episodes take ~50 ms.
 MERGE_INTERVAL_S = 5.0
+
+
+class ManagedSink(FrameSink, Protocol):
+    """A FrameSink used as a context manager, as both writers are: an exception discards the
+    open episode and finalizes the saved ones."""
+
+    def __enter__(self) -> ManagedSink: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class Progress(Protocol):
+    """What the recorder asks of a progress bar (tqdm's, or none)."""
+
+    def update(self, n: int) -> object: ...
+
+    def set_postfix(self, **values: object) -> object: ...
+
+    def close(self) -> object: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,7 +268,7 @@ def episode_sidecar(
 
 
 def record(
-    config: RecordConfig, *, sink_factory: Callable[..., FrameSink] | None = None, progress: bool = True
+    config: RecordConfig, *, sink_factory: Callable[..., ManagedSink] | None = None, progress: bool = True
 ) -> RecordSummary:
     """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize.
 
@@ -302,7 +324,7 @@ def record(
 
 
 def _record_episodes(
-    config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary, bar: Any
+    config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary, bar: Progress
 ) -> None:
     pacer = Pacer(config.fps) if config.realtime else None
     save_nowait = getattr(sink, "save_episode_nowait", None)
@@ -331,7 +353,7 @@ def _record_episodes(
         count(saving[0][0], saving.popleft()[1].result())
 
 
-def _progress(total: int, *, enabled: bool) -> Any:
+def _progress(total: int, *, enabled: bool) -> Progress:
     if not enabled:
         return _NoProgress()
     from tqdm import tqdm  # importing it costs 10-40 ms: not paid without a bar
@@ -343,7 +365,7 @@ class _NoProgress:
     def update(self, n: int) -> None:
         pass
 
-    def set_postfix(self, **values: Any) -> None:
+    def set_postfix(self, **values: object) -> None:
         pass
 
     def close(self) -> None:

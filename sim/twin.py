@@ -143,7 +143,7 @@ class Twin:
         self._scale_list, self._offset_list = self._scale.tolist(), self._offset.tolist()
         self._arm_qpos = _as_slice(self._qpos_adr)
         self._command_low, self._command_high = self._command_limits()
-        self._command_bounds = list(zip(self._command_low.tolist(), self._command_high.tolist()))
+        self._command_bounds = list(zip(self._command_low.tolist(), self._command_high.tolist(), strict=True))
         self._arm_ctrl = _as_slice(self._actuator_ids)
         cube_joint = self._model.joint(CUBE_BODY)
         self._cube_qpos = int(cube_joint.qposadr[0])
@@ -160,7 +160,8 @@ class Twin:
         self._warnings_seen = np.zeros(len(self._warning_counts), dtype=np.int64)
         self._warning_bytes = self._warning_counts.tobytes()
         self.cameras = tuple(cameras)
-        self.image_size = tuple(image_size)
+        height, width = image_size
+        self.image_size = (height, width)
         self._render_quality = render_quality
         self._renderer: SceneRenderer | None = None
         self.frame_index = 0
@@ -219,7 +220,7 @@ class Twin:
         units = [
             (rad - offset) * scale
             for rad, offset, scale in zip(
-                self._qpos[self._arm_qpos].tolist(), self._offset_list, self._scale_list
+                self._qpos[self._arm_qpos].tolist(), self._offset_list, self._scale_list, strict=True
             )
         ]
         units[GRIPPER_INDEX] = min(max(units[GRIPPER_INDEX], 0.0), 100.0)
@@ -233,7 +234,9 @@ class Twin:
         executed = values.astype(np.float32)
         command = executed.tolist()
         # One test for the usual case: in range (NaN compares false, so it takes the long way).
-        if not all(low <= value <= high for value, (low, high) in zip(command, self._command_bounds)):
+        if not all(
+            low <= value <= high for value, (low, high) in zip(command, self._command_bounds, strict=True)
+        ):
             if not np.isfinite(executed).all():
                 bad = ~np.isfinite(executed)
                 raise FrameError(
@@ -246,7 +249,7 @@ class Twin:
         # float32 -> float64 is exact, so ctrl is a function of the recorded number alone.
         self._ctrl[self._arm_ctrl] = [
             value / scale + offset
-            for value, scale, offset in zip(command, self._scale_list, self._offset_list)
+            for value, scale, offset in zip(command, self._scale_list, self._offset_list, strict=True)
         ]
         return executed
 
@@ -315,17 +318,9 @@ class Twin:
             angular_velocity=v[3:].copy(),
         )
 
-    def contact_pairs(self) -> list[tuple[str, str]]:
-        """Names of the geom pairs in contact after the last step (sorted within a pair)."""
-        return [(self.geom_names[a], self.geom_names[b]) for a, b in self.contact_geom_ids()]
-
     def contact_id_pairs(self) -> set[tuple[int, int]]:
         """The (low, high) geom id pairs in contact after the last step, each pair once."""
         return {(a, b) if a < b else (b, a) for a, b in self._data.contact.geom.tolist()}
-
-    def contact_geom_ids(self) -> np.ndarray:
-        """(ncon, 2) geom ids of the contacts after the last step, each row sorted (a copy)."""
-        return np.sort(self._data.contact.geom, axis=1)
 
     def physics_info(self) -> dict[str, Any]:
         opt = self._model.opt
@@ -345,9 +340,6 @@ class Twin:
     def render(self, camera: str, size: tuple[int, int] | None = None) -> np.ndarray:
         """uint8 (H, W, 3) image of any camera in the scene, from the current state."""
         return self._get_renderer().render(self._data.qpos, camera, size or self.image_size)
-
-    def camera_names(self) -> tuple[str, ...]:
-        return self._get_renderer().camera_names
 
     def _get_renderer(self) -> SceneRenderer:
         if self._renderer is None:

@@ -20,7 +20,7 @@ from hilrec.drivers.emulated.faults import describe, parse_fault
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "emulate", help="emulate an SO-101 arm on a pseudo-terminal", description=__doc__.splitlines()[0]
     )

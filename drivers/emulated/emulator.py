@@ -415,9 +415,9 @@ class EmulatedArm:
             by_id = {s.servo_id: s for s in self._present()}
             body = params[2:]
             for start in range(0, len(body) - length, length + 1):
-                servo = by_id.get(body[start])
-                if servo is not None:
-                    servo.write(address, body[start + 1 : start + 1 + length], state(servo)[0])
+                target = by_id.get(body[start])
+                if target is not None:
+                    target.write(address, body[start + 1 : start + 1 + length], state(target)[0])
             return []
         log.debug(
             "emulated %s ignored instruction 0x%02x from %s", self.config.role, code, packet.raw.hex(" ")

@@ -28,7 +28,7 @@ import random
 import threading
 from collections import Counter
 from dataclasses import dataclass, fields
-from typing import Final, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from hilrec.daemon.errors import ConfigError
 from hilrec.drivers.tables import StatusBit
@@ -80,7 +80,8 @@ _KEYS: Final[dict[str, tuple[str, type]]] = {
 def parse_fault(text: str) -> Fault:
     """``drop:id=3,count=2`` -> Fault(kind='drop', servo_id=3, count=2); errors name the key."""
     kind, _, rest = text.partition(":")
-    values: dict[str, object] = {"kind": kind.strip()}
+    # Any: each key's value has its own type (cast below); Fault checks the kind itself.
+    values: dict[str, Any] = {"kind": kind.strip()}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, sep, raw = item.partition("=")
         if not sep or key not in _KEYS:
@@ -92,7 +93,7 @@ def parse_fault(text: str) -> Fault:
             values[name] = cast(raw)
         except ValueError:
             raise ConfigError(f"--fault {text}", f"{key} must be a {cast.__name__}, got {raw!r}") from None
-    return Fault(**values)  # type: ignore[arg-type]
+    return Fault(**values)
 
 
 def describe(fault: Fault) -> str:
@@ -159,10 +160,13 @@ class FaultPlan:
         """What happens to this servo's next reply: sent, dropped, corrupted, or late (+ delay)."""
         with self._lock:
             for fault in self._faults:
-                if fault.kind in ("drop", "corrupt", "late") and fault.matches(servo_id):
-                    if self._fire(fault):
-                        delay = fault.delay_ms / 1000.0 if fault.kind == "late" else 0.0
-                        return fault.kind, delay  # type: ignore[return-value]
+                if (
+                    fault.kind in ("drop", "corrupt", "late")
+                    and fault.matches(servo_id)
+                    and self._fire(fault)
+                ):
+                    delay = fault.delay_ms / 1000.0 if fault.kind == "late" else 0.0
+                    return fault.kind, delay
         return "send", 0.0
 
     def _active(self, fault: Fault) -> bool:

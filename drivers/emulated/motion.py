@@ -23,12 +23,16 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
 from hilrec.drivers.calibration import ArmCalibration
+
+if TYPE_CHECKING:  # MuJoCo is imported only when a twin is made
+    from hilrec.sim.operator import ScriptedOperator
+    from hilrec.sim.twin import Twin
 
 Path = Callable[[float], np.ndarray]  # seconds since start -> actual ticks (6,)
 _MID = 2047.0
@@ -116,7 +120,7 @@ class ServoMotion:
         self, initial: np.ndarray, *, hand: Path | None = None, tau_s: float = 0.03, max_speed: float = 3000.0
     ) -> None:
         self._pos = np.asarray(initial, dtype=np.float64).copy()
-        self._vel = np.zeros(NUM_JOINTS)
+        self._vel: np.ndarray = np.zeros(NUM_JOINTS)
         self._hand = hand
         self._tau = tau_s
         self._max_speed = max_speed  # ticks/s: about an STS3215's no-load 270 deg/s
@@ -124,14 +128,14 @@ class ServoMotion:
         self._last: float | None = None
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
-        if self._last is None:
+        if self._t0 is None or self._last is None:
             self._t0 = self._last = now
             return
         dt = now - self._last
         if dt <= 0:
             return
         self._last = now
-        hand = self._hand(now - self._t0) if self._hand is not None else None  # type: ignore[operator]
+        hand = self._hand(now - self._t0) if self._hand is not None else None
         previous = self._pos.copy()
         gain = 1.0 - math.exp(-dt / self._tau)
         step_cap = self._max_speed * dt
@@ -226,7 +230,7 @@ class OperatorPath:
         fps: int = 25,
         plans: int = 6,
         blend_s: float = 1.0,
-        operator_factory: Callable[[int], Any] | None = None,
+        operator_factory: Callable[[int], ScriptedOperator] | None = None,
     ) -> None:
         from hilrec.sim import units
 
@@ -272,10 +276,8 @@ class TwinMotion:
     """
 
     def __init__(
-        self, frame: MechanicalFrame, *, twin: Any | None = None, seed: int = 0, max_catch_up_s: float = 2.0
+        self, frame: MechanicalFrame, *, twin: Twin | None = None, seed: int = 0, max_catch_up_s: float = 2.0
     ) -> None:
-        from hilrec.sim import units
-
         if twin is None:
             from hilrec.sim.scene import SceneConfig
             from hilrec.sim.twin import Twin
@@ -286,13 +288,13 @@ class TwinMotion:
             twin = _one_step_twin(twin)
         self.twin = twin
         self._frame = frame
-        self._units = getattr(twin, "units", None) or units.default_units_map()
+        self._units = twin.units
         self._step_s = 1.0 / twin.fps  # one physics step
         self._max_catch_up = max(1, round(max_catch_up_s / self._step_s))
         self._t0: float | None = None
         self._steps = 0
         self._pos = self._ticks(twin.observe())
-        self._vel = np.zeros(NUM_JOINTS)
+        self._vel: np.ndarray = np.zeros(NUM_JOINTS)
 
     def _ticks(self, units_values: np.ndarray) -> np.ndarray:
         return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
@@ -326,12 +328,10 @@ class TwinMotion:
         return self._vel.copy()
 
     def close(self) -> None:
-        close = getattr(self.twin, "close", None)
-        if callable(close):
-            close()
+        self.twin.close()
 
 
-def _one_step_twin(twin: Any) -> Any:
+def _one_step_twin(twin: Twin) -> Twin:
     """``twin`` re-made stepping one physics step per frame, in the same scene and state."""
     from hilrec.sim.twin import Twin
 

@@ -71,10 +71,6 @@ def write(servo_id: int, address: int, data: bytes) -> bytes:
     return instruction_packet(servo_id, Instruction.WRITE, bytes((address,)) + bytes(data))
 
 
-def reg_write(servo_id: int, address: int, data: bytes) -> bytes:
-    return instruction_packet(servo_id, Instruction.REG_WRITE, bytes((address,)) + bytes(data))
-
-
 def action(servo_id: int = BROADCAST_ID) -> bytes:
     return instruction_packet(servo_id, Instruction.ACTION)
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hilrec.daemon.errors import CameraError, CameraStalledError
 from hilrec.drivers.camera import LatestFrame, NewestFrameSource
+
+if TYPE_CHECKING:  # MuJoCo is imported only when a camera is made
+    from hilrec.drivers.emulated.emulator import EmulatedArm
+    from hilrec.sim.twin import Twin
 
 
 class SimCamera(NewestFrameSource):
@@ -27,7 +31,7 @@ class SimCamera(NewestFrameSource):
         *,
         name: str,
         snapshot: Callable[[], np.ndarray],
-        renderer: Any,
+        renderer: Twin,
         fps: float = 25.0,
         stall_timeout_s: float = 2.0,
     ) -> None:
@@ -43,7 +47,7 @@ class SimCamera(NewestFrameSource):
     @classmethod
     def of_emulator(
         cls,
-        arm: Any,
+        arm: EmulatedArm,
         name: str,
         *,
         image_size: tuple[int, int] = (480, 640),
@@ -52,7 +56,7 @@ class SimCamera(NewestFrameSource):
     ) -> SimCamera:
         from hilrec.sim.twin import Twin
 
-        twin = getattr(arm.motion, "twin", None)
+        twin: Twin | None = getattr(arm.motion, "twin", None)  # only a TwinMotion has one
         if twin is None:
             raise CameraError(
                 f"camera '{name}': the emulated {arm.config.role} has no twin (motion {arm.config.motion!r})"
@@ -99,9 +103,7 @@ class SimCamera(NewestFrameSource):
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        close = getattr(self._renderer, "close", None)
-        if callable(close):
-            close()
+        self._renderer.close()
 
     def __enter__(self) -> SimCamera:
         self.open()

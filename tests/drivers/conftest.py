@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hilrec.daemon.so101 import Role
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
@@ -21,9 +23,9 @@ def emulate() -> Iterator[Callable[..., EmulatedArm]]:
     """Start emulated arms: ``emulate(role="follower", motion="servo", **config)``."""
     started: list[EmulatedArm] = []
 
-    def start(role: str = "follower", **kwargs: object) -> EmulatedArm:
+    def start(role: str = "follower", **kwargs: Any) -> EmulatedArm:
         kwargs.setdefault("motion", "servo")
-        arm = EmulatedArm(EmulatorConfig(role=role, **kwargs))  # type: ignore[arg-type]
+        arm = EmulatedArm(EmulatorConfig(role=Role(role), **kwargs))
         arm.start()
         started.append(arm)
         return arm

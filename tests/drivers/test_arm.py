@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ from hilrec.daemon.errors import (
     DeviceError,
     ServoFaultError,
 )
-from hilrec.daemon.so101 import JOINT_NAMES
+from hilrec.daemon.so101 import JOINT_NAMES, NormMode
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.calibration import MAX_TICK, save_calibration, units_to_ticks
 from hilrec.drivers.emulated.emulator import EmulatedArm
@@ -62,9 +63,11 @@ def test_follower_is_configured_like_lerobot(follower_emu: EmulatedArm, calibrat
 
 
 def test_torque_goes_off_when_the_with_block_fails(follower_emu: EmulatedArm, calibration_file: Path) -> None:
-    with pytest.raises(RuntimeError, match="operator code failed"):
-        with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)):
-            raise RuntimeError("operator code failed")
+    with (
+        pytest.raises(RuntimeError, match="operator code failed"),
+        SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)),
+    ):
+        raise RuntimeError("operator code failed")
     assert registers(follower_emu, "Torque_Enable") == [0] * 6
 
 
@@ -90,19 +93,20 @@ def test_action_is_cast_to_float32_before_it_becomes_ticks(
     value = next(
         v
         for v in candidates
-        if units_to_ticks(v, cal, "degrees") != units_to_ticks(float(np.float32(v)), cal, "degrees")
+        if units_to_ticks(v, cal, NormMode.DEGREES)
+        != units_to_ticks(float(np.float32(v)), cal, NormMode.DEGREES)
     )
     with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
         sent = arm.send_action(np.array([value, 0, 0, 0, 0, 50], dtype=np.float64))
     assert sent.sent[0] == np.float32(value)
-    assert sent.ticks[0] == units_to_ticks(float(np.float32(value)), cal, "degrees")
-    assert sent.ticks[0] != units_to_ticks(value, cal, "degrees")
+    assert sent.ticks[0] == units_to_ticks(float(np.float32(value)), cal, NormMode.DEGREES)
+    assert sent.ticks[0] != units_to_ticks(value, cal, NormMode.DEGREES)
 
 
 def test_max_relative_target_clamps_and_returns_what_was_sent(
     follower_emu: EmulatedArm, calibration_file: Path
 ) -> None:
-    caps = dict(zip(JOINT_NAMES, [5.0, 5.0, 5.0, 5.0, 5.0, 10.0]))
+    caps = dict(zip(JOINT_NAMES, [5.0, 5.0, 5.0, 5.0, 5.0, 10.0], strict=True))
     config = FollowerConfig(port=follower_emu.port, calibration=calibration_file, max_relative_target=caps)
     with SO101Follower(config) as arm:
         present = arm.read().values
@@ -166,7 +170,7 @@ def test_missing_calibration_names_lerobots_path(
     follower_emu: EmulatedArm, monkeypatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path))
-    with pytest.raises(CalibrationError, match="robots/so_follower/blue.json: no calibration"):
+    with pytest.raises(CalibrationError, match=re.escape("robots/so_follower/blue.json: no calibration")):
         SO101Follower(FollowerConfig(port=follower_emu.port, id="blue")).open()
 
 
@@ -184,7 +188,7 @@ def test_overload_stops_the_follower_unless_tolerated(
     strict = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
     with SO101Follower(strict) as arm:
         follower_emu.inject(Fault(kind="overload", servo_id=6))
-        with pytest.raises(ServoFaultError, match="servo id 6.*overload"):
+        with pytest.raises(ServoFaultError, match=r"servo id 6.*overload"):
             arm.read()
     follower_emu.clear_faults()
     tolerant = FollowerConfig(port=follower_emu.port, calibration=calibration_file, tolerated_status=0x20)

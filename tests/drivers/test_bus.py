@@ -16,7 +16,7 @@ from hilrec.daemon.errors import (
 )
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.emulated.emulator import EmulatedArm
-from hilrec.drivers.emulated.faults import Fault
+from hilrec.drivers.emulated.faults import Fault, FaultKind
 from hilrec.drivers.tables import StatusBit
 
 IDS = (1, 2, 3, 4, 5, 6)
@@ -160,15 +160,15 @@ def test_tx_echo_is_skipped(bus: FeetechBus, follower_emu: EmulatedArm) -> None:
 
 @pytest.mark.parametrize(("kind", "bit"), [("overload", StatusBit.OVERLOAD), ("voltage", StatusBit.VOLTAGE)])
 def test_error_bits_surface_as_servo_faults(
-    bus: FeetechBus, follower_emu: EmulatedArm, kind: str, bit: int
+    bus: FeetechBus, follower_emu: EmulatedArm, kind: FaultKind, bit: int
 ) -> None:
-    follower_emu.inject(Fault(kind=kind, servo_id=6))  # type: ignore[arg-type]
+    follower_emu.inject(Fault(kind=kind, servo_id=6))
     with pytest.raises(
         ServoFaultError, match=f"servo id 6, register Present_Position: servo reports {kind}"
     ) as info:
         bus.sync_read("Present_Position", IDS)
     assert info.value.error_bits == bit
-    assert info.value.reading.values[1] == 2047  # type: ignore[attr-defined]
+    assert info.value.reading.values[1] == 2047  # type: ignore[attr-defined]  # set by sync_read
     assert bus.read_status(6) == bit  # the Status register agrees
     reading = bus.sync_read("Present_Position", IDS, check_status=False)
     assert reading.faulted == {6: bit}

@@ -15,7 +15,7 @@ from lerobot.motors import MotorCalibration as LeRobotCalibration
 from lerobot.motors.feetech import FeetechMotorsBus
 
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
+from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode, Role
 from hilrec.drivers.calibration import (
     ArmCalibration,
     half_turn_homing,
@@ -27,12 +27,12 @@ from hilrec.drivers.calibration import (
 )
 
 CAL = {
-    "shoulder_pan": dict(id=1, drive_mode=0, homing_offset=-1021, range_min=740, range_max=3412),
-    "shoulder_lift": dict(id=2, drive_mode=0, homing_offset=15, range_min=812, range_max=3195),
-    "elbow_flex": dict(id=3, drive_mode=1, homing_offset=2047, range_min=901, range_max=3111),
-    "wrist_flex": dict(id=4, drive_mode=0, homing_offset=-2047, range_min=880, range_max=3226),
-    "wrist_roll": dict(id=5, drive_mode=0, homing_offset=3, range_min=0, range_max=4095),
-    "gripper": dict(id=6, drive_mode=0, homing_offset=1104, range_min=2016, range_max=3471),
+    "shoulder_pan": {"id": 1, "drive_mode": 0, "homing_offset": -1021, "range_min": 740, "range_max": 3412},
+    "shoulder_lift": {"id": 2, "drive_mode": 0, "homing_offset": 15, "range_min": 812, "range_max": 3195},
+    "elbow_flex": {"id": 3, "drive_mode": 1, "homing_offset": 2047, "range_min": 901, "range_max": 3111},
+    "wrist_flex": {"id": 4, "drive_mode": 0, "homing_offset": -2047, "range_min": 880, "range_max": 3226},
+    "wrist_roll": {"id": 5, "drive_mode": 0, "homing_offset": 3, "range_min": 0, "range_max": 4095},
+    "gripper": {"id": 6, "drive_mode": 0, "homing_offset": 1104, "range_min": 2016, "range_max": 3471},
 }
 
 
@@ -46,26 +46,26 @@ def lerobot_bus(body_mode: MotorNormMode, cal: dict = CAL, gripper_drive_mode: i
     return FeetechMotorsBus(port="/dev/null-not-opened", motors=motors, calibration=calibration)
 
 
-@pytest.mark.parametrize("body_mode", ["degrees", "range_m100_100"])
-def test_normalisation_is_bit_identical_to_lerobot(body_mode: str) -> None:
+@pytest.mark.parametrize("body_mode", list(BodyMode))
+def test_normalisation_is_bit_identical_to_lerobot(body_mode: BodyMode) -> None:
     ours = ArmCalibration.from_mapping(CAL)
     theirs = lerobot_bus(MotorNormMode(body_mode))
     rng = np.random.default_rng(0)
     for ticks in [rng.integers(0, 4096, 6) for _ in range(300)] + [np.full(6, 0), np.full(6, 4095)]:
-        expected = theirs._normalize({mid: int(t) for mid, t in zip(range(1, 7), ticks)})
-        got = ours.ticks_to_units([int(t) for t in ticks], body_mode)  # type: ignore[arg-type]
+        expected = theirs._normalize({mid: int(t) for mid, t in zip(range(1, 7), ticks, strict=True)})
+        got = ours.ticks_to_units([int(t) for t in ticks], body_mode)
         assert got.tolist() == [expected[mid] for mid in range(1, 7)]  # exact, not approx
 
 
-@pytest.mark.parametrize("body_mode", ["degrees", "range_m100_100"])
-def test_unnormalisation_truncates_like_lerobot(body_mode: str) -> None:
+@pytest.mark.parametrize("body_mode", list(BodyMode))
+def test_unnormalisation_truncates_like_lerobot(body_mode: BodyMode) -> None:
     ours = ArmCalibration.from_mapping(CAL)
     theirs = lerobot_bus(MotorNormMode(body_mode))
     rng = np.random.default_rng(1)
     for units in rng.uniform(-130, 130, (300, 6)):
         units[5] = abs(units[5]) % 110  # the gripper, a bit beyond 100 to exercise the clip
-        expected = theirs._unnormalize({mid: float(u) for mid, u in zip(range(1, 7), units)})
-        got = ours.units_to_ticks(units.tolist(), body_mode)  # type: ignore[arg-type]
+        expected = theirs._unnormalize({mid: float(u) for mid, u in zip(range(1, 7), units, strict=True)})
+        got = ours.units_to_ticks(units.tolist(), body_mode)
         assert got == [expected[mid] for mid in range(1, 7)]
 
 
@@ -74,10 +74,14 @@ def test_drive_mode_mirrors_the_gripper_like_lerobot() -> None:
     ours = ArmCalibration.from_mapping(cal)
     theirs = lerobot_bus(MotorNormMode.DEGREES, gripper_drive_mode=1)
     for ticks in (2016, 2500, 3471, 100, 4000):
-        assert ticks_to_units(ticks, ours["gripper"], "range_0_100") == theirs._normalize({6: ticks})[6]
-        assert units_to_ticks(30.0, ours["gripper"], "range_0_100") == theirs._unnormalize({6: 30.0})[6]
+        assert (
+            ticks_to_units(ticks, ours["gripper"], NormMode.RANGE_0_100) == theirs._normalize({6: ticks})[6]
+        )
+        assert (
+            units_to_ticks(30.0, ours["gripper"], NormMode.RANGE_0_100) == theirs._unnormalize({6: 30.0})[6]
+        )
     # DEGREES ignores drive_mode in LeRobot, and so do we (elbow_flex has drive_mode 1 above).
-    assert ticks_to_units(2006, ours["elbow_flex"], "degrees") == (2006 - 2006) * 360 / 4095
+    assert ticks_to_units(2006, ours["elbow_flex"], NormMode.DEGREES) == (2006 - 2006) * 360 / 4095
 
 
 def test_file_is_byte_identical_to_lerobots_dump(tmp_path: Path) -> None:
@@ -85,11 +89,12 @@ def test_file_is_byte_identical_to_lerobots_dump(tmp_path: Path) -> None:
     path = save_calibration(calibration, tmp_path / "robots" / "so_follower" / "arm.json")
     buffer = io.StringIO()
     with draccus.config_type("json"):
-        draccus.dump({n: LeRobotCalibration(**e) for n, e in CAL.items()}, buffer, indent=4)
+        motors = {n: LeRobotCalibration(**e) for n, e in CAL.items()}
+        draccus.dump(motors, buffer, indent=4)  # type: ignore[type-var]  # its stubs take dataclasses only
     assert path.read_text() == buffer.getvalue()
     assert load_calibration(path) == calibration
     with open(path) as fh, draccus.config_type("json"):  # and LeRobot loads ours
-        loaded = draccus.load(dict[str, LeRobotCalibration], fh)
+        loaded = draccus.load(dict[str, LeRobotCalibration], fh)  # type: ignore[type-var]  # as dump()
     assert {n: vars(c) for n, c in loaded.items()} == CAL
 
 
@@ -98,16 +103,16 @@ def test_lerobot_calibration_directory_resolution(monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert (
-        lerobot_calibration_path("follower", "blue")
+        lerobot_calibration_path(Role.FOLLOWER, "blue")
         == tmp_path / ".cache/huggingface/lerobot/calibration/robots/so_follower/blue.json"
     )
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert (
-        lerobot_calibration_path("leader", "red")
+        lerobot_calibration_path(Role.LEADER, "red")
         == tmp_path / "hf/lerobot/calibration/teleoperators/so_leader/red.json"
     )
     monkeypatch.setenv("HF_LEROBOT_CALIBRATION", str(tmp_path / "cal"))
-    assert lerobot_calibration_path("leader", "red") == tmp_path / "cal/teleoperators/so_leader/red.json"
+    assert lerobot_calibration_path(Role.LEADER, "red") == tmp_path / "cal/teleoperators/so_leader/red.json"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +140,7 @@ def test_missing_and_unparsable_files_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="no calibration file"):
         load_calibration(tmp_path / "absent.json")
     (tmp_path / "broken.json").write_text("{")
-    with pytest.raises(CalibrationError, match="broken.json: not valid JSON"):
+    with pytest.raises(CalibrationError, match=re.escape("broken.json: not valid JSON")):
         load_calibration(tmp_path / "broken.json")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import av
@@ -48,11 +49,11 @@ def test_frames_arrive_newest_first_in_rgb(video: Path) -> None:
 
 
 def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(CameraError, match="camera 'wrist'.*nothere.mp4.*no such device or file"):
+    with pytest.raises(CameraError, match=r"camera 'wrist'.*nothere\.mp4.*no such device or file"):
         OpenCVCamera(CameraConfig(name="wrist", source=str(tmp_path / "nothere.mp4"))).open()
     not_video = tmp_path / "notes.txt"
     not_video.write_text("not a video")
-    with pytest.raises(CameraError, match="notes.txt"):
+    with pytest.raises(CameraError, match=re.escape("notes.txt")):
         OpenCVCamera(CameraConfig(name="wrist", source=str(not_video))).open()
 
 

@@ -109,7 +109,11 @@ def test_id_change_is_acknowledged_under_the_old_id(sdk, follower_emu: EmulatedA
 def test_lerobots_own_bus_uses_the_emulator_as_an_arm(follower_emu: EmulatedArm) -> None:
     calibration = {
         name: MotorCalibration(
-            id=cal.id, drive_mode=cal.drive_mode, homing_offset=cal.homing_offset, range_min=cal.range_min, range_max=cal.range_max
+            id=cal.id,
+            drive_mode=cal.drive_mode,
+            homing_offset=cal.homing_offset,
+            range_min=cal.range_min,
+            range_max=cal.range_max,
         )
         for name, cal in follower_emu.frame.calibration.items()
     }
@@ -157,7 +161,8 @@ def test_hilrec_emulate_command_prints_the_port_and_links_it(tmp_path: Path) -> 
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        device = process.stdout.readline().strip()  # type: ignore[union-attr]
+        assert process.stdout is not None
+        device = process.stdout.readline().strip()
         assert device.startswith("/dev/pts/")
         assert os.readlink(link) == device
         port = scs.PortHandler(str(link))
@@ -202,7 +207,7 @@ def test_fault_specs_are_parsed_or_refused_naming_the_key() -> None:
     assert parse_fault("vanish:after_s=5").after_s == 5.0
     with pytest.raises(ConfigError, match="unknown fault 'explode'"):
         parse_fault("explode")
-    with pytest.raises(ConfigError, match="--fault drop:id=x.*id must be a int"):
+    with pytest.raises(ConfigError, match=r"--fault drop:id=x.*id must be a int"):
         parse_fault("drop:id=x")
     with pytest.raises(ConfigError, match="'missing' needs the id"):
         parse_fault("missing")

@@ -7,15 +7,18 @@ Feetech client reads is the twin's own units, up to the servo's tick quantisatio
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from hilrec.daemon.so101 import Role
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
+from hilrec.drivers.emulated.motion import TwinMotion
 from hilrec.drivers.emulated.servo import EmulatedServo
 from hilrec.drivers.emulated.sim_camera import SimCamera
 from hilrec.sim import units
@@ -25,8 +28,8 @@ HALF_TICK_DEG = 0.5 * 360 / MAX_TICK
 
 
 @pytest.fixture(scope="module")
-def twin_follower() -> EmulatedArm:
-    arm = EmulatedArm(EmulatorConfig(role="follower", motion="twin"))
+def twin_follower() -> Iterator[EmulatedArm]:
+    arm = EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, motion="twin"))
     arm.start()
     yield arm
     arm.stop()
@@ -44,14 +47,15 @@ def test_tick_grid_angles_read_exactly_the_twins_units(twin_follower: EmulatedAr
     for k in (-700, -1, 0, 1, 333, 640):
         rad = np.full(6, k / units.TICKS_PER_RAD)
         rad[5] = umap.joint_ranges[5][0] + abs(k) / units.TICKS_PER_RAD  # gripper from closed
-        ticks = [s.present_from_actual(a) for s, a in zip(servos, frame.actual_from_rad(rad))]
+        ticks = [s.present_from_actual(a) for s, a in zip(servos, frame.actual_from_rad(rad), strict=True)]
         read = frame.calibration.ticks_to_units(ticks).astype(np.float32)
         np.testing.assert_array_equal(read, umap.units_from_rad(rad).astype(np.float32))
 
 
 def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path: Path) -> None:
     calibration = save_calibration(twin_follower.frame.calibration, tmp_path / "f.json")
-    twin = twin_follower.motion.twin  # type: ignore[attr-defined]
+    assert isinstance(twin_follower.motion, TwinMotion)
+    twin = twin_follower.motion.twin
     with SO101Follower(FollowerConfig(port=twin_follower.port, calibration=calibration)) as arm:
         gripper = twin_follower.frame.calibration["gripper"]
         gripper_tick = 100 / (gripper.range_max - gripper.range_min)
@@ -79,17 +83,17 @@ def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path
 
 
 def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
-    leader_emu = EmulatedArm(EmulatorConfig(role="leader"))
+    leader_emu = EmulatedArm(EmulatorConfig(role=Role.LEADER))
     calibration = save_calibration(leader_emu.frame.calibration, tmp_path / "l.json")
     operator = ScriptedOperator(0)
     operator.reset()
     path = operator.leader_path()
     with leader_emu, SO101Leader(ArmConfig(port=leader_emu.port, calibration=calibration)) as arm:
-        readings = []
+        read = []
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            readings.append(arm.read().values)
-    readings = np.array(readings)
+            read.append(arm.read().values)
+    readings = np.array(read)
     assert np.ptp(readings, axis=0).max() > 0.5  # the operator's hand moves it
     # Every reading lies on the operator's path, linearly interpolated between its frames.
     alphas = np.linspace(0.0, 1.0, 41)[None, :, None]
@@ -125,8 +129,9 @@ def test_a_goal_acts_within_a_physics_step_whatever_its_phase() -> None:
     whole 40 ms frames on its own clock, the twin made a goal act up to a frame late depending
     on where the write fell between two frame boundaries (a random lag per recording)."""
     clock = ManualClock(1000.0)  # the motion's time origin: power-up
-    emu = EmulatedArm(EmulatorConfig(role="follower", motion="twin"), clock=clock)
-    step = emu.motion.twin.timestep  # type: ignore[attr-defined]
+    emu = EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, motion="twin"), clock=clock)
+    assert isinstance(emu.motion, TwinMotion)
+    step = emu.motion.twin.timestep
     frame, poll = 1 / 25, 0.0005
     delays_ms = {}
     with emu, FeetechBus(BusConfig(port=emu.port)) as bus:

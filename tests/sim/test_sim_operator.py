@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -37,7 +39,7 @@ def test_leader_path_is_standalone_and_deterministic() -> None:
         "home",
         "settle",
     ]
-    assert all(a < b for a, b in zip(phases.values(), list(phases.values())[1:]))
+    assert all(a < b for a, b in itertools.pairwise(phases.values()))
 
 
 def test_act_before_reset_is_refused() -> None:
@@ -83,9 +85,9 @@ def test_operator_replans_when_the_cube_is_knocked_before_the_grasp() -> None:
             act_and_step(twin, action, [knock] if frame == knock.frame else [])
             frame += 1
         outcome = outcome_of(twin)
-    moved = np.hypot(
-        start.cube.x - operator._require_plan().cube.x, start.cube.y - operator._require_plan().cube.y
-    )
+    plan_cube = operator._require_plan().cube
+    assert plan_cube is not None
+    moved = np.hypot(start.cube.x - plan_cube.x, start.cube.y - plan_cube.y)
     assert len(operator.replans) == 1 and moved > 0.01
     replanned_at = operator.replans[0]
     np.testing.assert_array_equal(operator.leader_path()[:replanned_at], planned[:replanned_at])

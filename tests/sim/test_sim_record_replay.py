@@ -62,11 +62,11 @@ def test_record_writes_a_finalized_dataset(recorded: Path) -> None:
     info = load_info(root)
     assert info["total_episodes"] == EPISODES and info["fps"] == 25
     assert info["robot_type"] == "so_follower"
-    assert set(
+    assert {
         k
         for k in info["features"]
         if not k.startswith(("timestamp", "frame_index", "episode_index", "index", "task_index"))
-    ) == {ACTION_KEY, STATE_KEY}
+    } == {ACTION_KEY, STATE_KEY}
     rows = read_episode(root, 0, [ACTION_KEY, STATE_KEY])
     assert rows[ACTION_KEY].dtype == np.float32 and rows[STATE_KEY].shape[1] == 6
 
@@ -100,6 +100,7 @@ def test_dataset_sidecar_says_what_world_made_it(recorded: Path) -> None:
     import mujoco
 
     sidecar = load_dataset_sidecar(recorded)
+    assert sidecar is not None
     sim = sidecar["sim"]
     assert sim["mujoco_version"] == mujoco.__version__
     assert {p.name for p in locate_model().meshes} == set(sim["model"]["assets"])
@@ -113,6 +114,7 @@ def test_dataset_sidecar_says_what_world_made_it(recorded: Path) -> None:
 
 def test_episode_sidecar_holds_the_oracle_facts(recorded: Path) -> None:
     meta, arrays = load_episode_sidecar(recorded, 1)
+    assert meta is not None
     sim = meta["sim"]
     assert sim["seed"] == 6
     assert set(sim["cube"]) == {"x", "y", "z", "yaw"}
@@ -134,7 +136,8 @@ def test_clean_recording_replays_bit_for_bit(recorded: Path) -> None:
         assert episode.outcome["identical"]
     disturbed = [e for e in report.episodes if e.disturbances]
     assert disturbed, "the fixture should have drawn some pushes"
-    assert all(e.disturbance_effect["max_state_drift"] > 0 for e in disturbed)
+    for e in disturbed:
+        assert e.disturbance_effect is not None and e.disturbance_effect["max_state_drift"] > 0
 
 
 def test_check_replay_json(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,6 +169,7 @@ def test_one_frame_late_observations_are_diagnosed_as_lag_one(copy_of: Path) -> 
     assert not report.passed
     late, clean = report.episodes
     assert late.status == "failed" and clean.passed
+    assert late.shift is not None
     assert late.shift["best_lag"] == 1 and late.shift["exact_at_best_lag"]
     assert late.outcome["identical"]  # the actions were untouched
     assert "lag +1" in report.format_text()

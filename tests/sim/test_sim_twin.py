@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -13,7 +17,7 @@ from hilrec.sim.twin import Twin, substeps_for, valid_frame_rates
 
 
 @pytest.fixture(scope="module")
-def twin() -> Twin:
+def twin() -> Iterator[Twin]:
     with Twin(fps=25, cameras=()) as t:
         yield t
 
@@ -58,7 +62,7 @@ def test_command_casts_to_float32_before_converting(twin: Twin) -> None:
 def test_command_clips_to_limits_and_reports_what_was_executed(twin: Twin) -> None:
     twin.reset(2)
     executed = twin.command(np.array([500.0, 0, 0, 0, 0, -20.0]))
-    low, high = twin.units.units_limits()
+    _, high = twin.units.units_limits()
     assert executed[0] <= high[0] and executed[5] >= 0.0
     assert twin.clipped_commands == 1
     ctrl = twin.actuator_targets()
@@ -157,16 +161,17 @@ def test_scene_config_is_validated() -> None:
 def test_only_measurable_features_are_accepted() -> None:
     features = sim_features({"front": (48, 64)})
     check_measurable(features)
-    for key, spec in [
+    unmeasurable: list[tuple[str, dict[str, Any]]] = [
         ("observation.cube_pose", {"dtype": "float32", "shape": [7], "names": None}),
         ("observation.environment_state", {"dtype": "float32", "shape": [3]}),
         ("observation.velocity", {"dtype": "float32", "shape": [6]}),
-    ]:
+    ]
+    for key, spec in unmeasurable:
         with pytest.raises(FeatureSpecError, match="not measurable on a real SO-101"):
             check_measurable({**features, key: spec})
     bad_state = dict(so101_features())
     bad_state["observation.state"] = {"dtype": "float32", "shape": [9], "names": None}
-    with pytest.raises(FeatureSpecError, match="observation.state"):
+    with pytest.raises(FeatureSpecError, match=re.escape("observation.state")):
         check_measurable(bad_state)
 
 
@@ -210,7 +215,7 @@ def test_extra_features_must_be_measurable() -> None:
         },
     )
     assert "observation.images.side" in features
-    with pytest.raises(FeatureSpecError, match="cube_pos.*not measurable"):
+    with pytest.raises(FeatureSpecError, match=r"cube_pos.*not measurable"):
         sim_features({}, extra={"observation.cube_pos": {"dtype": "float32", "shape": [3]}})
 
 

@@ -103,7 +103,9 @@ def test_lerobot_normalisation_of_emulated_ticks_equals_twin_units() -> None:
             low, high = umap.joint_ranges[index]
             ticks = round(rng.uniform(present_position(name, low), present_position(name, high)))
             rad[index] = angle_from_present_position(name, ticks)
-        ticks_by_id = {calibration[n]["id"]: round(present_position(n, r)) for n, r in zip(JOINT_NAMES, rad)}
+        ticks_by_id = {
+            calibration[n]["id"]: round(present_position(n, r)) for n, r in zip(JOINT_NAMES, rad, strict=True)
+        }
         lerobot = bus._normalize(ticks_by_id)
         ours = umap.units_from_rad(rad)
         for index, name in enumerate(JOINT_NAMES):
