@@ -29,12 +29,15 @@ from hilrec.daemon.errors import (
     DeviceError,
     ServoFaultError,
 )
+from hilrec.daemon.goals import GoalLimits, inner_bounds
 from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, NUM_JOINTS, BodyMode, Role
 from hilrec.drivers.bus import BusConfig, FeetechBus, SyncReading
 from hilrec.drivers.calibration import (
     ArmCalibration,
     lerobot_calibration_path,
     load_calibration,
+    ticks_to_units,
+    units_to_ticks,
 )
 from hilrec.drivers.tables import MODEL_NUMBER_STS3215, OperatingMode, describe_status
 
@@ -292,6 +295,32 @@ class SO101Follower(_SO101Arm):
     def __init__(self, config: FollowerConfig) -> None:
         super().__init__(config)
         self._max_step = _per_joint(config.max_relative_target)
+        self._limits: tuple[ArmCalibration, GoalLimits] | None = None
+
+    @property
+    def limits(self) -> GoalLimits:
+        """The calibrated range of each joint in dataset units (and max_relative_target): every
+        goal is clamped to it, so no command, whatever its source, leaves the calibrated range."""
+        calibration = self.calibration
+        if self._limits is None or self._limits[0] is not calibration:
+            modes = calibration.modes(self.config.body_mode)
+            cals = list(calibration.motors.values())
+            ends = np.array(
+                [
+                    sorted(
+                        (ticks_to_units(cal.range_min, cal, mode), ticks_to_units(cal.range_max, cal, mode))
+                    )
+                    for cal, mode in zip(cals, modes, strict=True)
+                ]
+            )
+
+            def inside(joint: int, value: float) -> bool:
+                cal = cals[joint]
+                return cal.range_min <= units_to_ticks(value, cal, modes[joint]) <= cal.range_max
+
+            low, high = inner_bounds(ends[:, 0], ends[:, 1], inside)
+            self._limits = (calibration, GoalLimits(low, high, self._max_step))
+        return self._limits[1]
 
     def __enter__(self) -> SO101Follower:
         self.open()
@@ -326,20 +355,17 @@ class SO101Follower(_SO101Arm):
         ``present`` (units) is the observation the loop just read; with a clamp configured and
         no ``present`` the positions are read first, as LeRobot does.
         """
-        goal = np.asarray(action, dtype=np.float32)  # the recorded number is the executed one
-        if goal.shape != (NUM_JOINTS,) or not np.all(np.isfinite(goal)):
+        limits = self.limits
+        now = None
+        if limits.max_step is not None:
+            now = self.read().values if present is None else np.asarray(present, np.float32)
+        try:
+            goal, clamped = limits.clamp(action, present=now)
+        except ActionError as exc:
             raise ActionError(
                 f"{self!r}: an action is {NUM_JOINTS} finite numbers in the order "
-                f"{', '.join(JOINT_NAMES)}; got {np.asarray(action)!r}"
-            )
-        clamped = False
-        if self._max_step is not None:
-            now = self.read().values if present is None else np.asarray(present, np.float32)
-            now64 = now.astype(np.float64)
-            step = np.clip(goal.astype(np.float64) - now64, -self._max_step, self._max_step)
-            safe = (now64 + step).astype(np.float32)
-            clamped = bool(np.any(safe != goal))
-            goal = safe
+                f"{', '.join(JOINT_NAMES)}; {exc}"
+            ) from None
         ticks = self.calibration.units_to_ticks([float(v) for v in goal], self.config.body_mode)
         self.bus.sync_write("Goal_Position", dict(zip(MOTOR_IDS, ticks, strict=True)))
         return SentAction(goal, tuple(ticks), clamped)

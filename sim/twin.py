@@ -26,7 +26,8 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from hilrec.daemon.errors import FrameError, FrameRateError, SimError
+from hilrec.daemon.errors import ActionError, FrameError, FrameRateError, SimError
+from hilrec.daemon.goals import GoalLimits
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
 from hilrec.sim.render import SceneRenderer
 from hilrec.sim.scene import (
@@ -142,8 +143,7 @@ class Twin:
         # arrays of six, without a numpy call (~1-2 us each between MuJoCo steps) per operation.
         self._scale_list, self._offset_list = self._scale.tolist(), self._offset.tolist()
         self._arm_qpos = _as_slice(self._qpos_adr)
-        self._command_low, self._command_high = self._command_limits()
-        self._command_bounds = list(zip(self._command_low.tolist(), self._command_high.tolist(), strict=True))
+        self.limits = GoalLimits(*self._command_limits())
         self._arm_ctrl = _as_slice(self._actuator_ids)
         cube_joint = self._model.joint(CUBE_BODY)
         self._cube_qpos = int(cube_joint.qposadr[0])
@@ -228,24 +228,13 @@ class Twin:
 
     def command(self, action: Sequence[float] | np.ndarray) -> np.ndarray:
         """Cast to float32, clip to the joint limits, write ctrl; return the executed command."""
-        values = np.asarray(action)
-        if values.shape != (NUM_JOINTS,):
-            raise FrameError("action", f"expected shape ({NUM_JOINTS},), got {values.shape}")
-        executed = values.astype(np.float32)
-        command = executed.tolist()
-        # One test for the usual case: in range (NaN compares false, so it takes the long way).
-        if not all(
-            low <= value <= high for value, (low, high) in zip(command, self._command_bounds, strict=True)
-        ):
-            if not np.isfinite(executed).all():
-                bad = ~np.isfinite(executed)
-                raise FrameError(
-                    "action",
-                    f"non-finite command for {', '.join(np.array(JOINT_NAMES)[bad])}: {values.tolist()}",
-                )
-            np.clip(executed, self._command_low, self._command_high, out=executed)
+        try:
+            executed, clamped = self.limits.clamp(action)
+        except ActionError as exc:
+            raise FrameError("action", str(exc)) from None
+        if clamped:
             self.clipped_commands += 1
-            command = executed.tolist()
+        command = executed.tolist()
         # float32 -> float64 is exact, so ctrl is a function of the recorded number alone.
         self._ctrl[self._arm_ctrl] = [
             value / scale + offset

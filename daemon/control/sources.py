@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import zmq
 
-from hilrec.daemon.errors import ProtocolError
+from hilrec.daemon.errors import ActionError, FrameError, ProtocolError
 from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.daemon.wire.protocol import parse_leader
 from hilrec.daemon.wire.security import bind
@@ -101,7 +101,15 @@ class TwinFollower:
         return JointReading(np.asarray(self.twin.observe(), dtype=np.float32))
 
     def write(self, goal: np.ndarray) -> WriteResult:
-        return WriteResult(np.asarray(self.twin.command(goal), dtype=np.float32))
+        # The twin clamps through the same GoalLimits as a real follower; a goal it refuses is
+        # an ActionError, which the loop answers by holding, never by stopping.
+        try:
+            sent = self.twin.command(goal)
+        except FrameError as exc:
+            raise ActionError(f"{self.description}: {exc}") from None
+        with np.errstate(over="ignore", invalid="ignore"):
+            asked = np.asarray(goal).astype(np.float32)
+        return WriteResult(sent, clamped=bool(np.any(sent != asked)))
 
     def advance(self) -> None:
         self.twin.step_frame()

@@ -72,7 +72,7 @@ class FrameFlag(enum.IntFlag):
     LEADER_FAILED = 1 << 3  # the leader read failed after retries: the follower held position
     WRITE_FAILED = 1 << 4  # the follower write failed: the action was not executed
     LEADER_STALE = 1 << 5  # no live leader command (watchdog): the follower held position
-    CLAMPED = 1 << 6  # max_relative_target clipped the command; the recorded action is the clipped one
+    CLAMPED = 1 << 6  # the goal was clamped (joint range, max_relative_target); the action is the clamped one
     CAMERA_REPEATED = 1 << 7  # a camera had no new frame since the last tick (same image again)
     LATE = 1 << 8  # the tick started after its deadline by more than the jitter budget
     SKIPPED = 1 << 9  # one or more whole tick slots were missed before this tick

@@ -176,3 +176,46 @@ def _lerobot_loads(root: Path, frames: int) -> None:
     assert set(dataset.meta.video_keys) == {"observation.images.front", "observation.images.side"}
     row = dataset.hf_dataset[frames - 1]
     assert len(row["observation.state"]) == 6
+
+
+def test_a_remote_leaders_out_of_range_goals_reach_the_servos_clamped_and_are_recorded_clamped(
+    tmp_path: Path, daemons
+) -> None:
+    from hilrec.drivers.calibration import MotorCalibration, units_to_ticks
+
+    root = tmp_path / "ds"
+    config = emulated_config(root).replace('source = "serial"', 'source = "remote"\nwatchdog_ms = 1000')
+    daemon = daemons(config)
+    leader = daemon.leader()
+    wild = [720.0, -1000.0, 0.0, 0.0, 0.0, 150.0]
+    try:
+        for _ in range(50):  # until the loop has taken one (a bounded number of tries)
+            leader.send(wild)
+            status = daemon.call("status")
+            if status["leader"]["state"] == "live":
+                break
+        daemon.call("start_episode", task="wild goals")
+        for _ in range(200):
+            leader.send(wild)
+            if daemon.call("status")["episode"]["frames"] >= 10:
+                break
+        daemon.call("stop_episode")
+        daemon.wait_saved(1)
+    finally:
+        leader.close()
+    assert daemon.shutdown() == 0
+    actions = read_episode(root, 0, columns=["action"])["action"]
+    _, arrays = load_episode_sidecar(root, 0)
+    flags = arrays["frame_flags"]
+    commanded = [i for i in range(len(actions)) if not flags[i] & int(FrameFlag.LEADER_STALE)]
+    assert commanded, "no frame carried the wild command"
+    sidecar = load_dataset_sidecar(root)
+    assert sidecar is not None
+    calibration = sidecar["calibration"]["follower"]
+    for i in commanded:
+        assert flags[i] & int(FrameFlag.CLAMPED), f"frame {i} not flagged clamped: {actions[i]}"
+        for joint, value in zip(calibration, actions[i], strict=True):
+            cal = MotorCalibration(**calibration[joint])
+            mode = "range_0_100" if joint == "gripper" else "degrees"
+            assert cal.range_min <= units_to_ticks(float(value), cal, mode) <= cal.range_max, (joint, value)
+    assert float(actions[commanded[-1]][5]) == 100.0

@@ -283,3 +283,19 @@ def test_a_silent_remote_leader_raises_one_fault_not_one_a_tick(tmp_path: Path) 
         b.loop.step()
         names = [name for name, _ in b.events]
         assert names.count("fault_cleared") == 1 and b.session.snapshot()["faults"] == []
+
+
+def test_the_twin_follower_clamps_through_the_same_limits_and_never_raises_past_the_loop() -> None:
+    from hilrec.daemon.control.sources import TwinFollower
+    from hilrec.daemon.errors import ActionError
+    from hilrec.sim.twin import Twin
+
+    with Twin(fps=FPS, cameras=()) as twin:
+        twin.reset(0)
+        follower = TwinFollower(twin)
+        result = follower.write(np.array([720.0, -1000.0, 0.0, 0.0, 0.0, 150.0]))
+        assert result.clamped
+        assert (result.sent >= twin.limits.low).all() and (result.sent <= twin.limits.high).all()
+        assert not follower.write((twin.limits.low + twin.limits.high) / 2).clamped
+        with pytest.raises(ActionError, match="non-finite"):
+            follower.write(np.array([np.nan, 0, 0, 0, 0, 0]))

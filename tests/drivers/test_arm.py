@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hilrec.daemon.errors import (
     ActionError,
@@ -24,7 +26,7 @@ from hilrec.daemon.errors import (
 )
 from hilrec.daemon.so101 import JOINT_NAMES, NormMode
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
-from hilrec.drivers.calibration import MAX_TICK, save_calibration, units_to_ticks
+from hilrec.drivers.calibration import MAX_TICK, load_calibration, save_calibration, units_to_ticks
 from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.faults import Fault
 
@@ -237,3 +239,46 @@ def test_opening_on_a_loaded_machine_never_fails(emulate: Callable[..., Emulated
             opens += 1
     assert failures == []
     assert opens >= 5, f"only {opens} opens in 30 s: too few to say anything"
+
+
+def test_out_of_range_goals_are_clamped_to_the_calibrated_range_and_flagged(
+    follower_emu: EmulatedArm, calibration_file: Path
+) -> None:
+    with SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file)) as arm:
+        sent = arm.send_action([720.0, -1000.0, 0.0, 0.0, 3.4e38, 150.0])
+        assert sent.clamped
+        cals = list(arm.calibration.motors.values())
+        for tick, cal in zip(sent.ticks, cals, strict=True):
+            assert cal.range_min <= tick <= cal.range_max
+        limits = arm.limits
+        expected = [limits.high[0], limits.low[1], limits.high[4], limits.high[5]]
+        np.testing.assert_array_equal(sent.sent[[0, 1, 4, 5]], np.array(expected, dtype=np.float32))
+        assert float(sent.sent[5]) == 100.0  # the gripper's range is 0..100
+        deadline = time.monotonic() + 5.0  # a sync write has no reply: wait until it has landed
+        while True:
+            with follower_emu.paused():
+                goals = tuple(s.get("Goal_Position") for s in follower_emu.servos)
+            if goals == sent.ticks or time.monotonic() > deadline:
+                break
+        assert goals == sent.ticks  # what the servos hold is what was returned
+        inside = arm.send_action([1.0, -2.0, 3.0, 4.0, 5.0, 50.0])
+        assert not inside.clamped
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    goal=st.lists(
+        st.one_of(st.floats(-1e6, 1e6, width=32), st.sampled_from([3.4e38, -3.4e38, 0.0])),
+        min_size=6,
+        max_size=6,
+    )
+)
+def test_no_finite_goal_converts_to_a_tick_outside_the_calibrated_range(
+    follower_emu: EmulatedArm, calibration_file: Path, goal: list[float]
+) -> None:
+    arm = SO101Follower(FollowerConfig(port=follower_emu.port, calibration=calibration_file))
+    arm._calibration = load_calibration(calibration_file)  # the maths only: nothing is sent
+    safe, _ = arm.limits.clamp(goal)
+    ticks = arm.calibration.units_to_ticks([float(v) for v in safe], arm.config.body_mode)
+    for tick, cal in zip(ticks, arm.calibration.motors.values(), strict=True):
+        assert cal.range_min <= tick <= cal.range_max
