@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from hilrec.daemon.dataset.paths import EPISODES_DIR
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -114,4 +116,4 @@ class Contents:
         ]
 
     def episodes_file(self, episode: int) -> Path:
-        return self.episode_files.get(episode, self.root / "meta/episodes")
+        return self.episode_files.get(episode, self.root / EPISODES_DIR)

@@ -16,13 +16,19 @@ import pyarrow as pa
 
 from hilrec.daemon.dataset.checks_common import Contents, EpisodeRows, Findings
 from hilrec.daemon.dataset.features import DEFAULT_FEATURES
-from hilrec.daemon.dataset.reader import (
+from hilrec.daemon.dataset.paths import (
+    CODEBASE_VERSION,
+    DATA_DIR,
+    EPISODES_DIR,
     INFO_PATH,
+    STATS_PREFIX,
     TASKS_PATH,
     chunk_file_index,
-    column_to_numpy,
     data_files,
     episodes_files,
+)
+from hilrec.daemon.dataset.reader import (
+    column_to_numpy,
     load_info,
     read_parquet,
     read_parquet_schema,
@@ -31,7 +37,6 @@ from hilrec.daemon.dataset.reader import (
 from hilrec.daemon.dataset.stats import unflatten_episode_stats
 from hilrec.daemon.errors import CorruptDatasetError
 
-CODEBASE_VERSION: Final[str] = "v3.0"
 EPISODE_COLUMNS: Final[tuple[str, ...]] = (
     "episode_index",
     "tasks",
@@ -173,8 +178,8 @@ def _load_episodes(contents: Contents, findings: Findings) -> None:
     if not files:
         findings.add(
             "file.unreadable",
-            contents.root / "meta/episodes",
-            "no meta/episodes/chunk-XXX/file-XXX.parquet file",
+            contents.root / EPISODES_DIR,
+            f"no {EPISODES_DIR}/chunk-XXX/file-XXX.parquet file",
         )
         return
     for path in files:
@@ -183,7 +188,7 @@ def _load_episodes(contents: Contents, findings: Findings) -> None:
         except CorruptDatasetError as exc:
             findings.add("file.unreadable", path, exc.problem)
             continue
-        ref = chunk_file_index(path.relative_to(contents.root / "meta/episodes"))
+        ref = chunk_file_index(path.relative_to(contents.root / EPISODES_DIR))
         for row in rows:
             episode = row.get("episode_index")
             missing = [c for c in EPISODE_COLUMNS if row.get(c) is None]
@@ -210,7 +215,7 @@ def _load_episodes(contents: Contents, findings: Findings) -> None:
                     episode=episode,
                 )
             row["stats"] = unflatten_episode_stats(row)
-            contents.episodes[episode] = {k: v for k, v in row.items() if not k.startswith("stats/")}
+            contents.episodes[episode] = {k: v for k, v in row.items() if not k.startswith(STATS_PREFIX)}
             contents.episode_files[episode] = path
     indices = sorted(contents.episodes)
     if indices != list(range(len(indices))):
@@ -226,7 +231,7 @@ def _load_rows(contents: Contents, findings: Findings) -> None:
     """Read every data file; split rows per episode (one contiguous block each)."""
     contents.data_files = data_files(contents.root)
     if not contents.data_files and contents.episodes:
-        findings.add("file.unreadable", contents.root / "data", "no data/chunk-XXX/file-XXX.parquet")
+        findings.add("file.unreadable", contents.root / DATA_DIR, f"no {DATA_DIR}/chunk-XXX/file-XXX.parquet")
     table_keys = [k for k, ft in contents.features.items() if ft.get("dtype") != "video"]
     blocks: list[tuple[Path, int, int, int, dict[str, np.ndarray]]] = []
     global_index: list[np.ndarray] = []
@@ -245,7 +250,7 @@ def _load_rows(contents: Contents, findings: Findings) -> None:
         change[1:] = episodes[1:] != episodes[:-1]
         starts = np.flatnonzero(change)
         ends = [*starts[1:], len(episodes)]
-        for start, end in zip(starts, ends):
+        for start, end in zip(starts, ends, strict=True):
             blocks.append((path, int(start), int(end), int(episodes[start]), columns))
     contents.global_index = (
         np.concatenate(global_index) if global_index and index_complete else np.array([], np.int64)

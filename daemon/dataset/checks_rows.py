@@ -9,7 +9,7 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, EpisodeRows, Findings
-from hilrec.daemon.dataset.reader import INFO_PATH
+from hilrec.daemon.dataset.paths import DATA_DIR, INFO_PATH
 
 # LeRobot's tolerance_s: how far a timestamp may sit from frame_index / fps.
 TIMESTAMP_TOLERANCE_S: Final[float] = 1e-4
@@ -17,7 +17,7 @@ TIMESTAMP_TOLERANCE_S: Final[float] = 1e-4
 
 def check_rows(contents: Contents, findings: Findings) -> None:
     _check_global_index(contents, findings)
-    for episode, meta in sorted(contents.episodes.items()):
+    for episode in sorted(contents.episodes):
         if episode not in contents.rows and not findings.has("episode_index.contiguous", episode=episode):
             findings.add(
                 "episode_index.contiguous",
@@ -64,7 +64,7 @@ def _locate(contents: Contents, global_row: int) -> tuple[int | None, Path, int]
                     return episode, path, row
             return None, path, row
         offset += num_rows
-    return None, contents.root / "data", global_row
+    return None, contents.root / DATA_DIR, global_row
 
 
 def _check_episode_rows(contents: Contents, episode: int, rows: EpisodeRows, findings: Findings) -> None:

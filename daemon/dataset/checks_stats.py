@@ -9,10 +9,10 @@ Tolerances, and why they are what they are:
 - ``mean``, ``std``: two references are computed, and a stored value passes if it matches either.
   The float64 reference (what the native writer stores) must match within 1e-9 of the column's
   scale (2 float32 epsilons for a float32 column, whose stats a writer may take from the values
-  before they were rounded to float32). The *native* reference repeats LeRobot 0.4.4's arithmetic in the column's own dtype
-  (``np.mean`` of float32 values is float32, and its std is ``sqrt(E[x^2] - E[x]^2)`` in float32,
-  which loses digits to cancellation); it must match within 1e-6 of the scale. A mean edited by
-  one part in 10^5 fails both.
+  before they were rounded to float32). The *native* reference repeats LeRobot 0.4.4's arithmetic
+  in the column's own dtype (``np.mean`` of float32 values is float32, and its std is
+  ``sqrt(E[x^2] - E[x]^2)`` in float32, which loses digits to cancellation); it must match within
+  1e-6 of the scale. A mean edited by one part in 10^5 fails both.
 - quantiles (q01 .. q99): any sound estimator of the q-quantile returns a value between the order
   statistics around rank q*n. LeRobot estimates from a 5000-bin histogram between min and max, so
   its value lies within one bin width of the order statistic of rank ceil(q*n). The bracket is
@@ -33,7 +33,8 @@ import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
 from hilrec.daemon.dataset.checks_video import image_stats_problem
-from hilrec.daemon.dataset.reader import STATS_PATH, load_stats
+from hilrec.daemon.dataset.paths import STATS_PATH
+from hilrec.daemon.dataset.reader import load_stats
 from hilrec.daemon.dataset.stats import (
     HISTOGRAM_BINS,
     QUANTILE_KEYS,
@@ -179,7 +180,7 @@ def _quantile_problem(
     bin_width = (ordered[-1] - ordered[0]) / HISTOGRAM_BINS
     rounding = (4 * np.finfo(np.float32).eps if native else 1e-12) * scale
     slack = 1.01 * bin_width + rounding + 1e-9
-    for q, name in zip(QUANTILES, QUANTILE_KEYS):
+    for q, name in zip(QUANTILES, QUANTILE_KEYS, strict=True):
         histogram_rank = max(math.ceil(q * n) - 1, 0)
         lo = min(histogram_rank, math.floor(q * (n - 1)))
         hi = min(max(histogram_rank, math.ceil(q * (n - 1))), n - 1)
@@ -246,7 +247,7 @@ def _aggregate_problem(
         name: (np.min if q <= 0.5 else np.max)(
             np.stack([np.asarray(e[name], dtype=np.float64) for e in episodes]), axis=0
         )
-        for q, name in zip(QUANTILES, QUANTILE_KEYS)
+        for q, name in zip(QUANTILES, QUANTILE_KEYS, strict=True)
     }
     for name in STAT_KEYS:
         got = np.asarray(stored[name], dtype=np.float64)

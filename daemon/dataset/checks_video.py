@@ -18,6 +18,7 @@ must still be accepted.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -26,13 +27,8 @@ import av
 import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
-from hilrec.daemon.dataset.reader import (
-    INFO_PATH,
-    VideoStreamInfo,
-    decoded_frames,
-    probe_video,
-    video_file_path,
-)
+from hilrec.daemon.dataset.paths import INFO_PATH, video_file_path
+from hilrec.daemon.dataset.reader import decoded_frames
 from hilrec.daemon.dataset.stats import (
     QUANTILE_KEYS,
     STAT_KEYS,
@@ -41,6 +37,7 @@ from hilrec.daemon.dataset.stats import (
     image_stats,
     sample_indices,
 )
+from hilrec.daemon.dataset.video import VideoProbe, probe_video
 from hilrec.daemon.errors import CorruptDatasetError
 
 TOLERANCE_S: Final[float] = 1e-4
@@ -135,7 +132,7 @@ def _check_file(
         return
     _check_stream(contents, key, probe, findings)
     spans.sort(key=lambda s: s.start)
-    for previous, span in zip(spans, spans[1:]):
+    for previous, span in itertools.pairwise(spans):
         if span.start < previous.end - TOLERANCE_S:
             findings.add(
                 "video.range",
@@ -176,7 +173,7 @@ def _check_file(
         _check_image_stats(contents, key, path, [s for s in spans if len(s.sample_ts)], findings)
 
 
-def _check_stream(contents: Contents, key: str, probe: VideoStreamInfo, findings: Findings) -> None:
+def _check_stream(contents: Contents, key: str, probe: VideoProbe, findings: Findings) -> None:
     if probe.fps is None or abs(float(probe.fps) - contents.fps) > 1e-6:
         findings.add(
             "video.fps", probe.path, f"stream frame rate is {probe.fps}, info fps is {contents.fps}", key=key
@@ -274,7 +271,7 @@ def image_stats_problem(
             ).any()
         ):
             return f"{name} is {values[name].tolist()}, outside [0, 1]"
-    for lower, upper in zip(ORDER, ORDER[1:]):
+    for lower, upper in itertools.pairwise(ORDER):
         if (values[lower] > values[upper] + ORDER_SLACK).any():
             return f"{lower} {values[lower].tolist()} exceeds {upper} {values[upper].tolist()}"
     if (

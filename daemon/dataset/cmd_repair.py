@@ -60,7 +60,8 @@ def format_report(report: RepairReport) -> str:
 def _ranges(values: list[int]) -> str:
     parts = []
     start = prev = values[0]
-    for value in values[1:] + [None]:  # type: ignore[list-item]
+    following: list[int | None] = [*values[1:], None]  # None closes the last range
+    for value in following:
         if value is not None and value == prev + 1:
             prev = value
             continue

@@ -9,12 +9,10 @@ its new version is written beside it and renamed over it (see :mod:`journal`), w
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,33 +20,39 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from hilrec.daemon.atomic import fsync_dir, fsync_file, write_synced
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.features import video_keys
+from hilrec.daemon.dataset.journal import Hook
 from hilrec.daemon.dataset.layout import (
-    EPISODES_DIR,
-    INFO_PATH,
     MB,
     PARQUET_OPTIONS,
+    data_schema,
+    episodes_table,
+    meta_json_bytes,
+    tasks_table,
+)
+from hilrec.daemon.dataset.paths import (
+    EPISODES_DIR,
+    INFO_PATH,
     STATS_PATH,
+    STATS_PREFIX,
     TASKS_PATH,
     FileRef,
     data_path,
-    data_schema,
+    data_ref,
+    episodes_files,
     episodes_path,
-    episodes_table,
-    read_info,
-    read_parquet,
-    read_tasks,
-    tasks_table,
+    episodes_ref,
     video_path,
+    video_ref,
 )
+from hilrec.daemon.dataset.reader import load_info, load_task_list, read_parquet
 from hilrec.daemon.dataset.stats import aggregate_stats, stats_to_json, unflatten_episode_stats
 from hilrec.daemon.dataset.video import Segment, concat_segments, probe_video, video_info
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 
 log = logging.getLogger(__name__)
-
-Hook = Callable[[str], None] | None
 
 
 @dataclass
@@ -62,10 +66,10 @@ class ConsolidatedState:
 
     @classmethod
     def load(cls, root: Path) -> ConsolidatedState:
-        info = read_info(root)
-        tasks = read_tasks(root)
+        info = load_info(root)
+        tasks = load_task_list(root)
         rows: list[dict[str, Any]] = []
-        for path in sorted((root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
+        for path in episodes_files(root):
             rows.extend(read_parquet(path).to_pylist())
         rows.sort(key=lambda r: r["episode_index"])
         if [r["episode_index"] for r in rows] != list(range(len(rows))):
@@ -86,17 +90,12 @@ def _write_new_parquet(table: pa.Table, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = journal.new_path(target)
     pq.write_table(table, tmp, **PARQUET_OPTIONS)
-    journal.fsync_file(tmp)
+    fsync_file(tmp)
 
 
 def _write_new_json(obj: Any, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = journal.new_path(target)
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=4, ensure_ascii=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    write_synced(journal.new_path(target), meta_json_bytes(obj))
 
 
 def _rel(root: Path, path: Path) -> str:
@@ -159,7 +158,7 @@ def consolidate(
     last = state.episodes[-1] if state.episodes else None
 
     # data/
-    last_ref = FileRef(last["data/chunk_index"], last["data/file_index"]) if last else None
+    last_ref = data_ref(last) if last else None
     last_size = data_path(root, last_ref).stat().st_size if last_ref else 0
     placements = _assign(
         last_ref,
@@ -178,13 +177,13 @@ def consolidate(
         merged = pa.concat_tables([t.replace_schema_metadata(schema.metadata) for t in tables])
         _write_new_parquet(merged, data_path(root, ref))
         targets.append(_rel(root, data_path(root, ref)))
-    for row, placement in zip(rows, placements):
+    for row, placement in zip(rows, placements, strict=True):
         row["data/chunk_index"], row["data/file_index"] = placement.ref.chunk, placement.ref.file
 
     # videos/
     for key in video_keys(features):
         prefix = f"videos/{key}/"
-        v_last = FileRef(last[prefix + "chunk_index"], last[prefix + "file_index"]) if last else None
+        v_last = video_ref(last, key) if last else None
         v_size = video_path(root, key, v_last).stat().st_size if v_last else 0
         staged = [journal.episode_dir(root, index) / journal.video_file_name(key) for index in batch]
         v_places = _assign(
@@ -198,14 +197,14 @@ def consolidate(
             members = [i for i, p in enumerate(v_places) if p.ref == ref]
             target = video_path(root, key, ref)
             segments = []
-            if v_places[members[0]].rows_before:
+            if last is not None and v_places[members[0]].rows_before:
                 segments.append(Segment(target, 0.0, last[prefix + "to_timestamp"]))
             segments += [Segment(staged[i]) for i in members]
             target.parent.mkdir(parents=True, exist_ok=True)
             placed = concat_segments(journal.new_path(target), segments, fps=fps)
-            journal.fsync_file(journal.new_path(target))
+            fsync_file(journal.new_path(target))
             placed = placed[len(segments) - len(members) :]
-            for i, (start, end, frames) in zip(members, placed):
+            for i, (start, end, frames) in zip(members, placed, strict=True):
                 if frames != metas[i]["length"]:
                     raise DatasetError(
                         f"{staged[i]}: {frames} video frames for "
@@ -227,21 +226,21 @@ def consolidate(
                 }
 
     # meta/episodes/
-    e_last = FileRef(last["meta/episodes/chunk_index"], last["meta/episodes/file_index"]) if last else None
+    e_last = episodes_ref(last) if last else None
     e_size = episodes_path(root, e_last).stat().st_size if e_last else 0
-    per_row = e_size // max(1, sum(1 for r in state.episodes if _meta_ref(r) == e_last)) if e_last else 0
+    per_row = e_size // max(1, sum(1 for r in state.episodes if episodes_ref(r) == e_last)) if e_last else 0
     e_places = _assign(
         e_last, e_size, [per_row] * len(rows), int(float(info["data_files_size_in_mb"]) * MB), chunks
     )
-    for row, placement in zip(rows, e_places):
+    for row, placement in zip(rows, e_places, strict=True):
         row["meta/episodes/chunk_index"], row["meta/episodes/file_index"] = (
             placement.ref.chunk,
             placement.ref.file,
         )
     all_rows = state.episodes + rows
     for ref in dict.fromkeys(p.ref for p in e_places):
-        members = [r for r in all_rows if _meta_ref(r) == ref]
-        _write_new_parquet(episodes_table(members, features), episodes_path(root, ref))
+        in_file = [r for r in all_rows if episodes_ref(r) == ref]
+        _write_new_parquet(episodes_table(in_file, features), episodes_path(root, ref))
         targets.append(_rel(root, episodes_path(root, ref)))
 
     # tasks, stats, info (last)
@@ -266,10 +265,6 @@ def consolidate(
     return ConsolidatedState(root=root, info=info, tasks=tasks, episodes=all_rows)
 
 
-def _meta_ref(row: Mapping[str, Any]) -> FileRef:
-    return FileRef(row["meta/episodes/chunk_index"], row["meta/episodes/file_index"])
-
-
 def _base_row(meta: Mapping[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         "episode_index": meta["episode_index"],
@@ -280,7 +275,7 @@ def _base_row(meta: Mapping[str, Any]) -> dict[str, Any]:
     }
     for key, ft in meta["stats"].items():
         for name, value in ft.items():
-            row[f"stats/{key}/{name}"] = value
+            row[f"{STATS_PREFIX}{key}/{name}"] = value
     return row
 
 
@@ -295,7 +290,7 @@ def drop_staged_videos(root: Path, episodes: Sequence[int], keys: Sequence[str])
                 path.unlink()
                 removed = True
         if removed:
-            journal.fsync_dir(directory)
+            fsync_dir(directory)
 
 
 def pending_episodes(root: Path, state: ConsolidatedState) -> list[int]:

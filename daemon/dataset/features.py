@@ -272,11 +272,3 @@ def _check_image(key: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
     if value.shape != shape:
         raise FrameError(key, f"image shape is {list(value.shape)}, declared (H, W, C) = {list(shape)}")
     return value
-
-
-def validate_frame(
-    frame: Mapping[str, Any],
-    features: Mapping[str, Mapping[str, Any]],
-) -> tuple[dict[str, np.ndarray], str]:
-    """One-off form of :meth:`FrameValidator.validate`."""
-    return FrameValidator(features).validate(frame)

@@ -23,19 +23,32 @@ deleted once the episode is in LeRobot's video files.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.atomic import atomic_write_bytes, fsync_dir
+from hilrec.daemon.atomic import (
+    atomic_write_bytes,
+    fsync_dir,
+    fsync_file,
+    is_temp_name,
+    json_bytes,
+    read_json,
+    temp_path,
+    write_synced,
+)
+from hilrec.daemon.dataset.paths import DATA_DIR, META_DIR, VIDEOS_DIR
+from hilrec.daemon.dataset.sidecar import SIDECAR_DIR
 from hilrec.daemon.errors import CorruptDatasetError
 
-JOURNAL_DIR: Final[str] = "hilrec/journal"
+# Called with the name of each step of a save or a merge (tests only: a crash test kills there).
+Hook = Callable[[str], None] | None
+
+JOURNAL_DIR: Final[str] = SIDECAR_DIR + "/journal"
 INTENT_FILE: Final[str] = "consolidation.json"
 EPISODE_META: Final[str] = "episode.json"
 EPISODE_DATA: Final[str] = "data.parquet"
@@ -62,22 +75,14 @@ def video_file_name(key: str) -> str:
     return f"{key}.mp4"
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def episode_meta_bytes(meta: dict[str, Any]) -> bytes:
+def episode_meta_bytes(meta: Mapping[str, Any]) -> bytes:
     payload = dict(meta)
     payload["format"] = JOURNAL_FORMAT
-    return json.dumps(payload).encode()
+    return json_bytes(payload, indent=None, final_newline=False)
 
 
-def write_episode_meta(directory: Path, meta: dict[str, Any]) -> None:
-    _write_durably(directory / EPISODE_META, episode_meta_bytes(meta))
+def write_episode_meta(directory: Path, meta: Mapping[str, Any]) -> None:
+    write_synced(directory / EPISODE_META, episode_meta_bytes(meta))
 
 
 def commit_episode(
@@ -86,7 +91,7 @@ def commit_episode(
     *,
     files: Mapping[str, bytes] | None = None,
     beside: Mapping[Path, bytes] | None = None,
-    hook: Any = None,
+    hook: Hook = None,
 ) -> Path:
     """Make the open episode durable and rename it to its committed name.
 
@@ -100,7 +105,7 @@ def commit_episode(
     dst = episode_dir(root, episode_index)
     written = set()
     for name, content in (files or {}).items():
-        _write_durably(src / name, content)
+        write_synced(src / name, content)
         written.add(name)
     for child in src.iterdir():
         if child.name not in written:
@@ -110,25 +115,17 @@ def commit_episode(
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True, exist_ok=True)
             directories[path.parent.parent] = None  # the new directory's own entry
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        _write_durably(tmp, content)
+        tmp = temp_path(path)
+        write_synced(tmp, content)
         os.replace(tmp, path)
         directories[path.parent] = None
     directories[src] = None
     for directory in directories:
         fsync_dir(directory)
-    if hook is not None:
-        hook("episode-written")
+    _hook(hook, "episode-written")
     os.replace(src, dst)
     fsync_dir(dst.parent)
     return dst
-
-
-def _write_durably(path: Path, content: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(content)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def committed_episodes(root: Path) -> list[int]:
@@ -153,10 +150,9 @@ def open_episodes(root: Path) -> list[int]:
 
 def load_episode_meta(root: Path, episode_index: int) -> dict[str, Any]:
     path = episode_dir(root, episode_index) / EPISODE_META
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read journal entry: {exc}") from exc
+    meta = read_json(path, what="journal entry")
+    if not isinstance(meta, dict):
+        raise CorruptDatasetError(str(path), "is not a journal entry (a JSON object)")
     if meta.get("episode_index") != episode_index:
         raise CorruptDatasetError(
             str(path), f"says episode {meta.get('episode_index')}, expected {episode_index}"
@@ -193,7 +189,7 @@ def old_path(path: Path) -> Path:
     return path.with_name(path.name + OLD_SUFFIX)
 
 
-def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str], hook: Any = None) -> None:
+def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str], hook: Hook = None) -> None:
     """Rename every ``<target>.hilrec-new`` over its target, recoverably, in the given order.
 
     ``hook(name)`` (tests only) is called at each step so a crash test can kill the process there.
@@ -241,23 +237,21 @@ def publish_batch(root: Path, episodes: Sequence[int], targets: Sequence[str], h
     finish_intent(root)
 
 
-def _hook(hook: Any, name: str) -> None:
+def _hook(hook: Hook, name: str) -> None:
     if hook is not None:
         hook(name)
 
 
 def _write_intent(root: Path, payload: dict[str, Any]) -> None:
-    atomic_write_bytes(intent_path(root), json.dumps(payload).encode())
+    atomic_write_bytes(intent_path(root), json_bytes(payload, indent=None, final_newline=False))
 
 
 def read_intent(root: Path) -> dict[str, Any] | None:
     path = intent_path(root)
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read consolidation intent: {exc}") from exc
+    intent = read_json(path, what="consolidation intent", if_missing=None)
+    if intent is not None and not isinstance(intent, dict):
+        raise CorruptDatasetError(str(path), "is not a consolidation intent (a JSON object)")
+    return intent
 
 
 def finish_intent(root: Path) -> None:
@@ -302,16 +296,12 @@ def recover_intent(root: Path) -> str | None:
 def orphan_files(root: Path) -> list[Path]:
     """Temp files a crash can leave: ``*.hilrec-new``, stray ``*.hilrec-old``, atomic.py temps."""
     found: list[Path] = []
-    for top in ("meta", "data", "videos", "hilrec"):
+    for top in (META_DIR, DATA_DIR, VIDEOS_DIR, SIDECAR_DIR):
         base = root / top
         if not base.is_dir():
             continue
         for dirpath, _dirnames, filenames in os.walk(base):
             for name in filenames:
-                if (
-                    name.endswith(NEW_SUFFIX)
-                    or name.endswith(OLD_SUFFIX)
-                    or (name.startswith(".") and ".tmp-" in name)
-                ):
+                if name.endswith((NEW_SUFFIX, OLD_SUFFIX)) or is_temp_name(name):
                     found.append(Path(dirpath) / name)
     return sorted(found)

@@ -1,7 +1,8 @@
-"""LeRobot v3.0 on disk: paths, info.json, and the arrow schemas of its parquet files.
+"""LeRobot v3.0 as the writer lays it down: info.json, and the arrow schemas of its parquet files.
 
 Everything here mirrors what LeRobot 0.4.4 writes (read from its source and from datasets it
-wrote), so that ``LeRobotDataset(repo_id, root=...)`` loads our files unchanged:
+wrote), so that ``LeRobotDataset(repo_id, root=...)`` loads our files unchanged. Where each file
+goes is :mod:`.paths`'s; reading them back is :mod:`.reader`'s.
 
 - ``data/chunk-XXX/file-XXX.parquet``: one column per non-video feature in features order;
   vectors as ``fixed_size_list<T>[n]``, scalars as plain columns; the Hugging Face ``datasets``
@@ -10,69 +11,38 @@ wrote), so that ``LeRobotDataset(repo_id, root=...)`` loads our files unchanged:
   as (nested) lists of double (int64 for integer min/max and every count).
 - ``meta/tasks.parquet``: ``task_index`` plus the pandas index column ``__index_level_0__`` holding
   the task string, with the pandas metadata that makes ``pd.read_parquet`` restore the index.
+- ``meta/info.json`` and ``meta/stats.json``: JSON with LeRobot's indentation (:func:`meta_json_bytes`).
 
-Every file is published atomically (temp file, fsync, rename, fsync of the directory).
+Arrays are built from numpy buffers, never through ``pa.array`` on Python or numpy values: that
+imports pandas (see :func:`_primitive_array`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from hilrec.daemon.atomic import atomic_replace, atomic_write_bytes
+from hilrec.daemon.atomic import atomic_write_bytes, json_bytes
 from hilrec.daemon.dataset.features import data_keys, is_video, video_keys
-from hilrec.daemon.dataset.reader import read_parquet
-from hilrec.daemon.dataset.stats import STAT_KEYS, stats_to_json
-from hilrec.daemon.errors import CorruptDatasetError
+from hilrec.daemon.dataset.paths import (
+    CODEBASE_VERSION,
+    DATA_PATH,
+    INFO_PATH,
+    TASK_INDEX_COLUMN,
+    VIDEO_PATH,
+)
+from hilrec.daemon.dataset.stats import STAT_KEYS
 
-CODEBASE_VERSION: Final[str] = "v3.0"
 DEFAULT_CHUNK_SIZE: Final[int] = 1000
 DEFAULT_DATA_FILE_SIZE_IN_MB: Final[int] = 100
 DEFAULT_VIDEO_FILE_SIZE_IN_MB: Final[int] = 200
-
-INFO_PATH: Final[str] = "meta/info.json"
-STATS_PATH: Final[str] = "meta/stats.json"
-TASKS_PATH: Final[str] = "meta/tasks.parquet"
-EPISODES_DIR: Final[str] = "meta/episodes"
-DATA_PATH: Final[str] = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-VIDEO_PATH: Final[str] = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-EPISODES_PATH: Final[str] = EPISODES_DIR + "/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
-TASK_INDEX_COLUMN: Final[str] = "__index_level_0__"
 PARQUET_OPTIONS: Final[dict[str, Any]] = {"compression": "snappy", "use_dictionary": True}
 MB: Final[int] = 1024 * 1024
-
-
-@dataclass(frozen=True, order=True)
-class FileRef:
-    """A (chunk, file) pair. ``next`` moves to a new chunk after ``chunks_size`` files."""
-
-    chunk: int = 0
-    file: int = 0
-
-    def next(self, chunks_size: int) -> FileRef:
-        if self.file >= chunks_size - 1:
-            return FileRef(self.chunk + 1, 0)
-        return FileRef(self.chunk, self.file + 1)
-
-
-def data_path(root: Path, ref: FileRef) -> Path:
-    return root / DATA_PATH.format(chunk_index=ref.chunk, file_index=ref.file)
-
-
-def video_path(root: Path, key: str, ref: FileRef) -> Path:
-    return root / VIDEO_PATH.format(video_key=key, chunk_index=ref.chunk, file_index=ref.file)
-
-
-def episodes_path(root: Path, ref: FileRef) -> Path:
-    return root / EPISODES_PATH.format(chunk_index=ref.chunk, file_index=ref.file)
 
 
 # --- info.json -----------------------------------------------------------------------------------
@@ -84,8 +54,8 @@ def empty_info(
     features: Mapping[str, Any],
     robot_type: str | None,
     chunks_size: int = DEFAULT_CHUNK_SIZE,
-    data_files_size_in_mb: int = DEFAULT_DATA_FILE_SIZE_IN_MB,
-    video_files_size_in_mb: int = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+    data_files_size_in_mb: float = DEFAULT_DATA_FILE_SIZE_IN_MB,
+    video_files_size_in_mb: float = DEFAULT_VIDEO_FILE_SIZE_IN_MB,
 ) -> dict[str, Any]:
     """info.json of a dataset with no episode yet, LeRobot's keys and order."""
     return {
@@ -105,39 +75,16 @@ def empty_info(
     }
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=4, ensure_ascii=False) + "\n").encode())
+def meta_json_bytes(obj: Any) -> bytes:
+    """The bytes of ``meta/info.json`` and ``meta/stats.json``, indented as LeRobot writes them."""
+    return json_bytes(obj, indent=4, ensure_ascii=False)
 
 
 def write_info(root: Path, info: Mapping[str, Any]) -> None:
-    write_json_atomic(root / INFO_PATH, info)
-
-
-def read_info(root: Path) -> dict[str, Any]:
-    path = root / INFO_PATH
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise CorruptDatasetError(str(path), "missing: not a LeRobot dataset root") from exc
-    except (OSError, ValueError) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read JSON: {exc}") from exc
-
-
-def write_stats(root: Path, stats: Mapping[str, Mapping[str, Any]]) -> None:
-    write_json_atomic(root / STATS_PATH, stats_to_json(stats))
+    atomic_write_bytes(root / INFO_PATH, meta_json_bytes(info))
 
 
 # --- parquet -------------------------------------------------------------------------------------
-
-
-def write_parquet_atomic(table: pa.Table, path: Path) -> int:
-    """Write ``table`` to ``path`` via a temp file and rename; return the bytes written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp, **PARQUET_OPTIONS)
-    size = tmp.stat().st_size
-    atomic_replace(tmp, path)
-    return size
 
 
 def _arrow_scalar(dtype: str) -> pa.DataType:
@@ -207,16 +154,6 @@ def arrow_array(values: Sequence[Any], arrow_type: pa.DataType) -> pa.Array:
             arrow_type, len(encoded), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
         )
     return _primitive_array(np.asarray(values, dtype=arrow_type.to_pandas_dtype()), arrow_type)
-
-
-def column_to_numpy(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """A data column as (n,) or (n, d) numpy, in its stored dtype."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_fixed_size_list(array.type):
-        size = array.type.list_size
-        flat = array.flatten().to_numpy(zero_copy_only=False)
-        return flat.reshape(-1, size)
-    return array.to_numpy(zero_copy_only=False)
 
 
 # --- meta/episodes -------------------------------------------------------------------------------
@@ -314,19 +251,3 @@ def tasks_table(tasks: Sequence[str]) -> pa.Table:
     return pa.Table.from_arrays(
         [arrow_array(range(len(tasks)), pa.int64()), arrow_array(list(tasks), pa.string())], schema=schema
     )
-
-
-def read_tasks(root: Path) -> list[str]:
-    """Task strings by task_index, from either LeRobot's pandas form or a plain ``task`` column."""
-    path = root / TASKS_PATH
-    if not path.exists():
-        return []
-    table = read_parquet(path)
-    names = table.column_names
-    text_column = TASK_INDEX_COLUMN if TASK_INDEX_COLUMN in names else "task"
-    if text_column not in names or "task_index" not in names:
-        raise CorruptDatasetError(str(path), f"no task column in {names}")
-    pairs = sorted(zip(table.column("task_index").to_pylist(), table.column(text_column).to_pylist()))
-    if [i for i, _ in pairs] != list(range(len(pairs))):
-        raise CorruptDatasetError(str(path), "task_index is not 0..n-1")
-    return [task for _, task in pairs]

@@ -19,13 +19,16 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from hilrec.daemon.dataset.features import FrameValidator, user_keys, validate_features, video_keys
 from hilrec.daemon.dataset.sidecar import update_dataset_sidecar, write_episode_sidecar
 from hilrec.daemon.errors import DatasetError, DatasetStateError, FrameError
+
+if TYPE_CHECKING:  # LeRobot (with torch) is imported only when a sink is created
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
 SUPPORTED_LEROBOT: Final[str] = "0.4.4"
 # The native writer names encoders as FFmpeg does; LeRobot 0.4.4 calls libx264 "h264".
@@ -34,7 +37,7 @@ _LEROBOT_CODEC_NAMES: Final[dict[str, str]] = {"libx264": "h264"}
 _STAGING_TEMPLATE: Final[str] = "images/{key}/episode-{episode_index:06d}"
 
 
-def _import_lerobot() -> tuple[Any, str]:
+def _import_lerobot() -> tuple[type[LeRobotDataset], str]:
     try:
         import lerobot
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -52,7 +55,7 @@ class LeRobotSink:
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: LeRobotDataset,
         *,
         root: Path,
         fps: int,

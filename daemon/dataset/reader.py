@@ -11,6 +11,9 @@ What this module reads is what LeRobot 0.4.x writes and what the native writer w
 - ``videos/<key>/chunk-XXX/file-XXX.mp4``: one or more episodes per file, each episode at
   ``[from_timestamp, to_timestamp)`` of its file.
 
+Where each file is and what its columns are called is :mod:`.paths`'s, shared with the writer;
+a video's stream is read by :func:`.video.probe_video`, which this module passes on.
+
 Every file that cannot be read raises :class:`CorruptDatasetError` naming the file, so a caller can
 tell "this dataset is broken here" from "this code is broken".
 """
@@ -18,13 +21,9 @@ tell "this dataset is broken here" from "this code is broken".
 from __future__ import annotations
 
 import json
-import os
-import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import av
 import numpy as np
@@ -32,38 +31,65 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from hilrec.daemon.atomic import read_json
+from hilrec.daemon.dataset.paths import (
+    EPISODES_DIR,
+    INFO_PATH,
+    STATS_PATH,
+    STATS_PREFIX,
+    TASK_INDEX_COLUMN,
+    TASKS_PATH,
+    PathLike,
+    data_file_path,
+    episodes_files,
+    video_file_path,
+)
 from hilrec.daemon.dataset.stats import DatasetStats, stats_from_json, unflatten_episode_stats
+from hilrec.daemon.dataset.video import VideoProbe, probe_video, stream_time_base
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 
-INFO_PATH: Final[str] = "meta/info.json"
-STATS_PATH: Final[str] = "meta/stats.json"
-TASKS_PATH: Final[str] = "meta/tasks.parquet"
-EPISODES_DIR: Final[str] = "meta/episodes"
-DATA_DIR: Final[str] = "data"
-VIDEOS_DIR: Final[str] = "videos"
-CHUNK_FILE_RE: Final[re.Pattern[str]] = re.compile(r"chunk-(\d+)/file-(\d+)\.(parquet|mp4)$")
-STATS_PREFIX: Final[str] = "stats/"
-
-PathLike = str | os.PathLike[str]
-
+# A dataset's videos are read through this module too: the probe and the file of an episode are
+# video's and paths' own, named here so that a reader of datasets needs one import.
+__all__ = [
+    "VideoProbe",
+    "column_to_numpy",
+    "decode_video",
+    "decoded_frames",
+    "episode_row",
+    "episode_stats",
+    "load_episodes",
+    "load_info",
+    "load_stats",
+    "load_task_list",
+    "load_tasks",
+    "probe_video",
+    "read_episode",
+    "read_episode_frames",
+    "read_episode_rows",
+    "read_parquet",
+    "read_parquet_schema",
+    "tasks_from_table",
+    "video_file_path",
+]
 
 # --- metadata ------------------------------------------------------------------------------------
 
 
 def load_info(root: PathLike) -> dict[str, Any]:
     """``meta/info.json`` as a dict (shapes stay lists, as on disk)."""
-    info = _load_json(Path(root) / INFO_PATH)
+    path = Path(root) / INFO_PATH
+    info = read_json(path, if_missing="missing: not a LeRobot dataset root")
     if not isinstance(info, dict) or not isinstance(info.get("features"), dict):
-        raise CorruptDatasetError(str(Path(root) / INFO_PATH), "has no 'features' mapping")
+        raise CorruptDatasetError(str(path), "has no 'features' mapping")
     return info
 
 
 def load_stats(root: PathLike) -> DatasetStats | None:
     """``meta/stats.json`` as ``{key: {stat: ndarray}}``; None when the file does not exist."""
     path = Path(root) / STATS_PATH
-    if not path.exists():
+    data = read_json(path, if_missing=None)
+    if data is None:
         return None
-    data = _load_json(path)
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise CorruptDatasetError(str(path), "is not a mapping of feature -> {stat: values}")
     return stats_from_json(data)
@@ -72,22 +98,36 @@ def load_stats(root: PathLike) -> DatasetStats | None:
 def load_tasks(root: PathLike) -> dict[int, str]:
     """``{task_index: task}`` from ``meta/tasks.parquet``, ordered by task_index."""
     path = Path(root) / TASKS_PATH
+    return tasks_from_table(read_parquet(path), path)
+
+
+def load_task_list(root: PathLike) -> list[str]:
+    """The task strings by task_index, which must run 0..n-1; [] before the first episode."""
+    path = Path(root) / TASKS_PATH
+    if not path.exists():
+        return []
     table = read_parquet(path)
-    return tasks_from_table(table, path)
+    tasks = tasks_from_table(table, path)
+    if list(tasks) != list(range(table.num_rows)):
+        raise CorruptDatasetError(str(path), "task_index is not 0..n-1")
+    return list(tasks.values())
 
 
 def tasks_from_table(table: pa.Table, path: PathLike) -> dict[int, str]:
+    """Tasks from a ``task`` column or, as LeRobot writes it through pandas, the index column."""
     names = table.column_names
     if "task_index" not in names:
         raise CorruptDatasetError(str(path), "has no 'task_index' column")
     task_column = "task" if "task" in names else _pandas_index_column(table)
+    if task_column is None and TASK_INDEX_COLUMN in names:
+        task_column = TASK_INDEX_COLUMN  # the pandas metadata was lost, its column was not
     if task_column is None:
         raise CorruptDatasetError(str(path), "has neither a 'task' column nor a pandas index column")
     indices = table.column("task_index").to_pylist()
     tasks = table.column(task_column).to_pylist()
     if any(i is None for i in indices) or any(not isinstance(t, str) for t in tasks):
         raise CorruptDatasetError(str(path), "has null task indices or non-string tasks")
-    return dict(sorted(zip((int(i) for i in indices), tasks)))
+    return dict(sorted(zip((int(i) for i in indices), tasks, strict=True)))
 
 
 def _pandas_index_column(table: pa.Table) -> str | None:
@@ -103,25 +143,6 @@ def _pandas_index_column(table: pa.Table) -> str | None:
         if isinstance(column, str) and column in table.column_names:
             return column
     return None
-
-
-def episodes_files(root: PathLike) -> list[Path]:
-    return _chunk_files(Path(root) / EPISODES_DIR, "parquet")
-
-
-def data_files(root: PathLike) -> list[Path]:
-    return _chunk_files(Path(root) / DATA_DIR, "parquet")
-
-
-def _chunk_files(directory: Path, ext: str) -> list[Path]:
-    # LeRobot globs "*/*.parquet" and sorts by path; zero-padded names make that numeric order.
-    return sorted(p for p in directory.glob(f"*/*.{ext}") if p.is_file())
-
-
-def chunk_file_index(path: PathLike) -> tuple[int, int] | None:
-    """(chunk_index, file_index) of a ``chunk-XXX/file-XXX.ext`` path, None for other names."""
-    match = CHUNK_FILE_RE.search(Path(path).as_posix())
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def load_episodes(root: PathLike, with_stats: bool = False) -> list[dict[str, Any]]:
@@ -140,8 +161,7 @@ def load_episodes(root: PathLike, with_stats: bool = False) -> list[dict[str, An
         for row in read_parquet(path, columns=wanted).to_pylist():
             if with_stats:
                 row["stats"] = unflatten_episode_stats(row)
-                row = {k: v for k, v in row.items() if not k.startswith(STATS_PREFIX)}
-            rows.append(row)
+            rows.append({k: v for k, v in row.items() if not k.startswith(STATS_PREFIX)})
     if any(not isinstance(r.get("episode_index"), int) for r in rows):
         raise CorruptDatasetError(str(Path(root) / EPISODES_DIR), "has rows without an episode_index")
     return sorted(rows, key=lambda r: r["episode_index"])
@@ -210,7 +230,7 @@ def read_episode_rows(path: PathLike, episode_index: int, columns: Sequence[str]
 
 def column_to_numpy(
     column: pa.ChunkedArray | pa.Array,
-    shape: Sequence[int],
+    shape: Sequence[int] | None = None,
     *,
     name: str = "<column>",
     path: PathLike = "<table>",
@@ -218,12 +238,14 @@ def column_to_numpy(
     """Arrow column -> ``(n,)`` for shape ``[1]`` or ``(n, *shape)``, in the stored dtype.
 
     Vectors may be stored as fixed-size lists (LeRobot's ``Sequence(length=d)``) or plain lists;
-    either way every row must hold exactly the declared number of values.
+    either way every row must hold exactly the declared number of values. Without ``shape`` it is
+    the column's own: the sizes of its fixed-size lists, ``[1]`` for a plain column (the native
+    writer's data files, whose schema is the declared one).
     """
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if array.null_count:
         raise CorruptDatasetError(str(path), f"column '{name}' has {array.null_count} null rows")
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(int(d) for d in shape) if shape is not None else _stored_shape(array.type)
     n = len(array)
     if shape == (1,) and not _is_list(array.type):
         return array.to_numpy(zero_copy_only=False)
@@ -248,6 +270,14 @@ def column_to_numpy(
     if _is_list(array.type):
         raise CorruptDatasetError(str(path), f"column '{name}' is nested deeper than shape {list(shape)}")
     return array.to_numpy(zero_copy_only=False).reshape((n, *shape))
+
+
+def _stored_shape(arrow_type: pa.DataType) -> tuple[int, ...]:
+    sizes: list[int] = []
+    while pa.types.is_fixed_size_list(arrow_type):
+        sizes.append(arrow_type.list_size)
+        arrow_type = arrow_type.value_type
+    return tuple(sizes) or (1,)
 
 
 def _is_list(arrow_type: pa.DataType) -> bool:
@@ -277,9 +307,7 @@ def read_episode(
         if key not in features or features[key].get("dtype") in ("video", "image"):
             raise DatasetError(f"{root}: '{key}' is not a numeric feature of this dataset")
     row = episode_row(root, episode_index)
-    path = root / info["data_path"].format(
-        chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
-    )
+    path = data_file_path(root, info, row)
     table = read_episode_rows(path, episode_index, wanted)
     if table.num_rows != row["length"]:
         raise CorruptDatasetError(
@@ -293,51 +321,6 @@ def read_episode(
 # --- video ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class VideoStreamInfo:
-    """What a video file's first video stream says about itself, without decoding a frame."""
-
-    path: Path
-    codec: str
-    pix_fmt: str | None
-    width: int
-    height: int
-    fps: Fraction | None  # the stream's average frame rate
-    frame_timestamps: np.ndarray  # seconds, float64, sorted: one per packet that carries a frame
-
-    @property
-    def num_frames(self) -> int:
-        return len(self.frame_timestamps)
-
-
-def probe_video(path: PathLike) -> VideoStreamInfo:
-    """Stream parameters and every frame's presentation time (demuxed, not decoded)."""
-    path = Path(path)
-    if not path.exists():
-        raise CorruptDatasetError(str(path), "missing")
-    try:
-        with av.open(str(path)) as container:
-            if not container.streams.video:
-                raise CorruptDatasetError(str(path), "has no video stream")
-            stream = container.streams.video[0]
-            time_base = stream.time_base
-            pts = [
-                packet.pts for packet in container.demux(stream) if packet.pts is not None and packet.size > 0
-            ]
-            rate = stream.average_rate
-            return VideoStreamInfo(
-                path=path,
-                codec=stream.codec.canonical_name,
-                pix_fmt=stream.pix_fmt,
-                width=stream.width,
-                height=stream.height,
-                fps=Fraction(rate) if rate else None,
-                frame_timestamps=np.sort(np.asarray(pts, dtype=np.float64) * float(time_base)),
-            )
-    except av.FFmpegError as exc:
-        raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
-
-
 def decoded_frames(path: PathLike) -> Iterator[tuple[float, av.VideoFrame]]:
     """Every presented frame of a file's first video stream with its timestamp in seconds.
 
@@ -345,9 +328,10 @@ def decoded_frames(path: PathLike) -> Iterator[tuple[float, av.VideoFrame]]:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
+        time_base = stream_time_base(stream, Path(path))
         for frame in container.decode(stream):
             if frame.pts is not None:
-                yield float(frame.pts * stream.time_base), frame
+                yield float(frame.pts * time_base), frame
 
 
 def decode_video(
@@ -381,7 +365,7 @@ def decode_video(
         )
     have = np.asarray(found_ts)
     picks = [int(np.abs(have - t).argmin()) for t in wanted]
-    misses = [float(t) for t, p in zip(wanted, picks) if abs(have[p] - t) > tolerance_s]
+    misses = [float(t) for t, p in zip(wanted, picks, strict=True) if abs(have[p] - t) > tolerance_s]
     if misses:
         raise CorruptDatasetError(
             str(path), f"no frame within {tolerance_s} s of timestamps {misses[:5]} ({len(misses)} in all)"
@@ -408,29 +392,6 @@ def read_episode_frames(
     return decode_video(path, start + indices / float(info["fps"]))
 
 
-def video_file_path(root: PathLike, info: dict[str, Any], row: dict[str, Any], key: str) -> Path:
-    template = info.get("video_path")
-    if not template:
-        raise CorruptDatasetError(str(Path(root) / INFO_PATH), "has video features but no video_path")
-    return Path(root) / template.format(
-        video_key=key,
-        chunk_index=row[f"videos/{key}/chunk_index"],
-        file_index=row[f"videos/{key}/file_index"],
-    )
-
-
 def episode_stats(row: dict[str, Any]) -> DatasetStats:
     """Per-episode stats of a :func:`load_episodes` row (either form)."""
     return row["stats"] if "stats" in row else unflatten_episode_stats(row)
-
-
-# --- helpers -------------------------------------------------------------------------------------
-
-
-def _load_json(path: Path) -> Any:
-    if not path.exists():
-        raise CorruptDatasetError(str(path), "missing")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CorruptDatasetError(str(path), f"unreadable JSON: {exc}") from exc

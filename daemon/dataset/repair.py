@@ -19,7 +19,6 @@ was.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -37,22 +36,26 @@ from hilrec.daemon.atomic import fsync_dir
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.consolidate import ConsolidatedState, consolidate, pending_episodes
 from hilrec.daemon.dataset.features import video_keys
-from hilrec.daemon.dataset.layout import (
-    EPISODES_DIR,
+from hilrec.daemon.dataset.layout import PARQUET_OPTIONS, data_schema, empty_info, write_info
+from hilrec.daemon.dataset.paths import (
+    DATA_DIR,
     INFO_PATH,
-    PARQUET_OPTIONS,
+    META_DIR,
+    VIDEOS_DIR,
     FileRef,
-    column_to_numpy,
     data_path,
-    data_schema,
-    empty_info,
-    read_info,
-    read_parquet,
-    read_tasks,
+    data_ref,
+    episodes_files,
     video_path,
-    write_info,
+    video_ref,
 )
-from hilrec.daemon.dataset.sidecar import episode_json_path, episode_npz_path
+from hilrec.daemon.dataset.reader import column_to_numpy, load_info, load_task_list, read_parquet
+from hilrec.daemon.dataset.sidecar import (
+    episodes_sidecar_dir,
+    renumber_episode_sidecar,
+    sidecar_dir,
+    stored_episode_sidecars,
+)
 from hilrec.daemon.dataset.stats import compute_episode_stats, stats_to_json, unflatten_episode_stats
 from hilrec.daemon.dataset.video import Segment, concat_segments, probe_video
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError, VideoEncodingError
@@ -133,14 +136,7 @@ def _count_video_frames(directory: Path) -> dict[str, int]:
 
 
 def _drop_stale_sidecars(root: Path, saved: int, report: RepairReport) -> None:
-    directory = root / "hilrec" / "episodes"
-    if not directory.is_dir():
-        return
-    for path in sorted(directory.glob("episode-*")):
-        try:
-            index = int(path.name.split("-")[1].split(".")[0])
-        except ValueError:
-            continue
+    for index, path in stored_episode_sidecars(root):
         if index >= saved:
             path.unlink()
             report.actions.append(f"removed sidecar of unsaved episode {index}: {path.name}")
@@ -161,7 +157,7 @@ def _verify_files(root: Path, state: ConsolidatedState) -> None:
     """Cheap structural checks that decide whether a rebuild is needed."""
     rows_by_data: dict[FileRef, list[dict[str, Any]]] = {}
     for row in state.episodes:
-        rows_by_data.setdefault(FileRef(row["data/chunk_index"], row["data/file_index"]), []).append(row)
+        rows_by_data.setdefault(data_ref(row), []).append(row)
     for ref, rows in rows_by_data.items():
         path = data_path(root, ref)
         try:
@@ -172,12 +168,9 @@ def _verify_files(root: Path, state: ConsolidatedState) -> None:
         if rows_in_file != expected:
             raise CorruptDatasetError(str(path), f"{rows_in_file} rows, episodes say {expected}")
     for key in video_keys(state.info["features"]):
-        prefix = f"videos/{key}/"
         by_file: dict[FileRef, list[dict[str, Any]]] = {}
         for row in state.episodes:
-            by_file.setdefault(FileRef(row[prefix + "chunk_index"], row[prefix + "file_index"]), []).append(
-                row
-            )
+            by_file.setdefault(video_ref(row, key), []).append(row)
         for ref, rows in by_file.items():
             path = video_path(root, key, ref)
             frames = probe_video(path).frames
@@ -217,19 +210,19 @@ def rebuild(root: Path) -> RepairReport:
     for index in journal.open_episodes(root):
         journal.remove_dir(journal.open_episode_dir(root, index))
         report.dropped.append({"episode": index, "reason": "open (never saved) when the writer stopped"})
-    info = read_info(root)
+    info = load_info(root)
     features = info["features"]
     keys = video_keys(features)
     rows = _readable_episode_rows(root)
     committed = set(journal.committed_episodes(root))
     candidates = sorted(committed | set(rows))
     try:
-        tasks = read_tasks(root)
+        tasks = load_task_list(root)
     except CorruptDatasetError:
         tasks = []
     tasks = _tasks_from_journal(root, candidates, tasks)
 
-    work = root / "hilrec" / f".rebuild-{os.getpid()}"
+    work = sidecar_dir(root) / f".rebuild-{os.getpid()}"
     if work.exists():
         shutil.rmtree(work)
     fresh = empty_info(
@@ -256,10 +249,10 @@ def rebuild(root: Path) -> RepairReport:
                     root,
                     old,
                     key,
-                    rows.get(old),
-                    source_dir / journal.video_file_name(key),
-                    int(info["fps"]),
-                    table.num_rows,
+                    row=rows.get(old),
+                    out=source_dir / journal.video_file_name(key),
+                    fps=int(info["fps"]),
+                    length=table.num_rows,
                 )
         except (CorruptDatasetError, DatasetError, VideoEncodingError, KeyError) as exc:
             journal.remove_dir(journal.open_episode_dir(work, new_index))
@@ -269,7 +262,12 @@ def rebuild(root: Path) -> RepairReport:
         new_tasks = [t for t in dict.fromkeys(task_names) if t not in used_tasks]
         used_tasks.extend(new_tasks)
         table = _renumber(
-            table, schema, new_index, frames, {t: used_tasks.index(t) for t in used_tasks}, task_names
+            table,
+            schema,
+            episode_index=new_index,
+            first_frame=frames,
+            task_ids={t: used_tasks.index(t) for t in used_tasks},
+            task_names=task_names,
         )
         pq.write_table(table, source_dir / journal.EPISODE_DATA, **PARQUET_OPTIONS)
         columns = {name: column_to_numpy(table.column(name)) for name in table.column_names}
@@ -305,7 +303,7 @@ def rebuild(root: Path) -> RepairReport:
 
 def _readable_episode_rows(root: Path) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
-    for path in sorted((root / EPISODES_DIR).glob("chunk-*/file-*.parquet")):
+    for path in episodes_files(root):
         try:
             for row in read_parquet(path).to_pylist():
                 rows[int(row["episode_index"])] = row
@@ -342,7 +340,7 @@ def _episode_rows(
     if table is None:
         if row is None:
             raise CorruptDatasetError(str(source), f"episode {index}: no journal copy and no episode row")
-        path = data_path(root, FileRef(row["data/chunk_index"], row["data/file_index"]))
+        path = data_path(root, data_ref(row))
         whole = read_parquet(path)
         table = whole.filter(pc.equal(whole.column("episode_index"), index))
         if table.num_rows != row["length"]:
@@ -358,7 +356,7 @@ def _episode_rows(
 
 
 def _extract_video(
-    root: Path, index: int, key: str, row: dict[str, Any] | None, out: Path, fps: int, length: int
+    root: Path, index: int, key: str, *, row: dict[str, Any] | None, out: Path, fps: int, length: int
 ) -> None:
     staged = journal.episode_dir(root, index) / journal.video_file_name(key)
     if staged.exists() and probe_video(staged).frames == length:
@@ -367,7 +365,7 @@ def _extract_video(
     if row is None or row.get(f"videos/{key}/chunk_index") is None:
         raise CorruptDatasetError(str(staged), f"episode {index}: no video for '{key}'")
     prefix = f"videos/{key}/"
-    source = video_path(root, key, FileRef(row[prefix + "chunk_index"], row[prefix + "file_index"]))
+    source = video_path(root, key, video_ref(row, key))
     placed = concat_segments(
         out, [Segment(source, row[prefix + "from_timestamp"], row[prefix + "to_timestamp"])], fps=fps
     )
@@ -380,6 +378,7 @@ def _extract_video(
 def _renumber(
     table: pa.Table,
     schema: pa.Schema,
+    *,
     episode_index: int,
     first_frame: int,
     task_ids: dict[str, int],
@@ -396,49 +395,33 @@ def _renumber(
 
 
 def _swap_in(root: Path, work: Path, report: RepairReport) -> None:
-    damaged = root / "hilrec" / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    damaged = sidecar_dir(root) / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}"
     damaged.mkdir(parents=True, exist_ok=True)
-    for name in ("meta", "data", "videos"):
+    for name in (META_DIR, DATA_DIR, VIDEOS_DIR):
         if (root / name).exists():
             os.replace(root / name, damaged / name)
     if journal.journal_dir(root).exists():
         os.replace(journal.journal_dir(root), damaged / "journal")
     fsync_dir(root)
-    for name in ("data", "videos", "meta"):
+    for name in (DATA_DIR, VIDEOS_DIR, META_DIR):
         if (work / name).exists():
             os.replace(work / name, root / name)
     os.replace(journal.journal_dir(work), journal.journal_dir(root))
     shutil.rmtree(work)
     fsync_dir(root)
-    fsync_dir(root / "hilrec")
+    fsync_dir(sidecar_dir(root))
     _renumber_sidecars(root, report.renumbered)
     report.actions.append(f"moved the damaged files to {damaged.relative_to(root)}")
 
 
 def _renumber_sidecars(root: Path, mapping: dict[int, int]) -> None:
-    kept = set(mapping)
-    directory = root / "hilrec" / "episodes"
+    directory = episodes_sidecar_dir(root)
     if not directory.is_dir():
         return
-    for path in sorted(directory.glob("episode-*")):
-        try:
-            index = int(path.name.split("-")[1].split(".")[0])
-        except ValueError:
-            continue
-        if index not in kept:
+    for index, path in stored_episode_sidecars(root):
+        if index not in mapping:
             path.rename(path.with_name("dropped-" + path.name))
     for old, new in sorted(mapping.items()):
-        if old == new:
-            continue
-        for src, dst in (
-            (episode_json_path(root, old), episode_json_path(root, new)),
-            (episode_npz_path(root, old), episode_npz_path(root, new)),
-        ):
-            if src.exists():
-                if src.suffix == ".json":
-                    payload = json.loads(src.read_text())
-                    payload["episode_index"] = new
-                    payload["renumbered_from"] = old
-                    src.write_text(json.dumps(payload, indent=2))
-                os.replace(src, dst)
+        if old != new:
+            renumber_episode_sidecar(root, old, new)
     fsync_dir(directory)

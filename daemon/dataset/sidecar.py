@@ -10,37 +10,73 @@ files under ``<root>/hilrec/``:
 - ``hilrec/episodes/episode-NNNNNN.npz``: per-episode arrays (tick start times, durations,
   overrun flags, the full initial simulator state...).
 
+The journal of saved episodes also lives there, in ``hilrec/journal/`` (see :mod:`.journal`).
 Every write is atomic (see :mod:`hilrec.daemon.atomic`).
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json, json_bytes, npz_bytes
+from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json, json_bytes, npz_bytes, read_json
 from hilrec.daemon.errors import CorruptDatasetError
 
-SIDECAR_DIR = "hilrec"
-DATASET_FILE = "dataset.json"
-EPISODES_DIR = "episodes"
+SIDECAR_DIR: Final[str] = "hilrec"
+DATASET_FILE: Final[str] = "dataset.json"
+EPISODES_DIR: Final[str] = "episodes"
+_EPISODE_FILE = re.compile(r"^episode-(\d+)\.")
 
 
 def sidecar_dir(root: str | os.PathLike[str]) -> Path:
     return Path(root) / SIDECAR_DIR
 
 
+def episodes_sidecar_dir(root: str | os.PathLike[str]) -> Path:
+    return sidecar_dir(root) / EPISODES_DIR
+
+
 def episode_json_path(root: str | os.PathLike[str], episode_index: int) -> Path:
-    return sidecar_dir(root) / EPISODES_DIR / f"episode-{episode_index:06d}.json"
+    return episodes_sidecar_dir(root) / f"episode-{episode_index:06d}.json"
 
 
 def episode_npz_path(root: str | os.PathLike[str], episode_index: int) -> Path:
-    return sidecar_dir(root) / EPISODES_DIR / f"episode-{episode_index:06d}.npz"
+    return episodes_sidecar_dir(root) / f"episode-{episode_index:06d}.npz"
+
+
+def stored_episode_sidecars(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(episode_index, path) of every per-episode sidecar file on disk, by path."""
+    directory = episodes_sidecar_dir(root)
+    if not directory.is_dir():
+        return []
+    found = []
+    for path in sorted(directory.glob("episode-*")):
+        match = _EPISODE_FILE.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return found
+
+
+def renumber_episode_sidecar(root: str | os.PathLike[str], old: int, new: int) -> None:
+    """Give episode ``old``'s sidecar files episode ``new``'s names; the JSON notes the change."""
+    for src, dst in (
+        (episode_json_path(root, old), episode_json_path(root, new)),
+        (episode_npz_path(root, old), episode_npz_path(root, new)),
+    ):
+        if not src.exists():
+            continue
+        if src.suffix == ".json":
+            payload = read_json(src)
+            payload["episode_index"] = new
+            payload["renumbered_from"] = old
+            # A renumbered sidecar has always been written without the final newline.
+            atomic_write_bytes(src, json_bytes(payload, final_newline=False))
+        os.replace(src, dst)
 
 
 def write_dataset_sidecar(root: str | os.PathLike[str], data: Mapping[str, Any]) -> None:
@@ -56,7 +92,7 @@ def update_dataset_sidecar(root: str | os.PathLike[str], data: Mapping[str, Any]
 
 
 def load_dataset_sidecar(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    return _load_json(sidecar_dir(root) / DATASET_FILE)
+    return read_json(sidecar_dir(root) / DATASET_FILE, if_missing=None)
 
 
 def write_episode_sidecar(
@@ -93,7 +129,7 @@ def load_episode_sidecar(
     root: str | os.PathLike[str], episode_index: int
 ) -> tuple[dict[str, Any] | None, dict[str, np.ndarray]]:
     """Return (json, arrays) for one episode; (None, {}) when it has no sidecar."""
-    meta = _load_json(episode_json_path(root, episode_index))
+    meta = read_json(episode_json_path(root, episode_index), if_missing=None)
     if meta is None:
         return None, {}
     arrays: dict[str, np.ndarray] = {}
@@ -105,12 +141,3 @@ def load_episode_sidecar(
         except (OSError, ValueError) as exc:
             raise CorruptDatasetError(str(npz), f"cannot read episode arrays: {exc}") from exc
     return meta, arrays
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read JSON: {exc}") from exc

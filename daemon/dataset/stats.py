@@ -31,6 +31,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from hilrec.daemon.dataset.paths import STATS_PREFIX
+
 QUANTILES: Final[tuple[float, ...]] = (0.01, 0.10, 0.50, 0.90, 0.99)
 QUANTILE_KEYS: Final[tuple[str, ...]] = tuple(f"q{int(q * 100):02d}" for q in QUANTILES)
 STAT_KEYS: Final[tuple[str, ...]] = ("min", "max", "mean", "std", "count", *QUANTILE_KEYS)
@@ -106,7 +108,7 @@ class ImageSampler:
         self._counts.append(channel_counts(downsample_image(image)))
         if len(self._counts) > self.capacity:
             self.stride *= 2
-            kept = [(i, c) for i, c in zip(self._indices, self._counts) if i % self.stride == 0]
+            kept = [(i, c) for i, c in zip(self._indices, self._counts, strict=True) if i % self.stride == 0]
             self._indices = [i for i, _ in kept]
             self._counts = [c for _, c in kept]
 
@@ -354,7 +356,9 @@ def stats_from_json(data: Mapping[str, Mapping[str, Any]]) -> DatasetStats:
 def flatten_episode_stats(stats: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:
     """``{"stats/<feature>/<stat>": array}``, the episodes-parquet column form."""
     return {
-        f"stats/{key}/{name}": np.asarray(value) for key, ft in stats.items() for name, value in ft.items()
+        f"{STATS_PREFIX}{key}/{name}": np.asarray(value)
+        for key, ft in stats.items()
+        for name, value in ft.items()
     }
 
 
@@ -362,8 +366,8 @@ def unflatten_episode_stats(row: Mapping[str, Any]) -> DatasetStats:
     """Inverse of :func:`flatten_episode_stats` for one episodes-parquet row (other keys ignored)."""
     stats: DatasetStats = {}
     for column, value in row.items():
-        if not column.startswith("stats/"):
+        if not column.startswith(STATS_PREFIX):
             continue
-        key, _, name = column[len("stats/") :].rpartition("/")
+        key, _, name = column[len(STATS_PREFIX) :].rpartition("/")
         stats.setdefault(key, {})[name] = np.asarray(value)
     return stats

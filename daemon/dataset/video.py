@@ -9,12 +9,16 @@ A frame is never dropped. If the encoder falls so far behind that its queue woul
 memory bound, :meth:`EpisodeVideoEncoder.put` raises :class:`VideoEncodingError` instead, and an
 encoder failure on the thread is raised at the next ``put`` or ``finish``.
 
+:func:`probe_video` is the one probe of a file's stream (frame count and times, size, codec, rate),
+for the writer, the merge, the repair and the checker alike; it reads the rate as LeRobot does.
+
 :func:`concat_segments` builds LeRobot's multi-episode files by copying packets (no re-encode),
 shifting each segment's timestamps to follow the previous one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -84,8 +88,6 @@ class VideoSettings:
 class EpisodeVideoEncoder:
     """Encodes one camera's frames of one episode into ``path`` on a background thread."""
 
-    _STOP: Final = object()
-
     def __init__(
         self,
         path: Path,
@@ -107,7 +109,8 @@ class EpisodeVideoEncoder:
         self.settings = settings
         frame_bytes = height * width * 3
         self.max_queued = max(2, max_queue_bytes // frame_bytes)
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=self.max_queued + 1)
+        # None is the end of the episode.
+        self._queue: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=self.max_queued + 1)
         self._error: BaseException | None = None
         self._aborted = False
         self.frames_in = 0
@@ -120,7 +123,7 @@ class EpisodeVideoEncoder:
 
     def put(self, frame: np.ndarray) -> None:
         """Enqueue a copy of ``frame`` (H, W, 3) uint8; raise rather than drop it."""
-        self._raise_if_failed()
+        self.raise_if_failed()
         if self._queue.qsize() >= self.max_queued:
             raise VideoEncodingError(
                 f"{self._where()}: encoder is {self._queue.qsize()} frames behind (bound "
@@ -131,12 +134,12 @@ class EpisodeVideoEncoder:
 
     def finish(self, timeout: float | None = None) -> int:
         """Flush and close the file; return the number of frames encoded."""
-        self._raise_if_failed()
-        self._queue.put(self._STOP)
+        self.raise_if_failed()
+        self._queue.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise VideoEncodingError(f"{self._where()}: encoder did not finish within {timeout} s")
-        self._raise_if_failed()
+        self.raise_if_failed()
         if self.frames_encoded != self.frames_in:
             raise VideoEncodingError(
                 f"{self._where()}: encoded {self.frames_encoded} frames of {self.frames_in}"
@@ -151,11 +154,11 @@ class EpisodeVideoEncoder:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        self._queue.put(self._STOP)
+        self._queue.put(None)
         self._thread.join()
         self.path.unlink(missing_ok=True)
 
-    def _raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:
         if self._error is not None:
             raise VideoEncodingError(f"{self._where()}: encoder failed: {self._error}") from self._error
 
@@ -165,13 +168,15 @@ class EpisodeVideoEncoder:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             container = av.open(str(self.path), "w", format="mp4")
             stream = container.add_stream(self.settings.codec, rate=self.fps, options=self.settings.options())
+            if not isinstance(stream, av.VideoStream):
+                raise VideoEncodingError(f"{self._where()}: {self.settings.codec} is not a video codec")
             stream.width = self.width
             stream.height = self.height
             stream.pix_fmt = self.settings.pix_fmt
             stream.time_base = Fraction(1, self.fps)
             while True:
                 item = self._queue.get()
-                if item is self._STOP:
+                if item is None:
                     break
                 if self._aborted:
                     continue
@@ -186,15 +191,14 @@ class EpisodeVideoEncoder:
                     container.mux(packet)
             container.close()
             container = None
-        except BaseException as exc:  # surfaced to the caller at the next put/finish
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller at the next put/finish
             self._error = exc
             log.error("%s: encoder failed: %s", self._where(), exc)
         finally:
             if container is not None:
-                try:
+                # The first error is the one reported; a failing close after it adds nothing.
+                with contextlib.suppress(Exception):
                     container.close()
-                except Exception:  # noqa: BLE001 - the first error is the one reported
-                    pass
 
 
 # --- probing -------------------------------------------------------------------------------------
@@ -202,44 +206,80 @@ class EpisodeVideoEncoder:
 
 @dataclass(frozen=True)
 class VideoProbe:
-    frames: int
-    duration_s: float
+    """What a video file's first video stream says about itself, without decoding a frame.
+
+    ``fps`` is the stream's ``base_rate`` (FFmpeg's ``r_frame_rate``): LeRobot's ``get_video_info``
+    stores ``int(base_rate)`` as ``video.fps``, so the writer and the checker read the rate LeRobot
+    reads. ``pts`` holds one value per packet that carries a frame, in demux order.
+    """
+
+    path: Path
+    codec: str
+    pix_fmt: str | None
     width: int
     height: int
-    codec: str
-    pix_fmt: str
-    fps: int
+    fps: Fraction | None
     has_audio: bool
-    pts: tuple[int, ...]
     time_base: Fraction
+    pts: tuple[int, ...]
+
+    @property
+    def frames(self) -> int:
+        return len(self.pts)
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.pts)
+
+    @property
+    def frame_timestamps(self) -> np.ndarray:
+        """Presentation times in seconds, float64, sorted."""
+        return np.sort(np.asarray(self.pts, dtype=np.float64) * float(self.time_base))
+
+    @property
+    def duration_s(self) -> float:
+        """Frames times the frame duration (0.0 without a frame rate)."""
+        if not self.fps:
+            return 0.0
+        return float(self.frames * _frame_ticks(self.time_base, int(self.fps)) * self.time_base)
 
 
-def probe_video(path: Path) -> VideoProbe:
-    """Count frames (packets, no decode) and read stream properties."""
+def probe_video(path: str | os.PathLike[str]) -> VideoProbe:
+    """Stream parameters and every frame's presentation time (demuxed, not decoded)."""
+    path = Path(path)
+    if not path.exists():
+        raise CorruptDatasetError(str(path), "missing")
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
-                raise CorruptDatasetError(str(path), "no video stream")
+                raise CorruptDatasetError(str(path), "has no video stream")
             stream = container.streams.video[0]
-            pts = tuple(int(p.pts) for p in container.demux(stream) if p.pts is not None)
-            time_base = Fraction(stream.time_base)
-            fps = int(stream.base_rate) if stream.base_rate else 0
-            frame_ticks = _frame_ticks(time_base, fps) if fps else 0
-            duration = float(len(pts) * frame_ticks * time_base)
-            return VideoProbe(
-                frames=len(pts),
-                duration_s=duration,
+            pts = tuple(
+                int(packet.pts)
+                for packet in container.demux(stream)
+                if packet.pts is not None and packet.size > 0
+            )
+            probe = VideoProbe(
+                path=path,
+                codec=stream.codec.canonical_name,
+                pix_fmt=stream.pix_fmt,
                 width=stream.width,
                 height=stream.height,
-                codec=stream.codec.canonical_name,
-                pix_fmt=stream.pix_fmt or "",
-                fps=fps,
+                fps=Fraction(stream.base_rate) if stream.base_rate else None,
                 has_audio=bool(container.streams.audio),
+                time_base=stream_time_base(stream, path),
                 pts=pts,
-                time_base=time_base,
             )
-    except (av.error.FFmpegError, OSError) as exc:
-        raise CorruptDatasetError(str(path), f"cannot read video: {exc}") from exc
+    except (av.FFmpegError, OSError) as exc:
+        raise CorruptDatasetError(str(path), f"unreadable video: {exc}") from exc
+    return probe
+
+
+def stream_time_base(stream: av.VideoStream, path: Path) -> Fraction:
+    # Typed optional for a stream being set up; a demuxed one always has it.
+    if stream.time_base is None:
+        raise CorruptDatasetError(str(path), "video stream has no time base")
+    return Fraction(stream.time_base)
 
 
 def video_info(probe: VideoProbe) -> dict[str, Any]:
@@ -250,7 +290,7 @@ def video_info(probe: VideoProbe) -> dict[str, Any]:
         "video.codec": probe.codec,
         "video.pix_fmt": probe.pix_fmt,
         "video.is_depth_map": False,
-        "video.fps": probe.fps,
+        "video.fps": int(probe.fps) if probe.fps else 0,
         "video.channels": 3,
         "has_audio": probe.has_audio,
     }
@@ -292,15 +332,15 @@ def concat_segments(
     inputs = [av.open(str(s.path)) for s in segments]
     try:
         template = inputs[0].streams.video[0]
-        out_tb = Fraction(template.time_base)
+        out_tb = stream_time_base(template, segments[0].path)
         ticks = _frame_ticks(out_tb, fps)
         with av.open(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
             out_stream = out.add_stream_from_template(template=template, opaque=True)
             out_stream.time_base = out_tb
             offset = 0
-            for segment, container in zip(segments, inputs):
+            for segment, container in zip(segments, inputs, strict=True):
                 stream = container.streams.video[0]
-                in_tb = Fraction(stream.time_base)
+                in_tb = stream_time_base(stream, segment.path)
                 start = round(Fraction(segment.start_s) / in_tb)
                 end = None if segment.end_s is None else round(Fraction(segment.end_s) / in_tb)
                 count = 0
@@ -319,7 +359,7 @@ def concat_segments(
                     count += 1
                 placed.append((float(offset * out_tb), float((offset + count * ticks) * out_tb), count))
                 offset += count * ticks
-    except av.error.FFmpegError as exc:
+    except av.FFmpegError as exc:
         raise VideoEncodingError(f"{output}: concatenation failed: {exc}") from exc
     finally:
         for container in inputs:

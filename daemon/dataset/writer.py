@@ -8,17 +8,20 @@ Lifecycle::
             writer.add_frame(frame)          # validated, video frames enqueued to the encoder
         writer.save_episode(sidecar={...})   # durable when it returns
 
-``add_frame`` validates the frame (see :mod:`features`), copies the numeric values into the episode
-buffer and hands camera frames to one background encoder per camera.
+``add_frame`` validates the frame (see :mod:`.features`) and appends it to the open episode
+(:mod:`.episode`): the numeric values into its buffer, camera frames into one background encoder
+per camera.
 
-``save_episode`` finishes the encoders, encodes the episode's rows, metadata and sidecar, writes them
-into the journal and commits it (see :mod:`journal`): when it returns the episode survives SIGKILL
-or power loss. ``save_episode_nowait`` does the encoding in line and leaves the writing and its
-fsyncs to the writer's commit thread, so the caller can record the next episode meanwhile: the
-episode is saved (durable) when the returned future resolves, not before. Merging saved episodes
-into LeRobot's shared files happens on a background thread (:class:`BackgroundMerger`), after
-each save or at most every ``merge_interval_s``; ``finalize`` waits for it. If the process dies
-first, :meth:`DatasetWriter.open` or ``hilrec repair`` finishes the merge.
+``save_episode`` finishes the encoders, encodes the episode's rows, metadata and sidecar
+(:mod:`.encode`), writes them into the journal and commits it (:mod:`.commit`, :mod:`.journal`):
+when it returns the episode survives SIGKILL or power loss. ``save_episode_nowait`` does the
+encoding in line and leaves the writing and its fsyncs to the writer's commit thread, so the
+caller can record the next episode meanwhile: the episode is saved (durable) when the returned
+future resolves, not before. Merging saved episodes into LeRobot's shared files happens on a
+background thread (:class:`~.consolidate.BackgroundMerger`), after each save or at most every
+``merge_interval_s``; ``finalize`` waits for it, and so does an exit hook if the caller forgets
+``finalize``. If the process dies first, :meth:`DatasetWriter.open` or ``hilrec repair`` finishes
+the merge.
 
 An episode that is open (frames added, not saved) when the process dies is dropped: its frames
 were never committed. ``hilrec repair`` reports it.
@@ -28,103 +31,37 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
-import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from hilrec.daemon.atomic import fsync_dir
 from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState, Hook
-from hilrec.daemon.dataset.features import (
-    DEFAULT_FEATURES,
-    FrameValidator,
-    is_video,
-    validate_features,
-    video_keys,
-)
+from hilrec.daemon.dataset.commit import Committer, PendingSave
+from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState
+from hilrec.daemon.dataset.encode import EpisodeEncoder, Numbering
+from hilrec.daemon.dataset.episode import OpenEpisode
+from hilrec.daemon.dataset.features import DEFAULT_FEATURES, FrameValidator, is_video, validate_features
+from hilrec.daemon.dataset.journal import Hook
 from hilrec.daemon.dataset.layout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
     DEFAULT_VIDEO_FILE_SIZE_IN_MB,
-    PARQUET_OPTIONS,
-    data_schema,
     empty_info,
-    episode_data_table,
     write_info,
 )
-from hilrec.daemon.dataset.sidecar import episode_sidecar_files, update_dataset_sidecar
-from hilrec.daemon.dataset.stats import (
-    ImageSampler,
-    compute_episode_stats,
-    stats_to_json,
-)
-from hilrec.daemon.dataset.video import (
-    DEFAULT_MAX_QUEUE_BYTES,
-    EpisodeVideoEncoder,
-    VideoSettings,
-    probe_video,
-)
-from hilrec.daemon.errors import DatasetError, DatasetStateError, VideoEncodingError
+from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+from hilrec.daemon.dataset.video import DEFAULT_MAX_QUEUE_BYTES, VideoSettings
+from hilrec.daemon.errors import DatasetError, DatasetStateError
 
 log = logging.getLogger(__name__)
 
-WRITER_NAME = "hilrec.native"
-EXIT_MERGE_TIMEOUT_S = 120.0
-# Episodes encoded but not yet durable before save_episode_nowait() waits for the commit thread.
-MAX_SAVES_IN_FLIGHT = 4
-
-
-class _OpenEpisode:
-    """Frames of the episode being recorded."""
-
-    def __init__(self, index: int, directory: Path, numeric_keys: list[str]) -> None:
-        self.index = index
-        self.directory = directory
-        self.values: dict[str, list[np.ndarray]] = {key: [] for key in numeric_keys}
-        self.tasks: list[str] = []
-        self.encoders: dict[str, EpisodeVideoEncoder] = {}
-        self.samplers: dict[str, ImageSampler] = {}
-        # Set once the encoders are closed (by a save attempt): no frame may be added after that.
-        self.videos: dict[str, dict[str, Any]] | None = None
-
-    @property
-    def length(self) -> int:
-        return len(self.tasks)
-
-
-class _Save:
-    """An encoded episode on its way to the commit thread."""
-
-    def __init__(
-        self,
-        episode: _OpenEpisode,
-        files: dict[str, bytes],
-        beside: dict[Path, bytes],
-        new_tasks: list[str],
-        *,
-        keep_on_failure: bool,
-    ) -> None:
-        self.episode = episode
-        self.files = files
-        self.beside = beside
-        self.new_tasks = new_tasks
-        # save_episode() keeps a failed episode open for a retry; save_episode_nowait() cannot.
-        self.keep_on_failure = keep_on_failure
-        self.kept = False
-        self.skipped = False  # not attempted: an earlier save had failed
-        self.future: Future[int] = Future()
-
-
-_STOP = object()
+WRITER_NAME: Final[str] = "hilrec.native"
+EXIT_MERGE_TIMEOUT_S: Final[float] = 120.0
 
 
 class DatasetWriter:
@@ -143,30 +80,29 @@ class DatasetWriter:
         self.root = root
         self.fps = int(state.info["fps"])
         self.features: dict[str, Any] = state.info["features"]
-        self.robot_type = state.info.get("robot_type")
+        self.robot_type: str | None = state.info.get("robot_type")
         self.video_settings = settings
         self._max_video_queue_bytes = max_video_queue_bytes
         self._hook = hook
         user = {k: v for k, v in self.features.items() if k not in DEFAULT_FEATURES}
         self._validator = FrameValidator(validate_features(user))
         self._numeric_keys = [k for k in self._validator.expected if not is_video(self.features[k])]
-        self._video_keys = video_keys(self.features)
-        self._schema = data_schema(self.features)
-        self._episode: _OpenEpisode | None = None
-        # Durable counts, and the counts the episodes encoded so far will make (ahead of them by
-        # the saves still in flight on the commit thread).
-        self._num_episodes = len(state.episodes)
-        self._num_frames = state.total_frames
-        self._next_index = self._num_episodes
-        self._next_frame = self._num_frames
-        self._tasks: list[str] = list(state.tasks)
+        self._encoder = EpisodeEncoder(root, fps=self.fps, features=self.features)
+        self._episode: OpenEpisode | None = None
+        # What the episodes encoded so far make: ahead of the durable counts (the committer's) by
+        # the saves still in flight on the commit thread.
+        self._numbering = Numbering(
+            episodes=len(state.episodes), frames=state.total_frames, tasks=state.tasks
+        )
         self._finalized = False
-        self._saves: queue.Queue[Any] = queue.Queue()
-        self._in_flight = threading.BoundedSemaphore(MAX_SAVES_IN_FLIGHT)
-        self._save_error: BaseException | None = None
-        self._committer = threading.Thread(target=self._commit_loop, name="episode-commit", daemon=True)
-        self._committer.start()
         self._merger = BackgroundMerger(state, hook=hook, interval_s=merge_interval_s)
+        self._committer = Committer(
+            root,
+            episodes=len(state.episodes),
+            frames=state.total_frames,
+            hook=hook,
+            on_committed=self._merger.add,
+        )
         # A forgotten finalize() still leaves a dataset that loads without repair.
         atexit.register(self._merge_at_exit)
 
@@ -295,29 +231,22 @@ class DatasetWriter:
     @property
     def num_episodes(self) -> int:
         """Episodes saved (durable), whether or not they are merged into LeRobot's files yet."""
-        return self._num_episodes
+        return self._committer.num_episodes
 
     @property
     def num_frames(self) -> int:
-        return self._num_frames
+        return self._committer.num_frames
 
     def add_frame(self, frame: Mapping[str, Any]) -> None:
         self._check_usable()
         values, task = self._validator.validate(frame)
         episode = self._episode or self._open_episode()
-        if episode.videos is not None:
+        if episode.finished:
             raise DatasetStateError(
                 f"{self.root}: episode {episode.index} is being saved (a save "
                 "failed); call save_episode() again or discard_episode()"
             )
-        for encoder in episode.encoders.values():
-            encoder._raise_if_failed()
-        for key in self._numeric_keys:
-            episode.values[key].append(np.array(values[key], copy=True))
-        for key in self._video_keys:
-            episode.encoders[key].put(values[key])
-            episode.samplers[key].add(values[key])
-        episode.tasks.append(task)
+        episode.add(values, task)
 
     def save_episode(
         self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None
@@ -337,12 +266,10 @@ class DatasetWriter:
                 raise
             # Nothing was queued after it (this call waited): undo its place in the counts, and
             # take the episode back if its frames are to be kept for a retry.
-            self._next_index = save.episode.index
-            self._next_frame -= save.episode.length
-            del self._tasks[len(self._tasks) - len(save.new_tasks) :]
+            self._numbering.give_back(save.episode, save.encoded.new_tasks)
             if save.kept:
                 self._episode = save.episode
-            self._save_error = None
+            self._committer.error = None
             raise
 
     def save_episode_nowait(
@@ -355,7 +282,8 @@ class DatasetWriter:
         broken video) are raised here, as by :meth:`save_episode`. If the commit fails, the
         future raises, the episode is lost (its frames are not kept), and every later call of
         this writer raises until :meth:`finalize`, which still merges the episodes saved before.
-        At most ``MAX_SAVES_IN_FLIGHT`` saves wait for the commit thread; more wait here.
+        At most :data:`~.commit.MAX_SAVES_IN_FLIGHT` saves wait for the commit thread; more wait
+        here.
         """
         return self._encode_and_submit(sidecar, arrays, keep_on_failure=False).future
 
@@ -364,9 +292,7 @@ class DatasetWriter:
         if episode is None:
             return
         self._episode = None
-        for encoder in episode.encoders.values():
-            encoder.abort()
-        journal.remove_dir(episode.directory)
+        episode.discard()
 
     def finalize(self) -> None:
         """Wait until every saved episode is durable and in LeRobot's files. Refuses while an
@@ -379,17 +305,17 @@ class DatasetWriter:
                 f"({self._episode.length} frames); save_episode() or discard_episode() first"
             )
         atexit.unregister(self._merge_at_exit)
-        self._stop_committer()
+        self._committer.stop()
         self._merger.retry()  # one more attempt if a merge failed before
         self._merger.wait()
         self._merger.close()
         self._finalized = True
-        if self._save_error is not None:
-            raise self._save_error
+        if self._committer.error is not None:
+            raise self._committer.error
 
     def wait_consolidated(self, timeout: float | None = None) -> None:
         """Block until every episode saved so far is durable and merged; raise a merge's error."""
-        self._wait_for_commits()
+        self._committer.wait()
         self._merger.wait(timeout)
 
     def __enter__(self) -> DatasetWriter:
@@ -416,42 +342,22 @@ class DatasetWriter:
     def _check_usable(self) -> None:
         if self._finalized:
             raise DatasetStateError(f"{self.root}: the writer is finalized")
-        if self._save_error is not None:
+        if self._committer.error is not None:
             raise DatasetError(
-                f"{self.root}: an earlier save failed ({self._save_error}); "
+                f"{self.root}: an earlier save failed ({self._committer.error}); "
                 "finalize() keeps the episodes saved before it"
             )
 
-    def _hook_call(self, name: str) -> None:
-        if self._hook is not None:
-            self._hook(name)
-
-    def _open_episode(self) -> _OpenEpisode:
-        index = self._next_index
-        directory = journal.open_episode_dir(self.root, index)
-        if directory.exists():
-            journal.remove_dir(directory)
-        directory.mkdir(parents=True)
-        episode = _OpenEpisode(index, directory, self._numeric_keys)
-        try:
-            for key in self._video_keys:
-                height, width, _ = self.features[key]["shape"]
-                episode.encoders[key] = EpisodeVideoEncoder(
-                    directory / journal.video_file_name(key),
-                    key=key,
-                    episode_index=index,
-                    fps=self.fps,
-                    height=height,
-                    width=width,
-                    settings=self.video_settings,
-                    max_queue_bytes=self._max_video_queue_bytes,
-                )
-                episode.samplers[key] = ImageSampler()
-        except BaseException:
-            for encoder in episode.encoders.values():
-                encoder.abort()
-            journal.remove_dir(directory)
-            raise
+    def _open_episode(self) -> OpenEpisode:
+        episode = OpenEpisode.start(
+            self.root,
+            self._numbering.next_index,
+            features=self.features,
+            numeric_keys=self._numeric_keys,
+            fps=self.fps,
+            settings=self.video_settings,
+            max_queue_bytes=self._max_video_queue_bytes,
+        )
         self._episode = episode
         return episode
 
@@ -461,158 +367,30 @@ class DatasetWriter:
         arrays: Mapping[str, np.ndarray] | None,
         *,
         keep_on_failure: bool,
-    ) -> _Save:
+    ) -> PendingSave:
         self._check_usable()
         episode = self._episode
         if episode is None or episode.length == 0:
             raise DatasetStateError(f"{self.root}: save_episode() with no frames added")
         try:
-            save = self._encode(episode, sidecar, arrays, keep_on_failure=keep_on_failure)
+            episode.finish_videos()
+            if self._hook is not None:
+                self._hook("videos-finished")
+            encoded = self._encoder.encode(episode, self._numbering, sidecar=sidecar, arrays=arrays)
         except BaseException:
             self.discard_episode()
             raise
-        self._in_flight.acquire()
+        save = PendingSave(episode, encoded, keep_on_failure=keep_on_failure)
+        self._committer.submit(save)
         self._episode = None
-        self._next_index = episode.index + 1
-        self._next_frame += episode.length
-        self._tasks.extend(save.new_tasks)
-        self._saves.put(save)
+        self._numbering.advance(episode, encoded.new_tasks)
         return save
-
-    def _encode(
-        self,
-        episode: _OpenEpisode,
-        sidecar: Mapping[str, Any] | None,
-        arrays: Mapping[str, np.ndarray] | None,
-        *,
-        keep_on_failure: bool,
-    ) -> _Save:
-        """Finish the videos; the bytes of data.parquet, episode.json and the sidecar files."""
-        n = episode.length
-        if episode.videos is None:
-            videos: dict[str, dict[str, Any]] = {}
-            for key, encoder in episode.encoders.items():
-                encoded = encoder.finish()
-                probe = probe_video(encoder.path)
-                if encoded != n or probe.frames != n:
-                    raise VideoEncodingError(
-                        f"video '{key}' episode {episode.index}: "
-                        f"{probe.frames} frames in {encoder.path} for {n} rows"
-                    )
-                videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
-            episode.videos = videos
-        videos = episode.videos
-        self._hook_call("videos-finished")
-        new_tasks: list[str] = []
-        known = {task: i for i, task in enumerate(self._tasks)}
-        for task in episode.tasks:
-            if task not in known:
-                known[task] = len(known)
-                new_tasks.append(task)
-        frame_index = np.arange(n, dtype=np.int64)
-        columns: dict[str, np.ndarray] = {key: np.stack(episode.values[key]) for key in self._numeric_keys}
-        columns.update(
-            {
-                "timestamp": (frame_index / self.fps).astype(np.float32),
-                "frame_index": frame_index,
-                "episode_index": np.full(n, episode.index, dtype=np.int64),
-                "index": np.arange(self._next_frame, self._next_frame + n, dtype=np.int64),
-                "task_index": np.array([known[t] for t in episode.tasks], dtype=np.int64),
-            }
-        )
-        stream = pa.BufferOutputStream()
-        pq.write_table(episode_data_table(columns, self._schema), stream, **PARQUET_OPTIONS)
-        data = stream.getvalue().to_pybytes()
-        stats = compute_episode_stats(columns, self.features)
-        for key, sampler in episode.samplers.items():
-            stats[key] = sampler.stats()
-        ordered = {key: stats[key] for key in self.features if key in stats}
-        meta = {
-            "episode_index": episode.index,
-            "length": n,
-            "tasks": list(dict.fromkeys(episode.tasks)),
-            "new_tasks": new_tasks,
-            "dataset_from_index": self._next_frame,
-            "data_bytes": len(data),
-            "videos": videos,
-            "stats": stats_to_json(ordered),
-            "saved_unix_s": time.time(),
-        }
-        beside = (
-            episode_sidecar_files(self.root, episode.index, sidecar, arrays)
-            if sidecar is not None or arrays
-            else {}
-        )
-        files = {journal.EPISODE_DATA: data, journal.EPISODE_META: journal.episode_meta_bytes(meta)}
-        return _Save(episode, files, beside, new_tasks, keep_on_failure=keep_on_failure)
-
-    def _commit_loop(self) -> None:
-        """The commit thread: writes and fsyncs each encoded episode, in order, and commits it."""
-        while True:
-            save = self._saves.get()
-            try:
-                if save is _STOP:
-                    return
-                self._commit(save)
-            finally:
-                if save is not _STOP:
-                    self._in_flight.release()
-                self._saves.task_done()
-
-    def _commit(self, save: _Save) -> None:
-        episode = save.episode
-        if self._save_error is not None:  # never commit past a failed episode: no gaps
-            journal.remove_dir(episode.directory)
-            save.skipped = True
-            save.future.set_exception(self._save_error)
-            return
-        try:
-            journal.commit_episode(
-                self.root, episode.index, files=save.files, beside=save.beside, hook=self._hook
-            )
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            for name in save.files:
-                (episode.directory / name).unlink(missing_ok=True)
-            if save.keep_on_failure and isinstance(exc, OSError):
-                save.kept = True
-                error: BaseException = DatasetError(
-                    f"{self.root}: saving episode {episode.index} failed ({exc}); it is still "
-                    f"open with its {episode.length} frames: call save_episode() again once the "
-                    "cause is fixed, or discard_episode()"
-                )
-                error.__cause__ = exc
-            else:
-                journal.remove_dir(episode.directory)
-                error = exc
-                if not save.keep_on_failure:
-                    error = DatasetError(
-                        f"{self.root}: saving episode {episode.index} failed "
-                        f"({exc}); its frames are lost, the episodes saved "
-                        "before it are kept"
-                    )
-                    error.__cause__ = exc
-            self._save_error = error
-            save.future.set_exception(error)
-            return
-        self._hook_call("committed")
-        self._num_episodes += 1
-        self._num_frames += episode.length
-        self._merger.add(episode.index)
-        save.future.set_result(episode.index)
-
-    def _wait_for_commits(self) -> None:
-        self._saves.join()
-
-    def _stop_committer(self) -> None:
-        if self._committer.is_alive():
-            self._saves.put(_STOP)
-            self._committer.join()
 
     def _merge_at_exit(self) -> None:
         if self._finalized:
             return
         try:
-            self._stop_committer()
+            self._committer.stop()
             self._merger.wait(timeout=EXIT_MERGE_TIMEOUT_S)
         except DatasetError:
             log.exception("%s: saved episodes not merged at exit; 'hilrec repair' merges them", self.root)

@@ -152,12 +152,14 @@ def test_console_command_exit_codes(valid_root: Path, broken: Path) -> None:
     (broken / INFO).write_text("{ not json")
     ok = subprocess.run(
         [sys.executable, "-m", "hilrec.daemon.cli", "check", str(valid_root)],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
     )
     bad = subprocess.run(
         [sys.executable, "-m", "hilrec.daemon.cli", "check", str(broken), "--json"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=120,
@@ -289,7 +291,7 @@ def test_timestamp_off_grid(broken: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def test_timestamp_within_tolerance_passes(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rewrite_parquet(broken / DATA, lambda t: set_cells(t, "timestamp", {15: 0.12005}))
-    rc, report = run_check(broken, capsys)
+    _rc, report = run_check(broken, capsys)
     assert "timestamp.grid" not in {f["rule"] for f in report["failures"]}
 
 

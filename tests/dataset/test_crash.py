@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hilrec.daemon.dataset.layout import column_to_numpy
+from hilrec.daemon.dataset.reader import column_to_numpy
 from hilrec.daemon.dataset.repair import repair
 from hilrec.daemon.dataset.video import Segment, concat_segments
 
@@ -221,7 +221,7 @@ def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
         trial = tmp_path / f"trial-{number:02d}"
         trial.mkdir()
         root = trial / "ds"
-        saved, lines = run_child(root, codec, step, delay)
+        saved, _lines = run_child(root, codec, step, delay)
         if not (root / "meta/info.json").exists():
             assert saved == [], f"trial {number}: saved {saved} but no info.json"
             outcomes.append((step, "killed before create", saved))

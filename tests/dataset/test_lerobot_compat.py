@@ -209,7 +209,9 @@ def test_both_sinks_pass_check_and_hold_the_same_numbers(datasets: dict, video: 
 
 def test_lerobot_sink_writes_sidecars_and_provenance(datasets: dict) -> None:
     root = datasets[("lerobot", False)]
-    writer = load_dataset_sidecar(root)["writer"]
+    sidecar = load_dataset_sidecar(root)
+    assert sidecar is not None
+    writer = sidecar["writer"]
     assert writer["name"] == "lerobot" and writer["version"] == "0.4.4"
     meta, _ = load_episode_sidecar(root, 2)
     assert meta == {"seed": 2, "episode_index": 2, "has_arrays": False}

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hilrec.daemon.cli import main as cli_main
-from hilrec.daemon.dataset.layout import column_to_numpy
+from hilrec.daemon.dataset.reader import column_to_numpy
 from hilrec.daemon.dataset.repair import repair
 from hilrec.daemon.dataset.sidecar import load_episode_sidecar
 from hilrec.daemon.dataset.writer import DatasetWriter
@@ -105,10 +105,10 @@ def test_without_a_journal_the_episodes_of_a_broken_file_are_dropped_and_reporte
     assert {d["episode"] for d in report.dropped} <= {0, 1, 2} and report.dropped
     info = json.loads((dataset / "meta/info.json").read_text())
     assert info["total_episodes"] == len(report.kept)
-    for old, new in zip(report.kept, range(len(report.kept))):
+    for old, new in zip(report.kept, range(len(report.kept)), strict=True):
         assert np.array_equal(read_actions(dataset)[new], expected_actions(old))
         meta, _ = load_episode_sidecar(dataset, new)
-        assert meta["episode"] == old
+        assert meta is not None and meta["episode"] == old
 
 
 def test_info_counts_that_disagree_with_the_files_are_fixed(dataset: Path) -> None:
@@ -127,8 +127,10 @@ def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) ->
     for frame in frames_of(0, 5):
         writer.add_frame(frame)
     # Simulate the process dying here: the open episode's directory stays behind.
-    open_dir = writer._episode.directory
-    for encoder in writer._episode.encoders.values():
+    episode = writer._episode
+    assert episode is not None
+    open_dir = episode.directory
+    for encoder in episode.encoders.values():
         encoder.finish(timeout=60)
     (dataset / "hilrec/episodes/episode-000003.json").write_text('{"episode_index": 3}')
     assert open_dir.exists()

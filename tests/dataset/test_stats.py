@@ -136,7 +136,7 @@ def _histogram_quantiles(column: np.ndarray) -> np.ndarray:
 
 def test_quantiles_equal_the_histogram_estimate_bit_for_bit() -> None:
     rng = np.random.default_rng(7)
-    columns = [
+    columns: list[np.ndarray] = [
         rng.normal(size=(123, 6)).astype(np.float32),
         (rng.normal(size=(40, 3)) * 1e4).astype(np.float32),
         np.full((17, 2), 3.25, dtype=np.float32),  # constant: all in one bin

@@ -55,7 +55,7 @@ def test_every_frame_lands_on_the_fps_grid(tmp_path: Path, codec: str, name: str
     with av.open(str(path)) as container:
         decoded = list(container.decode(video=0))
     assert [round(f.time * FPS) for f in decoded] == list(range(37))
-    for frame, original in zip(decoded, frames):
+    for frame, original in zip(decoded, frames, strict=True):
         assert np.abs(frame.to_ndarray(format="rgb24").astype(int) - original).mean() < 4
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -11,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hilrec.daemon.dataset.layout import column_to_numpy, read_tasks
+from hilrec.daemon.dataset.reader import column_to_numpy, load_task_list
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.dataset.stats import STAT_KEYS
 from hilrec.daemon.dataset.writer import DatasetWriter
@@ -81,7 +82,7 @@ def test_columns_are_bit_equal_and_timestamps_on_the_grid(tmp_path: Path) -> Non
     assert np.array_equal(data["index"], np.arange(len(flat)))
     assert np.array_equal(data["episode_index"], np.repeat([0, 1, 2], [30, 17, 22]))
     assert np.array_equal(data["task_index"], np.repeat([0, 1, 0], [30, 17, 22]))
-    assert read_tasks(root) == ["pick the cube", "place the cube"]
+    assert load_task_list(root) == ["pick the cube", "place the cube"]
 
 
 def test_metadata_matches_lerobot_v30(tmp_path: Path) -> None:
@@ -141,7 +142,7 @@ def test_every_episode_has_its_frames_in_the_video_on_the_grid(tmp_path: Path) -
     with av.open(str(root / f"videos/{CAM}/chunk-000/file-000.mp4")) as container:
         decoded = [(frame.time, frame.to_ndarray(format="rgb24")) for frame in container.decode(video=0)]
     assert len(decoded) == 69
-    for row, frames in zip(rows, episodes):
+    for row, frames in zip(rows, episodes, strict=True):
         start = row[f"videos/{CAM}/from_timestamp"]
         for i, original in enumerate(frames):
             time, image = decoded[row["dataset_from_index"] + i]
@@ -153,8 +154,10 @@ def test_sidecars_and_provenance_are_written(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_dataset(root, [5, 6])
     meta, arrays = load_episode_sidecar(root, 1)
-    assert meta["seed"] == 1 and np.array_equal(arrays["tick"], np.arange(6))
-    provenance = load_dataset_sidecar(root)["writer"]
+    assert meta is not None and meta["seed"] == 1 and np.array_equal(arrays["tick"], np.arange(6))
+    dataset = load_dataset_sidecar(root)
+    assert dataset is not None
+    provenance = dataset["writer"]
     assert provenance["video"]["codec"] == "libsvtav1" and provenance["video"]["crf"] == 30
 
 
@@ -174,13 +177,14 @@ def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
     assert refs == sorted(refs) and len(set(refs)) > 1
     video_refs = [(r[f"videos/{CAM}/chunk_index"], r[f"videos/{CAM}/file_index"]) for r in rows]
     assert len(set(video_refs)) > 1
-    for previous, row in zip([None] + rows[:-1], rows):
+    previous_rows: list[dict[str, Any] | None] = [None, *rows[:-1]]
+    for previous, row in zip(previous_rows, rows, strict=True):
         ref = (row[f"videos/{CAM}/chunk_index"], row[f"videos/{CAM}/file_index"])
         starts_file = previous is None or ref != (
             previous[f"videos/{CAM}/chunk_index"],
             previous[f"videos/{CAM}/file_index"],
         )
-        expected = 0.0 if starts_file else previous[f"videos/{CAM}/to_timestamp"]
+        expected = 0.0 if starts_file or previous is None else previous[f"videos/{CAM}/to_timestamp"]
         assert row[f"videos/{CAM}/from_timestamp"] == pytest.approx(expected)
         with av.open(str(root / f"videos/{CAM}/chunk-{ref[0]:03d}/file-{ref[1]:03d}.mp4")) as c:
             assert c.streams.video[0].frames > 0
@@ -228,7 +232,7 @@ def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key
         assert caught.value.key == key
         missing = make_frame(rng)
         del missing["observation.state"]
-        with pytest.raises(FrameError, match="observation.state"):
+        with pytest.raises(FrameError, match=r"observation.state"):
             writer.add_frame(missing)
         assert writer.save_episode() == 0
     assert json.loads((tmp_path / "ds/meta/info.json").read_text())["total_frames"] == 1
@@ -276,9 +280,12 @@ def test_lifecycle_rules(tmp_path: Path) -> None:
 def test_an_exception_in_the_block_discards_only_the_open_episode(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     root = tmp_path / "ds"
-    with pytest.raises(RuntimeError), DatasetWriter.create(
-        root, fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower"
-    ) as writer:
+    with (
+        pytest.raises(RuntimeError),
+        DatasetWriter.create(
+            root, fps=FPS, features=so101_features({"front": (H, W)}), robot_type="so_follower"
+        ) as writer,
+    ):
         for _ in range(4):
             writer.add_frame(make_frame(rng))
         writer.save_episode()
@@ -293,11 +300,13 @@ def test_an_exception_in_the_block_discards_only_the_open_episode(tmp_path: Path
 def test_leaving_the_block_with_an_open_episode_refuses_but_keeps_saved_ones(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     root = tmp_path / "ds"
-    with pytest.raises(DatasetStateError):
-        with DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None) as writer:
-            writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
-            writer.save_episode()
-            writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
+    with (
+        pytest.raises(DatasetStateError),
+        DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None) as writer,
+    ):
+        writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
+        writer.save_episode()
+        writer.add_frame({k: v for k, v in make_frame(rng).items() if k != CAM})
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 1
 
 
@@ -422,7 +431,7 @@ def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
         text=True,
     )
     assert done.stdout.strip() == "[]"
-    assert read_tasks(tmp_path / "ds") == ["a", "b", "c"]
+    assert load_task_list(tmp_path / "ds") == ["a", "b", "c"]
     assert [r["length"] for r in episode_rows(tmp_path / "ds")] == [5, 3, 1]
 
 
@@ -442,9 +451,10 @@ def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path:
             return rng.random((3, 1, 1))  # image stats, as numpy
         if pa.types.is_string(inner):
             return ["pick", "plàce"]
-        return (np.arange(6) if inner == pa.int64() else rng.random(6)).tolist()
+        values: np.ndarray = np.arange(6) if inner == pa.int64() else rng.random(6)
+        return values.tolist()
 
-    rows = [{field.name: value(field) for field in schema} for _ in range(4)]
+    rows: list[dict[str, Any]] = [{field.name: value(field) for field in schema} for _ in range(4)]
     as_lists = {
         field.name: [
             r[field.name].tolist() if isinstance(r[field.name], np.ndarray) else r[field.name] for r in rows
@@ -480,14 +490,15 @@ def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_keeps_those_bef
     assert [f.result(timeout=60) for f in futures] == [0, 1]
     assert writer.num_episodes == 2
     assert sorted(p.name for p in (root / "hilrec/journal").iterdir()) == ["episode-000000", "episode-000001"]
-    assert load_episode_sidecar(root, 1)[0]["n"] == 1
+    sidecar, _ = load_episode_sidecar(root, 1)
+    assert sidecar is not None and sidecar["n"] == 1
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 0
     for frame in episodes[2]:
         writer.add_frame(frame)
     file_size_limit(4096)
     try:
         failed = writer.save_episode_nowait()
-        with pytest.raises(DatasetError, match="episode 2 failed .* frames are lost"):
+        with pytest.raises(DatasetError, match=r"episode 2 failed .* frames are lost"):
             failed.result(timeout=60)
     finally:
         file_size_limit(None)
