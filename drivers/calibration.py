@@ -38,8 +38,8 @@ FULL_TURN_JOINT: Final[str] = "wrist_roll"  # LeRobot records no range for it: 0
 
 # LeRobot 0.4.4: Robot.name / Teleoperator.name of the SO-100/101 classes.
 _LEROBOT_SUBDIR: Final[dict[Role, tuple[str, str]]] = {
-    "follower": ("robots", "so_follower"),
-    "leader": ("teleoperators", "so_leader"),
+    Role.FOLLOWER: ("robots", "so_follower"),
+    Role.LEADER: ("teleoperators", "so_leader"),
 }
 _FIELDS: Final[tuple[str, ...]] = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
 
@@ -187,19 +187,21 @@ class ArmCalibration(Mapping[str, MotorCalibration]):
                 raise CalibrationError(
                     f"{source}: joint '{joint}': missing fields {missing}, unknown fields {unknown}"
                 )
-            for field in _FIELDS:
-                value = entry[field]
+            for name in _FIELDS:
+                value = entry[name]
                 if isinstance(value, bool) or not isinstance(value, int):
                     raise CalibrationError(
-                        f"{source}: joint '{joint}': {field} must be an integer, got {value!r}"
+                        f"{source}: joint '{joint}': {name} must be an integer, got {value!r}"
                     )
             motors[str(joint)] = MotorCalibration(**{f: int(entry[f]) for f in _FIELDS})
         return cls(motors, source)
 
     def modes(self, body_mode: BodyMode | NormMode = BodyMode.DEGREES) -> tuple[NormMode, ...]:
         """Per joint normalisation: ``body_mode`` for body joints, RANGE_0_100 for the gripper."""
+        body = NormMode(body_mode)  # BodyMode's values are NormMode's
         return tuple(
-            mode if mode == "range_0_100" else body_mode for _, mode in (MOTORS[name] for name in self.motors)
+            mode if mode == NormMode.RANGE_0_100 else body
+            for _, mode in (MOTORS[name] for name in self.motors)
         )
 
     def ticks_to_units(

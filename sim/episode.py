@@ -34,7 +34,7 @@ from hilrec.sim.scene import (
     BinCheck,
     check_in_bin,
 )
-from hilrec.sim.twin import CubeState, Twin
+from hilrec.sim.twin import CubeState, EpisodeStart, Twin
 
 PUSHED_ARM_LINKS = tuple(b for b in ARM_BODIES if b in ("upper_arm", "lower_arm", "wrist", "gripper"))
 CUBE_PUSH_NEWTONS = (0.4, 0.9)  # a resting 30 g cube needs ~0.35 N to slide at all
@@ -188,3 +188,39 @@ class Outcome:
 def outcome_of(twin: Twin) -> Outcome:
     cube = twin.cube_state()
     return Outcome(cube=cube, check=check_in_bin(cube.position, cube.speed, twin.scene))
+
+
+def start_fields(
+    twin: Twin,
+    start: EpisodeStart,
+    *,
+    seed: int,
+    leader: str,
+    phases: Mapping[str, int],
+    replans: Sequence[int] | None = None,
+    push_rate: float = 0.0,
+    pushes: Sequence[Push] = (),
+) -> dict[str, Any]:
+    """The ``"sim"`` fields of an episode sidecar that say how the episode began, which is what
+    ``hilrec check --replay`` needs to replay it; the sim recorder and the daemon's sim mode both
+    write them through here, so a daemon sim episode replays exactly like a recorded one."""
+    fields: dict[str, Any] = {
+        "seed": seed,
+        "cube": start.cube.to_dict(),
+        "arm_units_start": [float(x) for x in start.arm_units],
+        "physics": twin.physics_info(),
+        "leader": leader,
+        "operator_phase_starts": dict(phases),
+    }
+    if replans is not None:
+        fields["operator_replanned_at_frames"] = list(replans)
+    fields.update(
+        initial_state={
+            "array": "initial_state",
+            "spec": "mjSTATE_INTEGRATION",
+            "size": int(start.state.size),
+        },
+        push_rate_hz=push_rate,
+        disturbances=[p.to_dict() for p in pushes],
+    )
+    return fields

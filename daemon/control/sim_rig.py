@@ -59,24 +59,16 @@ class SimHooks:
         start = self._twin.reset(seed)
         if self._scripted is not None and operator is not None:
             self._scripted.begin_with(operator)
-        # The keys of hilrec.sim.recorder's episode sidecar, so `hilrec check --replay` replays
-        # a daemon sim episode exactly like a `hilrec record --sim` one.
+        from hilrec.sim.episode import start_fields
+
         fields = {
-            "sim": {
-                "seed": seed,
-                "cube": start.cube.to_dict(),
-                "arm_units_start": [float(x) for x in start.arm_units],
-                "physics": self._twin.physics_info(),
-                "leader": "scripted" if self._scripted is not None else "remote",
-                "operator_phase_starts": operator.phase_starts if operator is not None else {},
-                "initial_state": {
-                    "array": "initial_state",
-                    "spec": "mjSTATE_INTEGRATION",
-                    "size": int(start.state.size),
-                },
-                "push_rate_hz": 0.0,
-                "disturbances": [],
-            },
+            "sim": start_fields(
+                self._twin,
+                start,
+                seed=seed,
+                leader="scripted" if self._scripted is not None else "remote",
+                phases=operator.phase_starts if operator is not None else {},
+            )
         }
         return seed, fields, {"initial_state": np.asarray(start.state, dtype=np.float64)}
 
