@@ -338,8 +338,10 @@ class SO101Follower(_SO101Arm):
                 self.bus.write(servo_id, "Protection_Current", cfg.gripper_protection_current)
                 self.bus.write(servo_id, "Overload_Torque", cfg.gripper_overload_torque)
         # Hold where it stands: a stale Goal_Position would make the arm jump on torque on.
-        present = self.bus.sync_read("Present_Position", MOTOR_IDS, check_status=False)
-        self.bus.sync_write("Goal_Position", present.values)
+        # Servo by servo: a unicast read waits out a reply a loaded host holds back (patience_ms),
+        # where a sync read gives up after its retries and would fail the whole open.
+        present = {sid: self.bus.read(sid, "Present_Position", check_status=False) for sid in MOTOR_IDS}
+        self.bus.sync_write("Goal_Position", present)
         self.bus.set_torque(MOTOR_IDS, enabled=True)
 
     def _make_safe(self) -> None:

@@ -314,7 +314,8 @@ class FeetechBus:
     def _settle(self, port: _ExclusivePort, servo_id: int, length: int) -> None:
         """If a reply went missing, fence: READ from ``servo_id`` a length neither the coming
         reply (``length``) nor a pending fence has, and skip everything up to its reply. A fence
-        that times out stays pending; the transaction then skips up to its reply instead."""
+        that times out stays pending until the next settle replaces it with a fence of another
+        length (its late reply, if it ever comes, is then skipped as stale)."""
         if not self._unsettled and self._fence is None:
             return
         taken = {length, self._fence[1] if self._fence else 0}
@@ -342,6 +343,11 @@ class FeetechBus:
             self._settle(port, servo_id, reply_length)
             first_sent = time.monotonic()
             for attempt in range(self.config.retries + 1):
+                if attempt:
+                    # Fence again before a retry: the line is in order once a new fence answers,
+                    # and a fence whose own reply was lost no longer makes every retry wait
+                    # for it (drop 5% + corrupt 2% failed 0.8% of writes that way, not 0.03%).
+                    self._settle(port, servo_id, reply_length)
                 tx = [0, 0, servo_id, len(params) + 2, instruction, *params, 0]
                 result = self._send(port, tx, reply_bytes)
                 if result == scs.COMM_SUCCESS:
@@ -468,6 +474,8 @@ class FeetechBus:
             if ids:
                 self._settle(port, ids[0], reg.size + 2)
             for attempts in range(1, self.config.retries + 2):
+                if attempts > 1 and ids:
+                    self._settle(port, ids[0], reg.size + 2)  # as in _unicast: a lost fence is replaced
                 result = reader.txRxPacket()
                 if result == scs.COMM_SUCCESS:
                     break
