@@ -32,7 +32,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.errors import ReplayError
+from hilrec.daemon.dataset.joint_units import recorded_body_mode
+from hilrec.daemon.errors import DatasetError, ReplayError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
 
@@ -86,38 +87,11 @@ class ColumnUnits:
 
 
 def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyMode | None:
-    """The body joints' mode from a hilrec dataset sidecar's units mapping, if it states one.
-
-    Per joint, ``units.joints.<joint>`` is either a mapping with a ``norm_mode`` (sim recordings,
-    :func:`hilrec.sim.units.units_mapping`) or the mode itself (hardware recordings,
-    :mod:`hilrec.daemon.control.hardware`). Body joints that disagree with each other are refused
-    rather than half-converted.
-    """
-    units = sidecar.get("units")
-    if not isinstance(units, Mapping):
-        return None
-    joints = units.get("joints")
-    if not isinstance(joints, Mapping):
-        return None
-    modes: set[str] = set()
-    for name in JOINT_NAMES:
-        if MOTORS[name][1] == NormMode.RANGE_0_100:
-            continue
-        entry = joints.get(name)
-        mode = entry.get("norm_mode") if isinstance(entry, Mapping) else entry
-        if not isinstance(mode, str):
-            return None
-        modes.add(mode.lower())
-    if len(modes) != 1:
-        raise ReplayError(
-            f"hilrec/dataset.json: body joints have mixed units {sorted(modes)}; "
-            "the replay converts one mode for all body joints"
-        )
-    mode = modes.pop()
+    """The body joints' mode from a hilrec dataset sidecar (see :mod:`hilrec.daemon.dataset.joint_units`)."""
     try:
-        return BodyMode(mode)
-    except ValueError:
-        raise ReplayError(f"hilrec/dataset.json: unknown body-joint norm_mode {mode!r}") from None
+        return recorded_body_mode(sidecar)
+    except DatasetError as exc:
+        raise ReplayError(f"{exc}; the replay converts one mode for all body joints") from None
 
 
 def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibration | None:

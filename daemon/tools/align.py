@@ -1,0 +1,211 @@
+"""``hilrec align A B``: do two datasets meant to train one policy line up, column for column?
+
+Typically A is a sim recording and B a real one (recorded by LeRobot or by hilrec). Checked, side
+by side: feature names and order, dtypes and shapes; fps, robot type, camera keys and image
+sizes; the joints' units; and each joint's range in the two datasets, in one unit, with how far
+they overlap. They line up when everything but the ranges is equal: a policy then reads the same
+number as the same thing in both. The ranges are reported, not judged: a narrow sim set inside
+a broad real one is a coverage question (``hilrec coverage``), not a misalignment.
+
+Units, for each dataset, from the first of: the ``--units-*`` flag; hilrec's own metadata
+(``hilrec/dataset.json``); or the ranges themselves, which settle it only when a body joint
+passes 100 (it cannot be RANGE_M100_100 then). Where the two differ and one side is RANGE_M100_100,
+its ranges are converted to degrees through that arm's calibration (``--calibration-*``, LeRobot's
+file) with LeRobot's normalisation maths, so both are compared in degrees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.dataset.joint_units import recorded_body_mode
+from hilrec.daemon.dataset.reader import load_info, load_stats
+from hilrec.daemon.dataset.sidecar import load_dataset_sidecar
+from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, JOINT_NAMES, MOTORS, STATE_KEY, BodyMode, NormMode
+
+LEROBOT_DEGREES_LIMIT = 100.0  # a body value beyond this cannot be RANGE_M100_100
+
+
+@dataclass
+class Side:
+    root: Path
+    info: dict[str, Any]
+    units: BodyMode | None
+    units_source: str
+    low: np.ndarray  # per joint, over observation.state and action, in this side's units
+    high: np.ndarray
+
+
+@dataclass
+class Alignment:
+    a: Side
+    b: Side
+    rows: list[tuple[str, str, str, bool]] = field(default_factory=list)  # what, A, B, same
+    ranges: list[tuple[str, str, str, float]] = field(default_factory=list)  # joint, A, B, overlap
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def aligned(self) -> bool:
+        return all(same for *_, same in self.rows)
+
+    def format_text(self) -> str:
+        width = max(len(w) for w, *_ in self.rows)
+        lines = [f"A = {self.a.root}", f"B = {self.b.root}", ""]
+        lines += [
+            f"{'':2}{what:<{width}}  {va:<28}  {vb:<28}  {'same' if same else 'DIFFERS'}"
+            for what, va, vb, same in self.rows
+        ]
+        unit = self.a.units or self.b.units
+        lines += [
+            "",
+            f"joint ranges ({'degrees' if unit == BodyMode.DEGREES else unit or 'as stored'}"
+            " for body joints, 0..100 for the gripper; overlap = shared / combined span):",
+        ]
+        lines += [
+            f"  {joint:<14} A {ra:<18} B {rb:<18} overlap {ov:.0%}" for joint, ra, rb, ov in self.ranges
+        ]
+        lines.append("")
+        lines.append("they line up" if self.aligned else "they do NOT line up; to change:")
+        lines += [f"  - {fix}" for fix in self.fixes]
+        return "\n".join(lines)
+
+
+def align(
+    a: Path,
+    b: Path,
+    *,
+    units: tuple[BodyMode | None, BodyMode | None] = (None, None),
+    calibrations: tuple[Path | None, Path | None] = (None, None),
+) -> Alignment:
+    result = Alignment(a=_side(Path(a), units[0]), b=_side(Path(b), units[1]))
+    _compare_schema(result)
+    _compare_units(result, calibrations)
+    return result
+
+
+def _side(root: Path, stated: BodyMode | None) -> Side:
+    info = load_info(root)
+    stats = load_stats(root)
+    lows, highs = [], []
+    for key in (STATE_KEY, ACTION_KEY):
+        entry = (stats or {}).get(key)
+        if entry is None:
+            raise DatasetError(f"{root}: meta/stats.json has no '{key}' min/max (run hilrec repair)")
+        lows.append(np.asarray(entry["min"], dtype=np.float64))
+        highs.append(np.asarray(entry["max"], dtype=np.float64))
+    low, high = np.minimum(*lows), np.maximum(*highs)
+    if stated is not None:
+        return Side(root, info, stated, "stated by flag", low, high)
+    recorded = recorded_body_mode(load_dataset_sidecar(root))
+    if recorded is not None:
+        return Side(root, info, recorded, "hilrec metadata", low, high)
+    body = [i for i, name in enumerate(JOINT_NAMES) if MOTORS[name][1] != NormMode.RANGE_0_100]
+    if np.max(np.abs(np.concatenate([low[body], high[body]]))) > LEROBOT_DEGREES_LIMIT:
+        return Side(root, info, BodyMode.DEGREES, "inferred: a body joint passes 100", low, high)
+    return Side(root, info, None, "unknown: every body joint within ±100 fits both units", low, high)
+
+
+def _compare_schema(result: Alignment) -> None:
+    fa, fb = result.a.info["features"], result.b.info["features"]
+
+    def add(what: str, va: object, vb: object, fix: str | None = None) -> None:
+        same = va == vb
+        result.rows.append((what, _short(va), _short(vb), same))
+        if not same and fix:
+            result.fixes.append(fix)
+
+    add(
+        "fps",
+        result.a.info.get("fps"),
+        result.b.info.get("fps"),
+        "record both at one fps (hilrec record --sim --fps)",
+    )
+    add("robot_type", result.a.info.get("robot_type"), result.b.info.get("robot_type"), "use one robot type")
+    measured = [k for k in fa if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING]
+    theirs = [k for k in fb if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING]
+    add(
+        "features (order)",
+        measured,
+        theirs,
+        "drop or rename the features only one side has (hilrec edit remove-feature)",
+    )
+    for key in sorted(set(measured) & set(theirs)):
+        for part in ("dtype", "shape", "names"):
+            add(f"{key} {part}", fa[key].get(part), fb[key].get(part), f"make '{key}' {part} agree")
+    cams_a = {k: fa[k].get("shape") for k in fa if k.startswith(IMAGE_PREFIX)}
+    cams_b = {k: fb[k].get("shape") for k in fb if k.startswith(IMAGE_PREFIX)}
+    add("cameras", sorted(cams_a), sorted(cams_b), "record the same camera names on both sides")
+    for key in sorted(set(cams_a) & set(cams_b)):
+        add(
+            f"{key} shape",
+            cams_a[key],
+            cams_b[key],
+            f"record '{key}' at one size (hilrec render --size WxH for sim)",
+        )
+
+
+def _compare_units(result: Alignment, calibrations: tuple[Path | None, Path | None]) -> None:
+    a, b = result.a, result.b
+    result.rows.append(
+        (
+            "units (body joints)",
+            f"{a.units or '?'} ({a.units_source})",
+            f"{b.units or '?'} ({b.units_source})",
+            a.units is not None and a.units == b.units,
+        )
+    )
+    lows, highs = [a.low, b.low], [a.high, b.high]
+    for i, side in enumerate((a, b)):
+        if side.units is None:
+            result.fixes.append(
+                f"state the units of {side.root} (--units-{'ab'[i]} degrees or range_m100_100)"
+            )
+    if a.units is not None and b.units is not None and a.units != b.units:
+        for i, side in enumerate((a, b)):
+            if side.units != BodyMode.RANGE_M100_100:
+                continue
+            calibration = calibrations[i]
+            if calibration is None:
+                result.fixes.append(
+                    f"{side.root} is RANGE_M100_100: give its arm's calibration (--calibration-{'ab'[i]}) "
+                    "to compare ranges in degrees, and convert it before training together"
+                )
+                continue
+            lows[i], highs[i] = _m100_to_degrees(side.low, side.high, calibration)
+        result.fixes.append("record both sides in one unit (LeRobot's use_degrees=True is hilrec's default)")
+    for j, joint in enumerate(JOINT_NAMES):
+        (la, ha), (lb, hb) = (lows[0][j], highs[0][j]), (lows[1][j], highs[1][j])
+        shared = max(0.0, min(ha, hb) - max(la, lb))
+        span = max(ha, hb) - min(la, lb)
+        result.ranges.append(
+            (joint, f"{la:.1f} .. {ha:.1f}", f"{lb:.1f} .. {hb:.1f}", shared / span if span else 1.0)
+        )
+
+
+def _m100_to_degrees(low: np.ndarray, high: np.ndarray, calibration: Path) -> tuple[np.ndarray, np.ndarray]:
+    from hilrec.drivers.calibration import load_calibration, ticks_to_units, units_to_ticks
+
+    cal = load_calibration(calibration)
+    out_low, out_high = low.copy(), high.copy()
+    for j, (name, motor) in enumerate(cal.motors.items()):
+        if MOTORS[name][1] == NormMode.RANGE_0_100:
+            continue
+        ends = [
+            ticks_to_units(units_to_ticks(float(v), motor, NormMode.RANGE_M100_100), motor, NormMode.DEGREES)
+            for v in (low[j], high[j])
+        ]
+        out_low[j], out_high[j] = min(ends), max(ends)
+    return out_low, out_high
+
+
+_LEROBOT_BOOKKEEPING = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 28 else text[:25] + "..."
