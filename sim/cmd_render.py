@@ -119,6 +119,7 @@ def render_dataset(
             features=features,
             robot_type=info.get("robot_type") or ROBOT_TYPE,
             video_codec=video_codec,
+            lock_command=f"hilrec render {root}",  # the new root is locked while it is written
         )
         with sink:
             update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras, size, quality))

@@ -15,12 +15,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hilrec.daemon.atomic import fsync_dir, fsync_file, write_synced
+from hilrec.daemon.atomic import fsync_dir, fsync_file, temp_path, write_synced
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.features import video_keys
 from hilrec.daemon.dataset.journal import Hook
@@ -53,6 +53,10 @@ from hilrec.daemon.dataset.video import Segment, concat_segments, probe_video, v
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 
 log = logging.getLogger(__name__)
+
+# A failed merge is retried on its own after this long, then twice as long each time.
+RETRY_FIRST_S: Final[float] = 2.0
+RETRY_MAX_S: Final[float] = 60.0
 
 
 @dataclass
@@ -261,7 +265,10 @@ def consolidate(
     targets.append(INFO_PATH)
 
     journal.publish_batch(root, batch, targets, hook)
-    drop_staged_videos(root, batch, video_keys(features))
+    try:
+        drop_staged_videos(root, batch, video_keys(features))
+    except OSError as exc:  # the batch is merged; recovery drops what is left on the next open
+        log.warning("%s: staged videos of merged episodes %s not deleted: %s", root, list(batch), exc)
     return ConsolidatedState(root=root, info=info, tasks=tasks, episodes=all_rows)
 
 
@@ -314,8 +321,14 @@ class BackgroundMerger:
     A merge takes every episode pending when it starts. With ``interval_s`` > 0 a merge starts at
     most once per interval (and at once on :meth:`wait`), so a producer that saves many episodes
     a second pays one merge per interval instead of one per episode; the episodes waiting meanwhile
-    are safe in the journal. After a failed merge nothing is retried until :meth:`add` or
-    :meth:`wait` asks again.
+    are safe in the journal.
+
+    A failed merge never costs a saved episode: what it wrote is rolled back, so LeRobot's files
+    stay as they were before it (every episode merged earlier stays visible), the journal keeps
+    the batch, and the state is read back from disk. It is retried on its own after
+    :data:`RETRY_FIRST_S`, doubling to :data:`RETRY_MAX_S`, and at once when an episode is added,
+    on :meth:`retry` and on :meth:`wait`. Until one succeeds, :attr:`problem` says which episodes
+    wait and why (the writer's ``problems()``), and :meth:`wait` raises it.
     """
 
     def __init__(self, state: ConsolidatedState, *, hook: Hook = None, interval_s: float = 0.0) -> None:
@@ -326,7 +339,15 @@ class BackgroundMerger:
         self._cond = threading.Condition()
         self._merging = False
         self._error: BaseException | None = None
-        self._flush = False
+        self._failed_batch: list[int] = []
+        self._failures = 0  # in a row
+        self._attempts = 0  # merges started
+        self._failed_attempt = 0  # the attempt that set _error
+        self._retry_at = 0.0
+        # _attempts when a retry was last asked for: one asked during or after the failed
+        # attempt starts the next one at once (the backoff is for retries on the merger's own).
+        self._retry_asked = -1
+        self._flush = 0  # callers in wait()
         self._stop = False
         self._last_start = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="consolidate", daemon=True)
@@ -335,31 +356,46 @@ class BackgroundMerger:
     def add(self, episode_index: int) -> None:
         with self._cond:
             self._pending.append(episode_index)
-            self._error = None  # a new episode is also a retry of a failed merge
+            self._retry_asked = self._attempts  # a new episode is also a retry of a failed merge
             self._cond.notify_all()
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Merge what is pending now and block until done; DatasetError if the merge failed."""
+    @property
+    def problem(self) -> str | None:
+        """Why saved episodes are not in LeRobot's files yet (None while merges succeed)."""
+        with self._cond:
+            if self._error is None:
+                return None
+            return self._describe()
+
+    def wait(self, timeout: float | None = None, *, retry: bool = True) -> None:
+        """Merge what is pending now and block until done; DatasetError if the merge failed.
+
+        After a failed merge, ``retry`` starts another attempt at once (its failure is raised);
+        ``retry=False`` waits for the next one on the merger's own schedule instead.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         root = self.state.root
         with self._cond:
-            self._flush = True
+            self._flush += 1
+            if retry:
+                self._retry_asked = self._attempts
+            started = self._attempts
             self._cond.notify_all()
-            while (self._pending or self._merging) and self._error is None:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise DatasetError(f"{root}: merge not done within {timeout} s")
-                self._cond.wait(remaining)
-            self._flush = False
-            if self._error is not None:
-                raise DatasetError(
-                    f"{root}: merging saved episodes into LeRobot's files failed ({self._error}); "
-                    f"they are safe in {journal.JOURNAL_DIR}, run 'hilrec repair'"
-                ) from self._error
+            try:
+                while self._pending or self._merging:
+                    if self._error is not None and self._failed_attempt > started:
+                        raise DatasetError(self._describe()) from self._error
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        late = f" ({self._describe()})" if self._error is not None else ""
+                        raise DatasetError(f"{root}: merge not done within {timeout} s{late}")
+                    self._cond.wait(remaining)
+            finally:
+                self._flush -= 1
 
     def retry(self) -> None:
         with self._cond:
-            self._error = None
+            self._retry_asked = self._attempts
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -369,37 +405,100 @@ class BackgroundMerger:
             self._cond.notify_all()
         self._thread.join()
 
+    def _describe(self) -> str:
+        """The failed merge, for an error and for the writer's status (under the lock)."""
+        root = self.state.root
+        merged = len(self.state.episodes)
+        shown = f"episodes 0..{merged - 1}" if merged else "no episode"
+        next_try = max(0.0, self._retry_at - time.monotonic())
+        return (
+            f"{root}: merging saved episodes {self._failed_batch} into LeRobot's files failed "
+            f"({_reason(self._error)}; {self._failures} attempt(s) in a row); they are safe in "
+            f"{journal.JOURNAL_DIR} and the merge is retried (next in {next_try:.0f} s, at the "
+            f"next save and at finalize; 'hilrec repair' merges them too); LeRobot's files hold "
+            f"{shown}, unchanged"
+        )
+
     def _next_batch(self) -> list[int] | None:
         with self._cond:
             while True:
-                ready = bool(self._pending) and self._error is None
-                if self._stop and not (ready and self._flush):
+                now = time.monotonic()
+                wait_s: float | None = None  # until a merge is due; None: until notified
+                if self._pending:
+                    if self._error is None:
+                        wait_s = 0.0 if self._flush else self._last_start + self._interval - now
+                    elif self._retry_asked >= self._failed_attempt:
+                        wait_s = 0.0
+                    else:
+                        wait_s = self._retry_at - now
+                due = wait_s is not None and wait_s <= 0
+                if self._stop and not (due and self._flush):
                     return None
-                due = self._last_start + self._interval - time.monotonic()
-                if ready and (self._flush or due <= 0):
+                if due:
                     self._merging = True
-                    self._last_start = time.monotonic()
+                    self._attempts += 1
+                    self._last_start = now
                     return list(self._pending)
-                self._cond.wait(due if ready else None)
+                self._cond.wait(wait_s)
 
     def _loop(self) -> None:
         while (batch := self._next_batch()) is not None:
             try:
-                self.state = consolidate(self.state, batch, hook=self._hook)
-            except BaseException as exc:
-                log.exception(
-                    "%s: merging episodes %s failed; they stay in the journal", self.state.root, batch
-                )
-                _undo_failed_merge(self.state.root)
-                with self._cond:
-                    self._error = exc
-                    self._merging = False
-                    self._cond.notify_all()
+                state = consolidate(self.state, batch, hook=self._hook)
+            except BaseException as exc:  # noqa: BLE001 - kept, reported by problem/wait, retried
+                self._failed(batch, exc)
                 continue
             with self._cond:
+                self.state = state
                 del self._pending[: len(batch)]
+                self._error = None
+                self._failures = 0
                 self._merging = False
                 self._cond.notify_all()
+
+    def _failed(self, batch: list[int], exc: BaseException) -> None:
+        root = self.state.root
+        with self._cond:
+            first = self._failures == 0 or _reason(exc) != _reason(self._error)
+        if first:
+            log.exception("%s: merging episodes %s failed; they stay in the journal", root, batch)
+        else:
+            log.error("%s: merging episodes %s failed again: %s", root, batch, _reason(exc))
+        _undo_failed_merge(root)
+        try:
+            # What is on disk is the truth: the batch rolled back (or, if it failed after its
+            # last rename, merged).
+            state = ConsolidatedState.load(root)
+        except (DatasetError, OSError) as load_error:
+            log.error("%s: reading LeRobot's files back after the failed merge: %s", root, load_error)
+            state = self.state
+        merged = len(state.episodes)
+        if merged > len(self.state.episodes):  # merged after all: its staged videos are copies
+            try:
+                drop_staged_videos(root, [i for i in batch if i < merged], video_keys(state.info["features"]))
+            except OSError as drop_error:
+                log.warning("%s: staged videos of merged episodes not deleted: %s", root, drop_error)
+        with self._cond:
+            self.state = state
+            self._pending = [i for i in self._pending if i >= merged]
+            self._merging = False
+            self._cond.notify_all()
+            if not self._pending:  # it failed past its last rename: merged, nothing waits
+                self._error = None
+                self._failures = 0
+                return
+            self._error = exc
+            self._failed_batch = list(batch)
+            self._failures += 1
+            self._failed_attempt = self._attempts
+            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
+            self._retry_at = time.monotonic() + delay
+
+
+def _reason(exc: BaseException | None) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"[Errno {exc.errno}] {exc.strerror}" + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _undo_failed_merge(root: Path) -> None:
@@ -409,5 +508,7 @@ def _undo_failed_merge(root: Path) -> None:
         for path in journal.orphan_files(root):
             if path.name.endswith(journal.NEW_SUFFIX):
                 path.unlink()
+        # The intent's own temp file, if writing it was what failed (a full disk).
+        temp_path(journal.intent_path(root)).unlink(missing_ok=True)
     except OSError:
         log.exception("%s: cleaning up after a failed merge", root)

@@ -11,8 +11,9 @@ An :class:`OpenEpisode` lives in the journal's open directory (``.episode-NNNNNN
   save time.
 
 :meth:`OpenEpisode.finish_videos` closes the encoders and checks that every file holds exactly one
-frame per row. From then on no frame can be added: a save that fails after it keeps the finished
-videos, and the retry goes on from there.
+frame per row. From then on no frame can be added. Once encoded, :meth:`OpenEpisode.release_frames`
+drops what the encoded bytes now carry; a save that fails after that keeps the finished videos in
+the open directory, and the retry commits them with the same bytes.
 """
 
 from __future__ import annotations
@@ -135,6 +136,13 @@ class OpenEpisode:
     def image_stats(self) -> dict[str, Stats]:
         """Each camera's image stats, from the frames its sampler kept."""
         return {key: sampler.stats() for key, sampler in self.samplers.items()}
+
+    def release_frames(self) -> None:
+        """Drop the rows and image samples once the episode is encoded (its bytes carry them):
+        an episode held for a retry (see :mod:`.commit`) keeps only its length and its videos."""
+        for column in self.values.values():
+            column.clear()
+        self.samplers.clear()
 
     def discard(self) -> None:
         """Stop the encoders and delete the open directory with everything in it."""

@@ -10,8 +10,11 @@ reshaped is a wrong number in the file:
 - floats must be finite;
 - a video frame must be ``(H, W, C)`` uint8 exactly as declared (LeRobot also takes channel-first
   and PIL images; we take one layout);
-- the key set is exact, plus a non-empty ``task`` string; the five columns the writer fills itself
-  (timestamp, frame_index, episode_index, index, task_index) are refused.
+- the key set is exact, plus a ``task`` string that passes :func:`hilrec.daemon.text.task_problem`
+  (the one rule for task strings: one line, valid Unicode, 1..1000 characters; a lone surrogate
+  such as ``"\\ud800"`` would be acknowledged here and then fail every later merge); the five
+  columns the writer fills itself (timestamp, frame_index, episode_index, index, task_index) are
+  refused.
 
 Every refusal is a :class:`FrameError` or :class:`FeatureSpecError` naming the key.
 """
@@ -26,6 +29,7 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.errors import FeatureSpecError, FrameError
+from hilrec.daemon.text import task_problem
 
 TASK_KEY: Final[str] = "task"
 
@@ -197,8 +201,10 @@ class FrameValidator:
         if TASK_KEY not in keys:
             raise FrameError(TASK_KEY, "missing: every frame names its task")
         task = frame[TASK_KEY]
-        if not isinstance(task, str) or not task.strip():
-            raise FrameError(TASK_KEY, f"must be a non-empty string, got {task!r}")
+        problem = task_problem(task)
+        if problem is not None:
+            shown = f" (got {_shown(task)})" if isinstance(task, str) else ""
+            raise FrameError(TASK_KEY, problem + shown)
         extra = keys - self._expected_set - {TASK_KEY}
         if extra:
             raise FrameError(sorted(extra)[0], f"is not a declared feature (declared: {self.expected})")
@@ -219,7 +225,8 @@ class FrameValidator:
             return None
         task = frame[TASK_KEY]
         if task is not self._last_task:
-            if type(task) is not str or not task.strip():
+            # The same string again (equal, not identical) was checked already.
+            if type(task) is not str or (task != self._last_task and task_problem(task) is not None):
                 return None
             self._last_task = task
         values = {}
@@ -260,6 +267,12 @@ class FrameValidator:
             bad = np.flatnonzero(~np.isfinite(value.ravel()))
             raise FrameError(key, f"has non-finite values at flat positions {bad.tolist()[:8]}")
         return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: repr (escapes surrogates and controls), at most 80 chars."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_image(key: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:

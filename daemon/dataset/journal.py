@@ -27,9 +27,11 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import pyarrow as pa
 
 from hilrec.daemon.atomic import (
     atomic_write_bytes,
@@ -42,6 +44,7 @@ from hilrec.daemon.atomic import (
     write_synced,
 )
 from hilrec.daemon.dataset.paths import DATA_DIR, META_DIR, VIDEOS_DIR
+from hilrec.daemon.dataset.reader import column_to_numpy, read_parquet
 from hilrec.daemon.dataset.sidecar import SIDECAR_DIR
 from hilrec.daemon.errors import CorruptDatasetError
 
@@ -55,6 +58,9 @@ EPISODE_DATA: Final[str] = "data.parquet"
 NEW_SUFFIX: Final[str] = ".hilrec-new"
 OLD_SUFFIX: Final[str] = ".hilrec-old"
 JOURNAL_FORMAT: Final[int] = 1
+# A copy of info.json's fixed fields (features, fps, robot_type, file sizes) kept in the journal,
+# for repair to rebuild info.json from when it is unreadable. Read here; written by the writer.
+INFO_COPY: Final[str] = "info.json"
 _COMMITTED = re.compile(r"^episode-(\d{6,})$")
 _OPEN = re.compile(r"^\.episode-(\d{6,})\.tmp$")
 
@@ -99,10 +105,15 @@ def commit_episode(
     (the staged videos); ``beside`` (path -> bytes) are the episode's files outside the journal
     (its sidecar), each published by a rename, in the given order. Every file is fsynced once and
     every directory that gained an entry once; then the rename is the commit, and the journal
-    directory's fsync makes it durable.
+    directory's fsync makes it durable. A failed commit can be run again with the same arguments
+    (see :mod:`.commit`): every step rewrites or republishes what the attempt before left.
     """
     src = open_episode_dir(root, episode_index)
     dst = episode_dir(root, episode_index)
+    if not src.exists() and (dst / EPISODE_META).is_file():
+        # A retry of a commit that failed after its rename (at the last fsync): it is done.
+        fsync_dir(dst.parent)
+        return dst
     written = set()
     for name, content in (files or {}).items():
         write_synced(src / name, content)
@@ -140,6 +151,17 @@ def committed_episodes(root: Path) -> list[int]:
     return sorted(found)
 
 
+def committed_dirs(root: Path) -> list[int]:
+    """Every committed episode directory, intact or not (:func:`committed_episodes` lists only the
+    ones with an ``episode.json``)."""
+    directory = journal_dir(root)
+    if not directory.is_dir():
+        return []
+    return sorted(
+        int(m.group(1)) for c in directory.iterdir() if (m := _COMMITTED.match(c.name)) and c.is_dir()
+    )
+
+
 def open_episodes(root: Path) -> list[int]:
     """Episodes that were being recorded and never saved (their .tmp directories)."""
     directory = journal_dir(root)
@@ -158,6 +180,86 @@ def load_episode_meta(root: Path, episode_index: int) -> dict[str, Any]:
             str(path), f"says episode {meta.get('episode_index')}, expected {episode_index}"
         )
     return meta
+
+
+# What episode.json must hold, and of which type, for the entry to be usable.
+_META_FIELDS: Final[dict[str, type]] = {
+    "episode_index": int,
+    "length": int,
+    "tasks": list,
+    "new_tasks": list,
+    "dataset_from_index": int,
+    "stats": dict,
+}
+
+
+@dataclass
+class JournalEntry:
+    """What a committed journal entry holds, as far as it can be read.
+
+    ``meta`` is its episode.json and ``table`` its data.parquet, each None when unreadable or
+    inconsistent; ``problems`` says why, one (file, problem) each.
+    """
+
+    index: int
+    directory: Path
+    meta: dict[str, Any] | None = None
+    table: pa.Table | None = None
+    problems: list[tuple[Path, str]] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return self.meta is not None and self.table is not None and not self.problems
+
+
+def read_entry(root: Path, episode_index: int) -> JournalEntry:
+    """Read and cross-check one committed entry: episode.json (fields and types) and data.parquet
+    (readable, ``length`` rows, every row of this episode). Never raises for a damaged entry."""
+    directory = episode_dir(root, episode_index)
+    entry = JournalEntry(episode_index, directory)
+    meta_path = directory / EPISODE_META
+    try:
+        meta = load_episode_meta(root, episode_index)
+        bad = [
+            name
+            for name, kind in _META_FIELDS.items()
+            if not isinstance(meta.get(name), kind) or isinstance(meta.get(name), bool)
+        ]
+        if bad:
+            entry.problems.append((meta_path, f"fields {bad} missing or of the wrong type"))
+        elif meta["length"] <= 0 or meta["dataset_from_index"] < 0:
+            entry.problems.append((meta_path, f"length {meta['length']}, from {meta['dataset_from_index']}"))
+        else:
+            entry.meta = meta
+    except CorruptDatasetError as exc:
+        entry.problems.append((meta_path, exc.problem))
+    data_path = directory / EPISODE_DATA
+    try:
+        table = read_parquet(data_path)
+        if "episode_index" not in table.column_names:
+            raise CorruptDatasetError(str(data_path), "has no episode_index column")
+        episodes = column_to_numpy(table.column("episode_index"), name="episode_index", path=data_path)
+        if not (episodes == episode_index).all():
+            raise CorruptDatasetError(
+                str(data_path), f"holds rows of episodes {sorted(set(episodes.tolist()))}"
+            )
+        if entry.meta is not None and table.num_rows != entry.meta["length"]:
+            raise CorruptDatasetError(
+                str(data_path), f"{table.num_rows} rows, episode.json says {entry.meta['length']}"
+            )
+        entry.table = table
+    except (CorruptDatasetError, pa.ArrowException, ValueError) as exc:
+        entry.problems.append((data_path, getattr(exc, "problem", str(exc))))
+    return entry
+
+
+def load_info_copy(root: Path) -> dict[str, Any] | None:
+    """The journal's copy of info.json's fixed fields, None when there is none or it is unreadable."""
+    try:
+        info = read_json(journal_dir(root) / INFO_COPY, what="info copy", if_missing=None)
+    except CorruptDatasetError:
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("features"), dict) else None
 
 
 def remove_dir(path: Path) -> None:

@@ -109,6 +109,14 @@ def data_schema(features: Mapping[str, Mapping[str, Any]]) -> pa.Schema:
     return pa.schema(fields, metadata=meta)
 
 
+def row_bytes(features: Mapping[str, Mapping[str, Any]]) -> int:
+    """Bytes of one data-parquet row before compression (every non-video column's values)."""
+    return sum(
+        np.dtype(features[key]["dtype"]).itemsize * int(np.prod(features[key]["shape"]))
+        for key in data_keys(features)
+    )
+
+
 def episode_data_table(columns: Mapping[str, np.ndarray], schema: pa.Schema) -> pa.Table:
     """Arrow table of one episode's rows; ``columns`` holds (n,) or (n, d) arrays per column."""
     arrays = []

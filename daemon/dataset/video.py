@@ -19,6 +19,7 @@ shifting each segment's timestamps to follow the previous one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import queue
@@ -160,7 +161,13 @@ class EpisodeVideoEncoder:
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
-            raise VideoEncodingError(f"{self._where()}: encoder failed: {self._error}") from self._error
+            lost = ""
+            if isinstance(self._error, OSError) and self._error.errno in (errno.ENOSPC, errno.EDQUOT):
+                lost = (
+                    "; the disk is full: this episode's frames cannot be kept and are lost, the "
+                    "episodes saved before are not affected; free space before the next take"
+                )
+            raise VideoEncodingError(f"{self._where()}: encoder failed: {self._error}{lost}") from self._error
 
     def _run(self) -> None:
         container = None

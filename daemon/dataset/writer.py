@@ -25,12 +25,33 @@ the merge.
 
 An episode that is open (frames added, not saved) when the process dies is dropped: its frames
 were never committed. ``hilrec repair`` reports it.
+
+One writer per root: ``create`` and ``open`` take the root's exclusive lock
+(:class:`~.rootlock.RootLock`) before they touch anything in it, and the writer holds it until
+``finalize``/``close`` (or the exit hook). A second writer, in this process or another, is refused
+with :class:`DatasetLockedError` naming the holder's pid and command, so it cannot delete the
+first one's open episode or commit over its episodes. Readers (``hilrec check``) take no lock.
+
+A full disk never costs an acknowledged episode, nor the next take:
+
+- :meth:`DatasetWriter.space_problem` says, before a take and while one runs, whether the file
+  system has room for one more take;
+- a commit that fails with an OS error keeps the episode (staged videos, encoded rows) and commits
+  it again, in order, as soon as it can (see :mod:`.commit`): the next take records normally;
+  :meth:`DatasetWriter.retry_failed` retries at once, :attr:`DatasetWriter.failed_saves` lists
+  them, and only ``finalize`` gives up on one (its error names it as lost);
+- a merge that fails leaves LeRobot's files as they were and the journal whole, and is retried
+  (see :class:`~.consolidate.BackgroundMerger`); :meth:`DatasetWriter.problems` reports it, with
+  the episode indices, until it succeeds.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import os
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -51,17 +72,38 @@ from hilrec.daemon.dataset.layout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
     DEFAULT_VIDEO_FILE_SIZE_IN_MB,
+    MB,
     empty_info,
+    row_bytes,
     write_info,
 )
+from hilrec.daemon.dataset.paths import (
+    INFO_PATH,
+    META_DIR,
+    data_path,
+    data_ref,
+    episodes_path,
+    episodes_ref,
+    video_path,
+    video_ref,
+)
+from hilrec.daemon.dataset.rootlock import LOCK_NAME, RootLock, lock_path
 from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
 from hilrec.daemon.dataset.video import DEFAULT_MAX_QUEUE_BYTES, VideoSettings
-from hilrec.daemon.errors import DatasetError, DatasetStateError
+from hilrec.daemon.errors import CorruptDatasetError, DatasetError, DatasetStateError
 
 log = logging.getLogger(__name__)
 
 WRITER_NAME: Final[str] = "hilrec.native"
 EXIT_MERGE_TIMEOUT_S: Final[float] = 120.0
+# space_problem(): never ask for less than this, whatever the estimate says.
+MIN_FREE_BYTES: Final[int] = 64 * MB
+# Until an episode is measured: a take of this long, video at this many bits per pixel (AV1 at
+# LeRobot's crf 30 stays well below it on camera images; noise needs more, and is measured then).
+DEFAULT_TAKE_S: Final[float] = 60.0
+VIDEO_BITS_PER_PIXEL: Final[float] = 0.5
+# The recent episodes space_problem() sizes the next take from.
+RECENT_EPISODES: Final[int] = 20
 
 
 class DatasetWriter:
@@ -75,9 +117,11 @@ class DatasetWriter:
         settings: VideoSettings,
         max_video_queue_bytes: int,
         hook: Hook,
+        lock: RootLock,
         merge_interval_s: float = 0.0,
     ) -> None:
         self.root = root
+        self._lock = lock
         self.fps = int(state.info["fps"])
         self.features: dict[str, Any] = state.info["features"]
         self.robot_type: str | None = state.info.get("robot_type")
@@ -95,6 +139,11 @@ class DatasetWriter:
             episodes=len(state.episodes), frames=state.total_frames, tasks=state.tasks
         )
         self._finalized = False
+        # (frames, bytes on disk) of the episodes encoded lately: what space_problem() sizes from.
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_EPISODES)
+        self._recent_lengths: deque[int] = deque(
+            (int(row["length"]) for row in state.episodes[-RECENT_EPISODES:]), maxlen=RECENT_EPISODES
+        )
         self._merger = BackgroundMerger(state, hook=hook, interval_s=merge_interval_s)
         self._committer = Committer(
             root,
@@ -123,11 +172,15 @@ class DatasetWriter:
         max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
         hook: Hook = None,
         merge_interval_s: float = 0.0,
+        lock_command: str | None = None,
     ) -> DatasetWriter:
         """Start a new dataset at ``root`` (which must not exist or be empty).
 
         ``merge_interval_s`` > 0 merges saved episodes into LeRobot's files at most that often
         (and at finalize), instead of after every save: for a producer of many episodes a second.
+        The root's lock is taken first (``lock_command`` is what a refused second writer is told
+        holds it; default ``hilrec <sub-command>``): :class:`DatasetLockedError` if another
+        writer has it.
         """
         root = Path(root)
         if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
@@ -148,11 +201,44 @@ class DatasetWriter:
             raise DatasetError(f"{root}: merge_interval_s must be >= 0, got {merge_interval_s!r}")
         full = validate_features(features)
         settings = VideoSettings(codec=video_codec)
-        if root.exists() and any(root.iterdir()):
-            raise DatasetStateError(
-                f"{root}: already exists and is not empty; use DatasetWriter.open() to add episodes to it"
+        lock = _lock_empty_root(root, lock_command)
+        try:
+            return cls._create_locked(
+                root,
+                lock,
+                fps=fps,
+                features=full,
+                robot_type=robot_type,
+                settings=settings,
+                chunks_size=chunks_size,
+                data_files_size_in_mb=data_files_size_in_mb,
+                video_files_size_in_mb=video_files_size_in_mb,
+                max_video_queue_bytes=max_video_queue_bytes,
+                hook=hook,
+                merge_interval_s=merge_interval_s,
             )
-        root.mkdir(parents=True, exist_ok=True)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _create_locked(
+        cls,
+        root: Path,
+        lock: RootLock,
+        *,
+        fps: int,
+        features: dict[str, Any],
+        robot_type: str | None,
+        settings: VideoSettings,
+        chunks_size: int,
+        data_files_size_in_mb: float,
+        video_files_size_in_mb: float,
+        max_video_queue_bytes: int,
+        hook: Hook,
+        merge_interval_s: float,
+    ) -> DatasetWriter:
+        full = features
         info = empty_info(
             fps=fps,
             features=full,
@@ -173,6 +259,7 @@ class DatasetWriter:
             settings=settings,
             max_video_queue_bytes=max_video_queue_bytes,
             hook=hook,
+            lock=lock,
             merge_interval_s=merge_interval_s,
         )
 
@@ -185,27 +272,39 @@ class DatasetWriter:
         max_video_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
         hook: Hook = None,
         merge_interval_s: float = 0.0,
+        lock_command: str | None = None,
     ) -> DatasetWriter:
         """Reopen an existing dataset to add episodes; finishes any merge a crash interrupted.
 
-        An episode that was open (never saved) when the previous writer died is dropped.
+        The root's lock is taken before anything in it is touched (see :meth:`create`): a root
+        another writer holds is refused with :class:`DatasetLockedError`, its open episode left
+        alone. An episode that was open (never saved) when the previous writer died is dropped.
         """
         from hilrec.daemon.dataset.repair import recover
 
         root = Path(root)
-        report = recover(root)
-        if report.dropped:
-            log.warning("%s: dropped on reopen: %s", root, report.dropped)
         settings = VideoSettings(codec=video_codec)
-        update_dataset_sidecar(root, {"writer": cls._provenance(settings)})
-        return cls(
-            root,
-            ConsolidatedState.load(root),
-            settings=settings,
-            max_video_queue_bytes=max_video_queue_bytes,
-            hook=hook,
-            merge_interval_s=merge_interval_s,
-        )
+        if not ((root / META_DIR).is_dir() or journal.journal_dir(root).is_dir()):
+            # Not a dataset: refused before a lock file is put into it.
+            raise CorruptDatasetError(str(root / INFO_PATH), "missing: not a LeRobot dataset root")
+        lock = RootLock(root, lock_command).acquire()
+        try:
+            report = recover(root)
+            if report.dropped:
+                log.warning("%s: dropped on reopen: %s", root, report.dropped)
+            update_dataset_sidecar(root, {"writer": cls._provenance(settings)})
+            return cls(
+                root,
+                ConsolidatedState.load(root),
+                settings=settings,
+                max_video_queue_bytes=max_video_queue_bytes,
+                hook=hook,
+                lock=lock,
+                merge_interval_s=merge_interval_s,
+            )
+        except BaseException:
+            lock.release()
+            raise
 
     @staticmethod
     def _provenance(settings: VideoSettings) -> dict[str, Any]:
@@ -241,11 +340,6 @@ class DatasetWriter:
         self._check_usable()
         values, task = self._validator.validate(frame)
         episode = self._episode or self._open_episode()
-        if episode.finished:
-            raise DatasetStateError(
-                f"{self.root}: episode {episode.index} is being saved (a save "
-                "failed); call save_episode() again or discard_episode()"
-            )
         episode.add(values, task)
 
     def save_episode(
@@ -253,22 +347,20 @@ class DatasetWriter:
     ) -> int:
         """Make the open episode durable and return its episode_index.
 
-        If writing fails with an OS error (a full disk), the episode stays open with all its
-        frames: free space and call save_episode() again, or discard_episode(). If its video is
-        broken (:class:`VideoEncodingError`), the episode is discarded and the error raised.
-        Episodes saved before are unaffected either way.
+        If writing fails with an OS error (a full disk), the episode is kept, with the index it
+        was given, and saved as soon as it can be (see :mod:`.commit`): the error raised says
+        so, :attr:`failed_saves` lists it, and the next episode can be recorded at once. If its
+        video is broken (:class:`VideoEncodingError`) or the commit fails otherwise, the episode
+        is discarded and the error raised. Episodes saved before are unaffected either way.
         """
-        save = self._encode_and_submit(sidecar, arrays, keep_on_failure=True)
+        save = self._encode_and_submit(sidecar, arrays, waited=True)
         try:
             return save.future.result()
         except Exception:
-            if not save.future.done() or save.skipped:
+            if not save.future.done() or save.skipped or save.held:
                 raise
-            # Nothing was queued after it (this call waited): undo its place in the counts, and
-            # take the episode back if its frames are to be kept for a retry.
+            # Deleted, and nothing was queued after it (this call waited): give its numbers back.
             self._numbering.give_back(save.episode, save.encoded.new_tasks)
-            if save.kept:
-                self._episode = save.episode
             self._committer.error = None
             raise
 
@@ -279,13 +371,14 @@ class DatasetWriter:
 
         Returns at once with a future of the episode_index that resolves when the episode is
         durable; the next episode can be recorded meanwhile. Errors found while encoding (a
-        broken video) are raised here, as by :meth:`save_episode`. If the commit fails, the
-        future raises, the episode is lost (its frames are not kept), and every later call of
-        this writer raises until :meth:`finalize`, which still merges the episodes saved before.
-        At most :data:`~.commit.MAX_SAVES_IN_FLIGHT` saves wait for the commit thread; more wait
-        here.
+        broken video) are raised here, as by :meth:`save_episode`. If the commit fails with an
+        OS error (a full disk), the future raises but the episode is kept and saved later, as
+        by :meth:`save_episode`. If it fails otherwise, the future raises, the episode is lost,
+        and every later call of this writer raises until :meth:`finalize`, which still merges
+        the episodes saved before. At most :data:`~.commit.MAX_SAVES_IN_FLIGHT` saves wait for
+        the commit thread; more wait here.
         """
-        return self._encode_and_submit(sidecar, arrays, keep_on_failure=False).future
+        return self._encode_and_submit(sidecar, arrays, waited=False).future
 
     def discard_episode(self) -> None:
         episode = self._episode
@@ -295,8 +388,15 @@ class DatasetWriter:
         episode.discard()
 
     def finalize(self) -> None:
-        """Wait until every saved episode is durable and in LeRobot's files. Refuses while an
-        episode is open. Raises a failed commit's error after merging the episodes before it."""
+        """Wait until every saved episode is durable and in LeRobot's files, then release the
+        root. Refuses while an episode is open.
+
+        Episodes whose save failed are tried a last time; one that still fails is lost (the error
+        raised names it). A merge that still fails leaves its episodes safe in the journal for
+        the next :meth:`open` or ``hilrec repair``, and its error is raised. Either way the
+        writer is finished and the root's lock released; a failed commit that stopped the
+        writer is raised after merging the episodes before it.
+        """
         if self._finalized:
             return
         if self._episode is not None:
@@ -304,19 +404,41 @@ class DatasetWriter:
                 f"{self.root}: finalize() with episode {self._episode.index} open "
                 f"({self._episode.length} frames); save_episode() or discard_episode() first"
             )
-        atexit.unregister(self._merge_at_exit)
-        self._committer.stop()
-        self._merger.retry()  # one more attempt if a merge failed before
-        self._merger.wait()
-        self._merger.close()
-        self._finalized = True
+        merge_error: DatasetError | None = None
+        try:
+            self._committer.stop()  # commits what is queued, retries what is held
+            try:
+                self._merger.wait()  # retries a failed merge once more
+            except DatasetError as exc:
+                merge_error = exc
+        finally:
+            self._merger.close()
+            self._finalized = True
+            atexit.unregister(self._merge_at_exit)
+            self._lock.release()
+        if self._committer.lost:
+            error = DatasetError(_lost_message(self.root, self._committer.lost, self.num_episodes))
+            if merge_error is not None:
+                error.add_note(str(merge_error))
+            raise error from merge_error
         if self._committer.error is not None:
             raise self._committer.error
+        if merge_error is not None:
+            raise merge_error
 
-    def wait_consolidated(self, timeout: float | None = None) -> None:
-        """Block until every episode saved so far is durable and merged; raise a merge's error."""
+    def close(self) -> None:
+        """Discard the open episode (if any) and :meth:`finalize`; the root's lock is released
+        even when that raises."""
+        self.discard_episode()
+        self.finalize()
+
+    def wait_consolidated(self, timeout: float | None = None, *, retry: bool = True) -> None:
+        """Block until every episode saved so far is durable and merged; raise a merge's error.
+
+        A merge that failed before is retried at once (``retry=False``: at its next attempt on
+        the merger's own schedule)."""
         self._committer.wait()
-        self._merger.wait(timeout)
+        self._merger.wait(timeout, retry=retry)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -336,6 +458,84 @@ class DatasetWriter:
             # decision, never data.
             self.wait_consolidated()
         self.finalize()
+
+    # --- failures and free space -------------------------------------------------------------------
+
+    @property
+    def failed_saves(self) -> list[int]:
+        """Episodes whose save failed with an OS error and that wait for a retry, in order."""
+        return [index for index, _frames, _why in self._committer.held]
+
+    def retry_failed(self, timeout: float | None = None) -> list[int]:
+        """Save the episodes whose save failed (:attr:`failed_saves`) now, in order, and retry a
+        failed merge. Returns the episode indices saved by this call; raises
+        :class:`DatasetError` if one still cannot be saved (it stays kept for a later retry).
+
+        They are also retried on their own every few seconds once the file system has room, at
+        the next save and at :meth:`finalize`: calling this is only needed to know at once.
+        """
+        if self._finalized:
+            raise DatasetStateError(f"{self.root}: the writer is finalized")
+        try:
+            return self._committer.retry().result(timeout)
+        finally:
+            self._merger.retry()
+
+    def problems(self) -> list[str]:
+        """What keeps saved or acknowledged episodes from being where they belong, one sentence
+        each (empty when all is well): saves waiting for a retry, a failing merge (with the
+        episode indices), a failure that stopped the writer, episodes lost at finalize. Safe to
+        call from any thread; the daemon reports it in its status."""
+        found = [
+            f"{self.root}: episode {index} ({frames} frames) is not saved yet, kept for a retry: {why}"
+            for index, frames, why in self._committer.held
+        ]
+        merge = self._merger.problem
+        if merge is not None:
+            found.append(merge)
+        if self._committer.error is not None:
+            found.append(f"{self.root}: saving stopped: {self._committer.error}")
+        if self._committer.lost:
+            found.append(_lost_message(self.root, self._committer.lost, self.num_episodes))
+        return found
+
+    def space_problem(self, need_bytes: int | None = None) -> str | None:
+        """Why the file system of the root may not hold one more take, or None when it has room.
+
+        Free is what an unprivileged writer may use (``statvfs``: ``f_bavail * f_frsize``).
+        ``need_bytes`` defaults to :meth:`space_needed`. The sentence names both, in bytes. The
+        daemon calls this before a take starts (to refuse or warn) and every few seconds while
+        one runs (to stop it before its video cannot be written any more); it is cheap (one
+        ``statvfs`` and a few ``stat`` calls) and safe from any thread.
+        """
+        try:
+            stat = os.statvfs(self.root)
+        except OSError as exc:
+            return f"{self.root}: its free space cannot be read ({exc.strerror})"
+        free = stat.f_bavail * stat.f_frsize
+        if need_bytes is None:
+            need, how = self._space_estimate()
+        else:
+            need, how = int(need_bytes), "as asked"
+        if free >= need:
+            return None
+        return (
+            f"{self.root}: {_size(free)} free ({free} bytes) but one more take needs "
+            f"{_size(need)} ({need} bytes; {how}); free disk space or record to another disk"
+        )
+
+    def space_needed(self) -> int:
+        """Bytes one more take needs on the root's file system (see :meth:`space_problem`).
+
+        Frames: the longest of the recent episodes (and of the one being recorded; a minute
+        before any). Bytes per frame: measured on the recent episodes (their rows and staged
+        videos) and on the files the next merge appends to; before any, a parquet row plus
+        :data:`VIDEO_BITS_PER_PIXEL` per camera pixel. A take is on disk twice while it is merged
+        (staged, and in the new LeRobot files), and the merge rewrites the files it appends to
+        beside the old ones; saves waiting for a retry add their bytes. At least
+        :data:`MIN_FREE_BYTES`.
+        """
+        return self._space_estimate()[0]
 
     # --- internals ---------------------------------------------------------------------------------
 
@@ -366,7 +566,7 @@ class DatasetWriter:
         sidecar: Mapping[str, Any] | None,
         arrays: Mapping[str, np.ndarray] | None,
         *,
-        keep_on_failure: bool,
+        waited: bool,
     ) -> PendingSave:
         self._check_usable()
         episode = self._episode
@@ -380,17 +580,137 @@ class DatasetWriter:
         except BaseException:
             self.discard_episode()
             raise
-        save = PendingSave(episode, encoded, keep_on_failure=keep_on_failure)
+        episode.release_frames()
+        self._remember_size(episode, encoded)
+        save = PendingSave(episode, encoded, waited=waited)
         self._committer.submit(save)
         self._episode = None
         self._numbering.advance(episode, encoded.new_tasks)
         return save
+
+    def _remember_size(self, episode: OpenEpisode, encoded: Any) -> None:
+        staged = _dir_bytes(episode.directory)
+        written = sum(map(len, encoded.files.values())) + sum(map(len, encoded.beside.values()))
+        self._recent.append((episode.length, staged + written))
+        self._recent_lengths.append(episode.length)
+
+    def _space_estimate(self) -> tuple[int, str]:
+        open_episode = self._episode
+        recent = list(self._recent)
+        frames = max([*self._recent_lengths, open_episode.length if open_episode else 0])
+        if frames == 0:
+            frames = round(self.fps * DEFAULT_TAKE_S)
+        merged_per_frame, copy = self._merged_files()
+        measured = [size / length for length, size in recent if length] + merged_per_frame
+        if measured:
+            per_frame, source = max(measured), "measured"
+        else:
+            per_frame = row_bytes(self.features) + sum(
+                spec["shape"][0] * spec["shape"][1] * VIDEO_BITS_PER_PIXEL / 8
+                for spec in self.features.values()
+                if is_video(spec)
+            )
+            source = "estimated"
+        take = round(frames * per_frame)
+        held = self._committer.held_bytes
+        staged = _dir_bytes(open_episode.directory) if open_episode is not None else 0
+        need = max(MIN_FREE_BYTES, 2 * take + copy + held - staged)
+        how = (
+            f"{frames} frames x {per_frame:.0f} bytes per frame ({source}), twice while it is "
+            f"merged, plus {copy} bytes for the merge's copy of the files it appends to"
+        )
+        if held:
+            how += f" and {held} bytes of saves waiting for a retry"
+        if need == MIN_FREE_BYTES:
+            how += f"; at least {_size(MIN_FREE_BYTES)}"
+        return need, how
+
+    def _merged_files(self) -> tuple[list[float], int]:
+        """Bytes per frame of the files the last merged episode is in, and their total size."""
+        state = self._merger.state
+        if not state.episodes:
+            return [], 0
+        last = state.episodes[-1]
+        files: list[tuple[Path, Any]] = [(data_path(self.root, data_ref(last)), data_ref)]
+        for key, spec in self.features.items():
+            if is_video(spec):
+                files.append((video_path(self.root, key, video_ref(last, key)), _video_ref_of(key)))
+        per_frame = 0.0
+        total = 0
+        for path, ref_of in files:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            ref = ref_of(last)
+            frames = sum(int(row["length"]) for row in state.episodes if ref_of(row) == ref)
+            per_frame += size / max(1, frames)
+            total += size
+        with contextlib.suppress(OSError):
+            total += episodes_path(self.root, episodes_ref(last)).stat().st_size
+        return [per_frame], total
 
     def _merge_at_exit(self) -> None:
         if self._finalized:
             return
         try:
             self._committer.stop()
+            for index, frames, why in self._committer.lost:
+                log.error("%s: episode %d (%d frames) lost at exit: %s", self.root, index, frames, why)
             self._merger.wait(timeout=EXIT_MERGE_TIMEOUT_S)
         except DatasetError:
             log.exception("%s: saved episodes not merged at exit; 'hilrec repair' merges them", self.root)
+        finally:
+            self._lock.release()
+
+
+def _lock_empty_root(root: Path, command: str | None) -> RootLock:
+    """The lock of a root that is missing or empty (but for a lock file left by an earlier
+    writer). A non-empty root is refused; one being written names its writer."""
+    lock = RootLock(root, command)
+    if _has_entries(root):
+        if lock_path(root).exists():
+            lock.acquire()  # DatasetLockedError, naming the writer, if one holds it
+            lock.release()
+        raise DatasetStateError(
+            f"{root}: already exists and is not empty; use DatasetWriter.open() to add episodes to it"
+        )
+    lock.acquire()
+    if _has_entries(root):  # filled between the look and the lock
+        lock.release()
+        raise DatasetStateError(
+            f"{root}: already exists and is not empty; use DatasetWriter.open() to add episodes to it"
+        )
+    return lock
+
+
+def _has_entries(root: Path) -> bool:
+    if not root.is_dir():
+        return False  # missing: created; not a directory: RootLock says so
+    return any(child.name != LOCK_NAME for child in root.iterdir())
+
+
+def _video_ref_of(key: str) -> Any:
+    return lambda row: video_ref(row, key)
+
+
+def _dir_bytes(directory: Path) -> int:
+    total = 0
+    try:
+        for child in directory.iterdir():
+            total += child.stat().st_size
+    except OSError:
+        pass
+    return total
+
+
+def _size(n: int) -> str:
+    return f"{n / MB:.1f} MiB"
+
+
+def _lost_message(root: Path, lost: list[tuple[int, int, str]], saved: int) -> str:
+    names = ", ".join(f"{index} ({frames} frames)" for index, frames, _ in lost)
+    return (
+        f"{root}: episode(s) {names} could not be saved before the writer closed "
+        f"({lost[0][2]}); their frames are lost. The {saved} episodes saved before are kept"
+    )

@@ -219,6 +219,9 @@ def test_reopen_appends_after_the_saved_episodes(tmp_path: Path) -> None:
         ({"index": 3}, "index"),
         ({"velocity": np.zeros(6, np.float32)}, "velocity"),  # not declared
         ({"task": ""}, "task"),
+        ({"task": "bad \ud800"}, "task"),  # a lone surrogate: no UTF-8 for it in tasks.parquet
+        ({"task": "two\nlines"}, "task"),
+        ({"task": 3}, "task"),
     ],
 )
 def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key: str) -> None:
@@ -341,7 +344,7 @@ def file_size_limit():
     signal.signal(signal.SIGXFSZ, previous)
 
 
-def test_a_failed_write_keeps_the_episode_open_for_a_retry(tmp_path: Path, file_size_limit) -> None:
+def test_a_failed_write_keeps_the_episode_for_a_retry(tmp_path: Path, file_size_limit) -> None:
     rng = np.random.default_rng(4)
     root = tmp_path / "ds"
     features = so101_features()
@@ -351,13 +354,19 @@ def test_a_failed_write_keeps_the_episode_open_for_a_retry(tmp_path: Path, file_
         writer.add_frame(frame)
     file_size_limit(4096)
     try:
-        with pytest.raises(DatasetError, match="still open with its 3000 frames"):
-            writer.save_episode()
+        with pytest.raises(DatasetError, match=r"episode 0 failed .* kept with its 3000 frames"):
+            writer.save_episode(sidecar={"take": "T0"})
+        assert not writer.episode_open and writer.failed_saves == [0]
+        assert any("episode 0 (3000 frames) is not saved yet" in p for p in writer.problems())
+        with pytest.raises(DatasetError, match="episode 0 still cannot be saved"):
+            writer.retry_failed(timeout=60)
     finally:
         file_size_limit(None)
-    assert writer.episode_open
-    assert writer.save_episode() == 0
+    # Saved by this call, or a moment before by the commit thread's own retry.
+    assert writer.retry_failed(timeout=60) in ([0], [])
+    assert writer.failed_saves == [] and writer.num_episodes == 1
     writer.wait_consolidated()
+    assert writer.problems() == []
     # The merge into LeRobot's files fails too while the "disk" is full, and is retried later.
     small = [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(3)]
     for frame in small:
@@ -365,14 +374,21 @@ def test_a_failed_write_keeps_the_episode_open_for_a_retry(tmp_path: Path, file_
     file_size_limit(20_000)
     try:
         assert writer.save_episode() == 1
-        with pytest.raises(DatasetError, match="merging saved episodes"):
+        with pytest.raises(DatasetError, match=r"merging saved episodes \[1\]"):
             writer.wait_consolidated(timeout=60)
+        assert any("merging saved episodes [1]" in p for p in writer.problems())
     finally:
         file_size_limit(None)
+    # Meanwhile LeRobot's files are as they were, whole: episode 0 only.
+    assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 1
+    assert [r["episode_index"] for r in episode_rows(root)] == [0]
+    assert not list(root.rglob("*.hilrec-new"))
     writer.finalize()
     data = read_data(root)
     assert np.array_equal(data["action"], np.stack([f["action"] for f in frames + small]))
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 2
+    sidecar, _ = load_episode_sidecar(root, 0)
+    assert sidecar is not None and sidecar["take"] == "T0"
 
 
 def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) -> None:
@@ -471,14 +487,14 @@ def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path:
     )
 
 
-def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_keeps_those_before(
+def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_is_kept(
     tmp_path: Path, file_size_limit
 ) -> None:
     rng = np.random.default_rng(5)
     root = tmp_path / "ds"
     features = so101_features()
     episodes = [
-        [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)] for n in (4, 3, 3000)
+        [{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)] for n in (4, 3, 3000, 5)
     ]
     # A long merge interval: the saved episodes wait in the journal until finalize() merges them.
     writer = DatasetWriter.create(root, fps=FPS, features=features, robot_type=None, merge_interval_s=600)
@@ -497,20 +513,147 @@ def test_saves_that_do_not_wait_commit_in_order_and_a_failed_one_keeps_those_bef
         writer.add_frame(frame)
     file_size_limit(4096)
     try:
-        failed = writer.save_episode_nowait()
-        with pytest.raises(DatasetError, match=r"episode 2 failed .* frames are lost"):
+        failed = writer.save_episode_nowait(sidecar={"n": 2})
+        with pytest.raises(DatasetError, match=r"episode 2 failed .* kept with its 3000 frames"):
             failed.result(timeout=60)
+        # The next take records as usual (it used to be refused: "an earlier save failed").
+        for frame in episodes[3]:
+            writer.add_frame(frame)
     finally:
         file_size_limit(None)
+    # Its save commits the kept episode first, in order.
+    assert writer.save_episode_nowait(sidecar={"n": 3}).result(timeout=60) == 3
+    assert writer.failed_saves == []
+    writer.finalize()
+    info = json.loads((root / "meta/info.json").read_text())
+    assert (info["total_episodes"], info["total_frames"]) == (4, 3012)
+    data = read_data(root)
+    assert np.array_equal(data["action"], np.stack([f["action"] for ep in episodes for f in ep]))
+    assert not list((root / "hilrec/journal").glob(".episode-*"))
+    for n in range(4):
+        sidecar, _ = load_episode_sidecar(root, n)
+        assert sidecar is not None and sidecar["n"] == n
+
+
+def test_a_save_that_fails_otherwise_stops_the_line_and_keeps_those_before(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    root = tmp_path / "ds"
+    written = 0
+
+    def hook(step: str) -> None:
+        nonlocal written
+        if step == "episode-written":
+            written += 1
+            if written == 2:
+                raise RuntimeError("a bug in the commit")
+
+    episodes = [[{k: v for k, v in make_frame(rng).items() if k != CAM} for _ in range(n)] for n in (4, 3)]
+    writer = DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None, hook=hook)
+    futures = []
+    for frames in episodes:
+        for frame in frames:
+            writer.add_frame(frame)
+        futures.append(writer.save_episode_nowait())
+    assert futures[0].result(timeout=60) == 0
+    with pytest.raises(DatasetError, match=r"episode 1 failed .* frames are lost"):
+        futures[1].result(timeout=60)
     with pytest.raises(DatasetError, match="an earlier save failed"):
         writer.add_frame(episodes[0][0])
-    with pytest.raises(DatasetError, match="episode 2 failed"):
+    with pytest.raises(DatasetError, match="episode 1 failed"):
         writer.finalize()
     info = json.loads((root / "meta/info.json").read_text())
-    assert (info["total_episodes"], info["total_frames"]) == (2, 7)
-    data = read_data(root)
-    assert np.array_equal(data["action"], np.stack([f["action"] for f in episodes[0] + episodes[1]]))
+    assert (info["total_episodes"], info["total_frames"]) == (1, 4)
     assert not list((root / "hilrec/journal").glob(".episode-*"))
     with DatasetWriter.open(root) as reopened:
         reopened.add_frame(episodes[0][0])
+        assert reopened.save_episode() == 1
+
+
+def test_a_bad_task_string_is_refused_and_never_poisons_the_root(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    root = tmp_path / "ds"
+    writer = DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=None)
+
+    def frame(task: object) -> dict:
+        return {**{k: v for k, v in make_frame(rng).items() if k != CAM}, "task": task}
+
+    good = "pick the cube"
+    for _ in range(3):
+        writer.add_frame(frame(good))
+    with pytest.raises(FrameError) as refused:
+        writer.add_frame(frame("bad \ud800"))  # mid-episode, after the fast path saw a good task
+    assert refused.value.key == "task" and "not valid Unicode" in refused.value.problem
+    assert "'\\ud800'" in str(refused.value)  # shown escaped, printable
+    assert writer.save_episode() == 0
+    with pytest.raises(FrameError, match="task"):
+        writer.add_frame(frame("bad \ud800"))  # as the first frame of an episode
+    assert not writer.episode_open
+    writer.add_frame(frame("place the cube"))
+    assert writer.save_episode() == 1
+    writer.wait_consolidated(timeout=60)
+    writer.finalize()
+    assert load_task_list(root) == ["pick the cube", "place the cube"]
+    with DatasetWriter.open(root) as reopened:
+        reopened.add_frame(frame(good))
         assert reopened.save_episode() == 2
+
+
+@pytest.mark.parametrize("step", ["renamed meta/episodes/chunk-000/file-000.parquet", "intent-done"])
+def test_a_failed_merge_keeps_lerobot_files_whole_and_is_retried(tmp_path: Path, step: str) -> None:
+    """A merge that fails (here: an OSError at one of its steps while the "disk is full") leaves
+    LeRobot's files as they were before it (or as after it, when it failed past its last rename),
+    never in between; the journal keeps the episodes, the failure is reported with their indices,
+    and the merge is retried on its own until it works. No row is lost or merged twice."""
+    import threading
+
+    rng = np.random.default_rng(8)
+    root = tmp_path / "ds"
+    disk_full = threading.Event()
+
+    def hook(name: str) -> None:
+        if name == step and disk_full.is_set():
+            raise OSError(28, "No space left on device (simulated)")
+
+    features = so101_features({"front": (H, W)})
+    episodes = [[make_frame(rng) for _ in range(n)] for n in (6, 5, 4)]
+    writer = DatasetWriter.create(
+        root, fps=FPS, features=features, robot_type=None, video_codec="libx264", hook=hook
+    )
+
+    def record(frames: list[dict]) -> int:
+        for frame in frames:
+            writer.add_frame(frame)
+        return writer.save_episode()
+
+    assert record(episodes[0]) == 0
+    writer.wait_consolidated(timeout=60)
+    disk_full.set()
+    assert record(episodes[1]) == 1
+    if step == "intent-done":
+        writer.wait_consolidated(timeout=60)  # failed after its last rename: merged all the same
+        assert writer.problems() == []
+        merged = 2
+    else:
+        with pytest.raises(DatasetError, match=r"merging saved episodes \[1\] into LeRobot") as failed:
+            writer.wait_consolidated(timeout=60)
+        assert "No space left on device (simulated)" in str(failed.value)
+        assert any("merging saved episodes [1]" in p for p in writer.problems())
+        merged = 1
+    assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == merged
+    assert [r["episode_index"] for r in episode_rows(root)] == list(range(merged))
+    assert read_data(root)["index"].tolist() == list(range(sum(len(e) for e in episodes[:merged])))
+    journal = sorted(p.name for p in (root / "hilrec/journal").glob("episode-*"))
+    assert journal == ["episode-000000", "episode-000001"]
+    assert not list(root.rglob("*.hilrec-new")) and not list(root.rglob("*.hilrec-old"))
+    disk_full.clear()
+    # Retried on its own after its back-off: no save, no explicit retry.
+    writer.wait_consolidated(timeout=60, retry=False)
+    assert writer.problems() == []
+    assert record(episodes[2]) == 2
+    writer.finalize()
+    assert [r["episode_index"] for r in episode_rows(root)] == [0, 1, 2]
+    data = read_data(root)
+    assert data["index"].tolist() == list(range(15))
+    assert np.array_equal(data["action"], np.stack([f["action"] for ep in episodes for f in ep]))
+    with av.open(str(root / f"videos/{CAM}/chunk-000/file-000.mp4")) as container:
+        assert container.streams.video[0].frames == 15
