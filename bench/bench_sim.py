@@ -1,6 +1,7 @@
 """Benchmark of the MuJoCo twin: recording speed, rendering, replay checking, operator success.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py [--episodes 20] [--seeds 100]
+     MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py --compare-fps 30 25 [--repeats 5]
 
 Prints one table. Targets (issue 3): recording without cameras >= 100x real time; with one
 640x480 camera >= 25 frames/s; replay check >= 2000 frames/s; scripted operator >= 90 % success
@@ -10,6 +11,12 @@ episode, finalize; mujoco, pyarrow and av are already imported by then, and the 
 and of a whole ``hilrec record`` process (python start-up and every import) for the row below.
 Rendering is compared side by side with MuJoCo's default setup on the shipped meshes (shadows,
 reflections, 4x multisampling), the peer the 25 frames/s target was set against.
+
+``--compare-fps 30 25`` instead records at each rate side by side (runs interleaved, so a change
+of load on a shared machine hits both alike), each with the physics step the twin chooses for it
+(30 fps: 7 x 1/210 s, 25 fps: 8 x 5 ms): the median over ``--repeats`` runs of ``record()``'s x
+real time without cameras and its frames/s with one 640x480 camera, the load average around each
+run, and the scripted operator's success over ``--seeds`` seeds at each rate.
 """
 
 from __future__ import annotations
@@ -54,14 +61,14 @@ def row(name: str, value: str, target: str = "") -> None:
     print(f"  {name}: {value}", file=sys.stderr, flush=True)
 
 
-def sim_loop(seeds: range, push_rate: float = 0.0) -> tuple[list[float], int, int]:
+def sim_loop(seeds: range, push_rate: float = 0.0, fps: int = 25) -> tuple[list[float], int, int]:
     """Twin + operator only. Returns per-episode speed (x real time), successes, frames."""
     speeds, successes, frames = [], 0, 0
-    with Twin(cameras=()) as twin:
+    with Twin(fps=fps, cameras=()) as twin:
         for seed in seeds:
             began = time.perf_counter()
             start = twin.reset(seed)
-            operator = ScriptedOperator(seed, units=twin.units)
+            operator = ScriptedOperator(seed, fps=fps, units=twin.units)
             operator.reset(start)
             pushes = pushes_by_frame(push_schedule(seed, operator.num_frames, twin.fps, push_rate))
             for frame in range(operator.num_frames):
@@ -74,12 +81,14 @@ def sim_loop(seeds: range, push_rate: float = 0.0) -> tuple[list[float], int, in
 
 
 def bench_record(
-    workdir: Path, episodes: int, cameras: tuple[str, ...]
+    workdir: Path, episodes: int, cameras: tuple[str, ...], fps: int = 25, tag: str = ""
 ) -> tuple[Path, float, float, list[int]]:
     """(root, wall s, CPU s of every thread, frames per episode) of one ``record`` run."""
-    root = workdir / f"rec-{'-'.join(cameras) or 'none'}"
+    root = workdir / f"rec-{'-'.join(cameras) or 'none'}{tag}"
     cpu = time.process_time()
-    summary = record(RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras), progress=False)
+    summary = record(
+        RecordConfig(root=root, episodes=episodes, seed=1000, cameras=cameras, fps=fps), progress=False
+    )
     return (root, summary.wall_seconds, time.process_time() - cpu, [e.frames for e in summary.episodes])
 
 
@@ -192,11 +201,69 @@ def bench_render() -> None:
     )
 
 
+def compare_fps(workdir: Path, rates: list[int], args: argparse.Namespace) -> None:
+    """Record at each of ``rates`` side by side: medians of x real time (no cameras) and frames/s
+    (one 640x480 camera) over ``args.repeats`` interleaved runs, with the load around them."""
+    speed: dict[int, list[float]] = {fps: [] for fps in rates}
+    camera_fps: dict[int, list[float]] = {fps: [] for fps in rates}
+    loads: list[float] = []
+    for repeat in range(args.repeats):
+        order = rates if repeat % 2 == 0 else rates[::-1]  # neither rate always runs first
+        for fps in order:
+            loads.append(os.getloadavg()[0])
+            root, seconds, _, lengths = bench_record(workdir, args.episodes, (), fps, f"-{fps}-{repeat}")
+            speed[fps].append(sum(lengths) / fps / seconds)
+            shutil.rmtree(root, ignore_errors=True)
+            loads.append(os.getloadavg()[0])
+            root, seconds, _, lengths = bench_record(
+                workdir, args.camera_episodes, ("front",), fps, f"-{fps}-{repeat}"
+            )
+            camera_fps[fps].append(sum(lengths) / seconds)
+            shutil.rmtree(root, ignore_errors=True)
+        print(f"  repeat {repeat + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    loads.append(os.getloadavg()[0])
+    for fps in rates:
+        with Twin(fps=fps, cameras=()) as twin:
+            step = f"{twin.substeps} x {twin.timestep * 1000:.3f} ms"
+        row(
+            f"{fps} fps ({step}) record --cameras none: x real time, median of {args.repeats}",
+            f"{statistics.median(speed[fps]):.0f}x (runs {', '.join(f'{v:.0f}' for v in speed[fps])})",
+            ">= 100x real time",
+        )
+        runs = ", ".join(f"{v:.1f}" for v in camera_fps[fps])
+        row(
+            f"{fps} fps ({step}) record --cameras front 640x480: frames/s, median of {args.repeats}",
+            f"{statistics.median(camera_fps[fps]):.1f} (runs {runs})",
+            ">= 25 frames/s",
+        )
+    for fps in rates:
+        _, successes, _ = sim_loop(range(args.seeds), fps=fps)
+        row(
+            f"{fps} fps scripted operator success, seeds 0..{args.seeds - 1}",
+            f"{successes}/{args.seeds} ({100 * successes / args.seeds:.0f} %)",
+            ">= 90 %",
+        )
+    row(
+        "1-minute load average around the recording runs",
+        f"median {statistics.median(loads):.1f}, min {min(loads):.1f}, max {max(loads):.1f} "
+        f"({os.cpu_count()} CPUs)",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=20, help="episodes per recording run")
     parser.add_argument("--camera-episodes", type=int, default=3)
     parser.add_argument("--seeds", type=int, default=100, help="seeds for the success rate")
+    parser.add_argument(
+        "--compare-fps",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="FPS",
+        help="only record at these rates side by side (e.g. 30 25), each at its chosen timestep",
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="runs per rate with --compare-fps")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench_sim_"))
     print(
@@ -204,6 +271,12 @@ def main() -> int:
         f"load average {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
+    if args.compare_fps:
+        try:
+            compare_fps(workdir, args.compare_fps, args)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return print_table()
     try:
         speeds, _, _ = sim_loop(range(2000, 2000 + args.episodes))
         row(
@@ -265,7 +338,10 @@ def main() -> int:
     print(
         f"load average at the end {os.getloadavg()[0]:.1f} (2 CPUs shared with other work)", file=sys.stderr
     )
+    return print_table()
 
+
+def print_table() -> int:
     width = max(len(name) for name, _, _ in ROWS)
     value_width = max(len(value) for _, value, _ in ROWS)
     print(f"{'measurement':<{width}}  {'result':<{value_width}}  target")

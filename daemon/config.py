@@ -12,16 +12,17 @@ A dataclass may define ``validate(self) -> None`` to check cross-field rules; it
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.errors import ConfigError, FlagError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -29,21 +30,42 @@ if TYPE_CHECKING:
 T = TypeVar("T", bound="DataclassInstance")
 
 
-def load_toml(cls: type[T], path: str | Path, *, section: str | None = None) -> T:
-    """Parse ``path`` and build ``cls`` from it (or from its ``[section]``)."""
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """The TOML file as a mapping; a missing or malformed file is a ConfigError naming it."""
     path = Path(path)
     try:
         with path.open("rb") as fh:
-            data = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError as exc:
         raise ConfigError("<file>", f"no such file: {path}", source=str(path)) from exc
-    except tomllib.TOMLDecodeError as exc:
+    except IsADirectoryError as exc:
+        raise ConfigError("<file>", f"{path} is a folder, not a TOML file", source=str(path)) from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("<file>", f"not valid TOML: {exc}", source=str(path)) from exc
+
+
+def load_toml(cls: type[T], path: str | Path, *, section: str | None = None) -> T:
+    """Parse ``path`` and build ``cls`` from it (or from its ``[section]``)."""
+    data = read_toml(path)
     if section is not None:
         if section not in data:
             raise ConfigError(section, "missing section", source=str(path))
         data = data[section]
     return from_mapping(cls, data, source=str(path), prefix=section or "")
+
+
+@contextlib.contextmanager
+def flag_errors(flags: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Inside, a ConfigError about a value that came from a flag names the flag: ``--episodes``
+    for the key ``episodes`` (or ``flags[key]`` where the flag is spelled otherwise)."""
+    try:
+        yield
+    except FlagError:
+        raise
+    except ConfigError as exc:
+        top = exc.key.split(".")[0]
+        flag = (flags or {}).get(top, "--" + top.replace("_", "-"))
+        raise FlagError(flag, exc.problem) from None
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], *, source: str | None = None, prefix: str = "") -> T:

@@ -29,6 +29,14 @@ class ConfigError(HilrecError, ValueError):
         super().__init__(f"config key '{key}'{where}: {problem}")
 
 
+class FlagError(ConfigError):
+    """A command-line flag's value is invalid; ``key`` is the flag (``--episodes``), not a TOML key."""
+
+    def __init__(self, flag: str, problem: str) -> None:
+        super().__init__(flag, problem)
+        Exception.__init__(self, f"flag {flag}: {problem}")
+
+
 # --- dataset -----------------------------------------------------------------------------------
 
 

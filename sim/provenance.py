@@ -3,8 +3,8 @@
 Written once per dataset into ``hilrec/dataset.json`` under ``"sim"`` (plus the units mapping
 under ``"units"``, the key the daemon's sim rig uses too): the MuJoCo version; sha256 of the
 packaged MJCF, of every mesh, and of our scene's MJCF; the scene configuration itself, so a
-replay compiles the very same scene; the operator's source hash and settings; timestep,
-substeps and fps.
+replay compiles the very same scene (at the recorded timestep, the one the twin chose or was
+given); the operator's source hash and settings; timestep, substeps and fps.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hilrec.daemon.errors import ReplayError, SimError
 from hilrec.sim import ik, operator
 from hilrec.sim.model import model_provenance, sha256_text
 from hilrec.sim.scene import SUCCESS_CRITERION, SceneConfig, scene_xml
+from hilrec.sim.twin import timestep_for
 from hilrec.sim.units import units_mapping
 
 SIDECAR_KEY = "sim"
@@ -55,7 +56,12 @@ def dataset_provenance(
     render_quality: str,
     push_rate: float,
 ) -> dict[str, Any]:
-    """The per-dataset sidecar fields of a sim recording (merge into hilrec/dataset.json)."""
+    """The per-dataset sidecar fields of a sim recording (merge into hilrec/dataset.json).
+
+    A scene that left its timestep to the twin is recorded with the one the twin chose
+    (``physics["timestep"]``), so the config and the scene hash say the step that ran."""
+    if scene.timestep is None:
+        scene = dataclasses.replace(scene, timestep=float(physics["timestep"]))
     xml = scene_xml(scene)
     sim: dict[str, Any] = {
         "format": FORMAT,
@@ -81,13 +87,14 @@ def dataset_provenance(
 
 
 def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) -> SceneConfig:
-    """The SceneConfig a dataset was recorded with; the default scene when it names none
-    (e.g. the daemon's sim rig), with its recorded timestep if it has one."""
+    """The SceneConfig a dataset was recorded with, at its recorded timestep; the default scene
+    when it names none, with the recorded timestep if there is one (``sim.physics`` or
+    ``twin``), else none (the twin then chooses it for the dataset's fps as the recorder did)."""
     sim = (dataset_sidecar or {}).get(SIDECAR_KEY) or {}
     config = (sim.get("scene") or {}).get("config")
+    timestep = _recorded_timestep(dataset_sidecar)
     if config is None:
-        timestep = ((dataset_sidecar or {}).get("twin") or {}).get("timestep")
-        return SceneConfig() if timestep is None else SceneConfig(timestep=float(timestep))
+        return SceneConfig() if timestep is None else SceneConfig(timestep=timestep)
     fields = {f.name: f for f in dataclasses.fields(SceneConfig)}
     unknown = sorted(set(config) - set(fields))
     if unknown:
@@ -96,17 +103,33 @@ def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) ->
             f"not know ({', '.join(unknown)}); it was recorded by another version"
         )
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+    if values.get("timestep") is None and timestep is not None:
+        values["timestep"] = timestep
     try:
         return SceneConfig(**values)
     except (TypeError, ValueError) as exc:
         raise ReplayError(f"{root}: hilrec/dataset.json sim.scene.config is invalid: {exc}") from exc
 
 
+def _recorded_timestep(dataset_sidecar: Mapping[str, Any] | None) -> float | None:
+    sidecar = dataset_sidecar or {}
+    for holder in ((sidecar.get(SIDECAR_KEY) or {}).get("physics"), sidecar.get("twin")):
+        if isinstance(holder, Mapping) and isinstance(holder.get("timestep"), (int, float)):
+            return float(holder["timestep"])
+    return None
+
+
 def check_same_world(dataset_sidecar: Mapping[str, Any] | None, scene: SceneConfig) -> list[str]:
-    """Differences between the recorded world and this installation (empty when identical)."""
+    """Differences between the recorded world and this installation (empty when identical).
+
+    A ``scene`` that leaves its timestep to the twin is compared at the step the twin would
+    choose for the recorded fps (so a dataset recorded with another step differs)."""
     sim = (dataset_sidecar or {}).get(SIDECAR_KEY)
     if not sim:
         return []
+    fps = (sim.get("physics") or {}).get("fps")
+    if scene.timestep is None and isinstance(fps, int) and fps > 0:
+        scene = dataclasses.replace(scene, timestep=timestep_for(fps))
     problems = []
     if sim.get("mujoco_version") != mujoco.__version__:
         problems.append(

@@ -1,6 +1,7 @@
 """Replay verification of sim episodes: the recording must be exactly what the twin does.
 
-For every episode with a recorded start state, the twin is restored to it and fed the episode's
+For every episode with a recorded start state, the twin (built at the recorded timestep, never a
+default: :func:`hilrec.sim.provenance.scene_from_sidecar`) is restored to it and fed the episode's
 ``action`` column, with the recorded disturbances at their frames, through the same frame loop
 the recorder used (:mod:`hilrec.sim.episode`). Then:
 
@@ -195,11 +196,28 @@ def replay_check(
             EpisodeReplay(episode_index=i, status=NOT_REPLAYABLE, reason=report.error) for i in indices
         ]
         return report
-    report.world_differences = check_same_world(dataset_sidecar, scene)
+    report.world_differences = check_same_world(dataset_sidecar, scene) + _physics_differences(
+        dataset_sidecar, twin
+    )
     with twin:
         for index in indices:
             report.episodes.append(_replay_episode(root, twin, index, undisturbed=undisturbed))
     return report
+
+
+def _physics_differences(dataset_sidecar: Mapping[str, Any] | None, twin: Twin) -> list[str]:
+    """The recorded frame (timestep, substeps, fps) against the replaying twin's."""
+    recorded = ((dataset_sidecar or {}).get("sim") or {}).get("physics") or {}
+    here = twin.physics_info()
+    differ = [k for k in ("timestep", "substeps", "fps") if k in recorded and recorded[k] != here[k]]
+    if not differ:
+        return []
+    return [
+        "recorded physics "
+        + ", ".join(f"{k} {recorded[k]}" for k in differ)
+        + "; replaying with "
+        + ", ".join(f"{k} {here[k]}" for k in differ)
+    ]
 
 
 def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) -> EpisodeReplay:

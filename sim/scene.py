@@ -37,13 +37,18 @@ JAW_PADS = ("fixed_jaw_pad", "moving_jaw_pad")
 GRIPPER_SITE = "gripperframe"
 BIN_GEOM_PREFIX = "bin_"
 ARM_BODIES = ("shoulder", "upper_arm", "lower_arm", "wrist", GRIPPER_BODY, MOVING_JAW_BODY)
+# The physics step wherever it divides the frame (25 fps: 8 steps); see hilrec.sim.twin.timestep_for.
+DEFAULT_TIMESTEP = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
 class SceneConfig:
     """Physics and layout of the pick-and-place scene (metres, kilograms, seconds, radians)."""
 
-    timestep: float = 0.005
+    # Physics step (s). None: the twin picks one for its fps (hilrec.sim.twin.timestep_for: 5 ms
+    # where that divides the frame, else the largest step below it that does); a twin's own
+    # ``scene`` always carries the step it runs at.
+    timestep: float | None = None
     cube_half_size: float = 0.015
     cube_mass: float = 0.03
     cube_friction: float = 1.2
@@ -61,7 +66,7 @@ class SceneConfig:
     arm_start: tuple[float, ...] = (0.0, -60.0, 60.0, 70.0, 0.0, 10.0)
 
     def validate(self) -> None:
-        if not 0.0005 <= self.timestep <= 0.02:
+        if self.timestep is not None and not 0.0005 <= self.timestep <= 0.02:
             raise ConfigError("timestep", f"{self.timestep} s is outside [0.0005, 0.02]")
         if not 0.005 <= self.cube_half_size <= 0.022:
             raise ConfigError("cube_half_size", "the jaws open to about 45 mm: use 0.005..0.022 m")
@@ -186,7 +191,8 @@ def _strip_arm_meshes(spec: mujoco.MjSpec, visual: Visual) -> None:
 
 def _set_physics(spec: mujoco.MjSpec, config: SceneConfig) -> None:
     opt = spec.option
-    opt.timestep = config.timestep
+    # A scene without a step (e.g. for its joint ranges alone) compiles at the default one.
+    opt.timestep = DEFAULT_TIMESTEP if config.timestep is None else config.timestep
     # implicitfast keeps the stiff position servos stable at a 5 ms step; elliptic cones with a
     # raised impratio make a pinched cube stick instead of creeping out of the jaws.
     opt.integrator = mujoco.mjtIntegrator.mjINT_IMPLICITFAST

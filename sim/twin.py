@@ -18,6 +18,7 @@ restored start state reproduces every observation bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from hilrec.sim.render import SceneRenderer
 from hilrec.sim.scene import (
     ARM_BODIES,
     CUBE_BODY,
+    DEFAULT_TIMESTEP,
     CubePlacement,
     SceneConfig,
     Visual,
@@ -68,10 +70,38 @@ def valid_frame_rates(timestep: float) -> list[int]:
     return [fps for fps in range(1, steps_per_second + 1) if steps_per_second % fps == 0]
 
 
-def substeps_for(fps: int, timestep: float) -> int:
-    """Physics steps per frame; FrameRateError (listing nearby valid rates) when not whole."""
+def _check_fps(fps: int) -> None:
     if not isinstance(fps, int) or isinstance(fps, bool) or fps <= 0:
         raise FrameRateError(f"fps must be a positive integer, got {fps!r}")
+
+
+def timestep_for(fps: int, timestep: float | None = None) -> float:
+    """The physics step (s) of a twin at ``fps``: the one rule every twin, check and replay uses.
+
+    A given ``timestep`` is respected: FrameRateError, naming the valid rates near ``fps``, unless
+    ``1 / fps`` is a whole number of it. Without one, 5 ms wherever it divides the frame (25 fps:
+    8 steps, as ever), else the largest step below 5 ms that does, ``1 / (fps * ceil(1 / (fps *
+    5 ms)))``: 30 fps -> 7 steps of 1/210 s (4.76 ms), 24 fps -> 9 steps of 1/216 s.
+    """
+    _check_fps(fps)
+    if timestep is not None:
+        try:
+            substeps_for(fps, timestep)
+        except FrameRateError as exc:
+            raise FrameRateError(
+                f"{exc} (the timestep {timestep:g} s was given; without one, a step that divides "
+                "the frame is chosen)"
+            ) from None
+        return float(timestep)
+    exact = 1.0 / (fps * DEFAULT_TIMESTEP)
+    if math.isclose(exact, round(exact), rel_tol=0, abs_tol=1e-9):
+        return DEFAULT_TIMESTEP
+    return 1.0 / (fps * math.ceil(exact))
+
+
+def substeps_for(fps: int, timestep: float) -> int:
+    """Physics steps per frame; FrameRateError (listing nearby valid rates) when not whole."""
+    _check_fps(fps)
     exact = 1.0 / (fps * timestep)
     substeps = round(exact)
     if substeps < 1 or not math.isclose(substeps * fps * timestep, 1.0, rel_tol=0, abs_tol=1e-9):
@@ -127,7 +157,10 @@ class Twin:
         scene: SceneConfig | None = None,
         render_quality: Visual = "fast",
     ) -> None:
-        self.scene = scene or SceneConfig()
+        scene = scene or SceneConfig()
+        timestep = timestep_for(fps, scene.timestep)
+        # The scene as run: with the chosen step, so a twin made from ``twin.scene`` is this world.
+        self.scene = scene if scene.timestep == timestep else dataclasses.replace(scene, timestep=timestep)
         self._model = compile_scene(self.scene, "none")
         self._data = mujoco.MjData(self._model)
         self.fps = fps

@@ -83,3 +83,38 @@ def test_enum_fields_take_their_values_and_name_the_key_otherwise() -> None:
         from_mapping(_ArmWithMode, {"body_mode": "radians"}, prefix="follower")
     assert caught.value.key == "follower.body_mode"
     assert "'degrees', 'range_m100_100'" in caught.value.problem and "'radians'" in caught.value.problem
+
+
+def test_errors_about_flag_values_name_the_flag_not_a_config_key() -> None:
+    from hilrec.daemon.config import flag_errors
+    from hilrec.daemon.errors import FlagError
+
+    with pytest.raises(FlagError) as named, flag_errors({"push_rate": "--pushes"}):
+        raise ConfigError("push_rate", "must be non-negative")
+    assert str(named.value) == "flag --pushes: must be non-negative" and "config key" not in str(named.value)
+    with pytest.raises(FlagError, match=r"^flag --video-codec: "), flag_errors():
+        raise ConfigError("video_codec", "unknown codec")
+
+
+def test_record_names_its_flags(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hilrec.daemon.cli",
+            "record",
+            "--sim",
+            "--root",
+            str(tmp_path / "r"),
+            "--episodes",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2 and "flag --episodes: must be at least 1" in done.stderr, done.stderr

@@ -30,8 +30,16 @@ import zmq
 from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory, remote_leader
 from hilrec.daemon.control.settings import CameraSettings, DaemonSettings
 from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
-from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CameraStalledError, ConfigError, DeviceError
+from hilrec.daemon.errors import (
+    BusPacketError,
+    BusTimeoutError,
+    CameraStalledError,
+    ConfigError,
+    DeviceError,
+    HilrecError,
+)
 from hilrec.daemon.wire.security import Security
+from hilrec.drivers.emulated.priority import raise_emulator_priority
 
 if TYPE_CHECKING:
     from hilrec.drivers.arm import SO101Follower, SO101Leader
@@ -99,6 +107,7 @@ class EmulatorProcess:
         seed: int,
         faults: tuple[str, ...],
         timeout_s: float,
+        env: dict[str, str] | None = None,
     ) -> None:
         command = [
             sys.executable,
@@ -122,6 +131,7 @@ class EmulatorProcess:
             command,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
+            env=None if env is None else {**os.environ, **env},
             preexec_fn=_child_setup,  # noqa: PLW1509 - only async-signal-safe calls (prctl, setpriority), before exec
         )
         self.port = self._first_line(timeout_s)
@@ -162,32 +172,43 @@ class EmulatorProcess:
 OPEN_ATTEMPTS = 3
 
 
-def open_with_retries(arm: SO101Follower | SO101Leader) -> None:
+def open_with_retries(arm: SO101Follower | SO101Leader, *, config_section: str | None = None) -> None:
     """Open an arm, retrying a retryable bus error: opening is dozens of transactions, and one
-    late reply (a loaded machine, a busy emulator) must not stop the daemon from starting."""
+    late reply (a loaded machine, a busy emulator) must not stop the daemon from starting.
+
+    ``config_section`` ("follower", "leader": hil mode) names, in the error a person sees, the
+    config key to check: ``<section>.port`` for a port that will not open or servos that do not
+    answer, ``<section>.id`` / ``<section>.calibration`` for a missing or bad calibration."""
     for attempt in range(1, OPEN_ATTEMPTS + 1):
         try:
             arm.open()
             return
         except (BusTimeoutError, BusPacketError) as exc:
             if attempt == OPEN_ATTEMPTS:
-                raise
+                raise _keyed(exc, arm, config_section) from exc
             log.warning("%r: open attempt %d failed (%s); retrying", arm, attempt, exc)
+        except DeviceError as exc:
+            raise _keyed(exc, arm, config_section) from exc
 
 
-EMULATOR_NICE = -10
+def _keyed(exc: DeviceError, arm: SO101Follower | SO101Leader, section: str | None) -> HilrecError:
+    from hilrec.daemon.errors import ActionError, CalibrationError, ServoFaultError
+
+    if section is None or isinstance(exc, ServoFaultError | ActionError):
+        return exc
+    if isinstance(exc, CalibrationError):
+        key = f"{section}.calibration" if arm.config.calibration is not None else f"{section}.id"
+    else:
+        key = f"{section}.port"
+    return ConfigError(key, str(exc))
 
 
 def _child_setup() -> None:
-    """In the emulator child before exec: die with the daemon, and get a good share of the CPU."""
+    """In the emulator child before exec: die with the daemon, and get a good share of the CPU
+    (the standalone ``hilrec emulate`` applies the same scheduling itself)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    with contextlib.suppress(OSError):
-        # Never SCHED_FIFO, even when started from the real-time loop thread: a Python process
-        # with library thread pools that spin-wait can livelock a core under a FIFO policy.
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        # Emulated servos stand in for hardware, which does not wait for the host's CPU.
-        os.nice(EMULATOR_NICE)
+    raise_emulator_priority()  # unprivileged: the child says so itself when it applies it again
 
 
 FIRST_RENDER_GRACE_S = 60.0
@@ -270,7 +291,16 @@ def hardware_rig_factory(
         follower_port, leader_port = settings.follower.port, settings.leader.port
         follower_cal, leader_cal = settings.follower.calibration, settings.leader.calibration
         devices: dict[str, Any] = {}
+        from hilrec.sim.scene import SceneConfig
+        from hilrec.sim.twin import timestep_for
+
+        # Every twin of the rig (the emulated follower's, the mirror) steps the same physics step
+        # (settings checked that it makes whole frames); a hil rig without a mirror has none.
+        has_twin = settings.mode == "emulated" or settings.twin.mirror
+        timestep = timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
         if settings.mode == "emulated":
+            from hilrec.drivers.emulated.motion import TIMESTEP_ENV
+
             emu = settings.emulated
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
             follower_cal = workdir / "follower.json"
@@ -282,6 +312,7 @@ def hardware_rig_factory(
                 seed=emu.seed,
                 faults=emu.follower_faults,
                 timeout_s=emu.start_timeout_s,
+                env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
             )
             stack.callback(follower_emu.stop)
             follower_port = follower_emu.port
@@ -313,7 +344,7 @@ def hardware_rig_factory(
                 tolerated_status=settings.follower.tolerated_status,
             )
         )
-        open_with_retries(follower_arm)
+        open_with_retries(follower_arm, config_section=None if settings.mode == "emulated" else "follower")
         stack.callback(follower_arm.close)
         follower = ArmFollower(follower_arm)
         leader: Leader
@@ -328,7 +359,7 @@ def hardware_rig_factory(
                     reply_timeout_ms=reply_timeout,
                 )
             )
-            open_with_retries(leader_arm)
+            open_with_retries(leader_arm, config_section=None if settings.mode == "emulated" else "leader")
             stack.callback(leader_arm.close)
             leader = ArmLeader(leader_arm)
         else:
@@ -337,8 +368,11 @@ def hardware_rig_factory(
             leader = remote
         from hilrec.sim.twin import Twin
 
+        mirror_scene = SceneConfig(timestep=timestep)
         mirror = (
-            Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=()))) if settings.twin.mirror else None
+            Mirror(stack.enter_context(Twin(fps=settings.fps, cameras=(), scene=mirror_scene)))
+            if settings.twin.mirror
+            else None
         )
         cameras: dict[str, Camera] = {}
         for name, cam in settings.cameras.items():
@@ -353,12 +387,23 @@ def hardware_rig_factory(
             leader=leader,
             cameras=cameras,
             mirror=mirror,
-            dataset_fields=_dataset_fields(settings, follower_arm, leader),
+            dataset_fields={
+                **_dataset_fields(settings, follower_arm, leader),
+                **_twin_fields(mirror, timestep, settings.fps),
+            },
             devices=devices,
         )
         return rig, NoHooks()
 
     return build
+
+
+def _twin_fields(mirror: Mirror | None, timestep: float | None, fps: int) -> dict[str, Any]:
+    """The twin's physics step beside a hardware dataset: ``hilrec replay`` replays at it
+    (:func:`hilrec.daemon.replay.engine.timestep_for`)."""
+    if mirror is not None:
+        return {"twin": mirror.twin.physics_info()}
+    return {} if timestep is None else {"twin": {"timestep": timestep, "fps": fps}}
 
 
 def _dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader) -> dict[str, Any]:

@@ -9,12 +9,11 @@ needs a port, a non-loopback bind needs CURVE keys, sim cameras only in sim mode
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from hilrec.daemon.config import load_toml
+from hilrec.daemon.config import from_mapping, load_toml, read_toml
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import BodyMode
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
@@ -87,7 +86,7 @@ class CameraSettings:
     width: int = 640
     height: int = 480
     fps: int = 30
-    device: str = ""  # opencv: /dev/videoN or an index
+    device: str | int = ""  # opencv: /dev/videoN, or an index (0 or "0", LeRobot's style)
     fourcc: str = ""  # opencv: e.g. "MJPG" (USB cameras reach 30 fps at 640x480 only in MJPG)
     path: Path | None = None  # video: a file
     loop: bool = True  # video: start over at the end (false: the camera stalls when it ends)
@@ -101,8 +100,10 @@ class CameraSettings:
             raise ConfigError("fps", "must be positive")
         if self.stall_ms <= 0:
             raise ConfigError("stall_ms", "must be positive")
-        if self.source == "opencv" and not self.device:
-            raise ConfigError("device", "an opencv camera needs a device (e.g. /dev/video0 or 0)")
+        if self.source == "opencv" and (
+            self.device == "" or (isinstance(self.device, int) and self.device < 0)
+        ):
+            raise ConfigError("device", "an opencv camera needs a device: /dev/video0 or an index such as 0")
         if self.source == "video" and self.path is None:
             raise ConfigError("path", "a video camera needs a file path")
 
@@ -173,9 +174,25 @@ class LoopSettings:
 @dataclass(frozen=True, kw_only=True)
 class TwinSettings:
     # hil/emulated: a MuJoCo twin follows the follower's measured joints and the divergence is
-    # published and summarised per episode. It steps whole physics steps, so it needs an fps
-    # the scene's timestep divides; false drops the mirror (and that constraint).
+    # published and summarised per episode. It steps whole physics steps of `timestep` per
+    # frame; false drops the mirror (and the constraint an explicit timestep puts on fps).
     mirror: bool = True
+    # Physics step (s) of every twin the daemon makes: sim mode's, the mirror, the emulated
+    # follower's. 0 = chosen for fps (hilrec.sim.twin.timestep_for): 5 ms where it divides the
+    # frame (25 fps: 8 steps), else the largest step below it that does (30 fps: 7 of 1/210 s).
+    # Any other value is used as given, and an fps it does not divide into whole steps is refused.
+    timestep: float = 0.0
+
+    @property
+    def given_timestep(self) -> float | None:
+        """The timestep as given, or None when it is left to the twin (0)."""
+        return self.timestep or None
+
+    def validate(self) -> None:
+        if self.timestep != 0.0 and not 0.0005 <= self.timestep <= 0.02:
+            raise ConfigError(
+                "timestep", f"must be 0 (chosen for fps) or in 0.0005..0.02 s, got {self.timestep}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -252,7 +269,7 @@ class DaemonSettings:
     def validate(self) -> None:
         if not 1 <= self.fps <= 1000:
             raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
-        if self.mode == "sim" or self.twin.mirror:
+        if self.mode != "hil" or self.twin.mirror:
             self._check_twin_rate()
         for name, cam in self.cameras.items():
             key = f"cameras.{name}.source"
@@ -305,13 +322,20 @@ class DaemonSettings:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
 
     def _check_twin_rate(self) -> None:
+        """The twins step whole physics steps per frame (emulated mode's follower, one step at a
+        time, needs a step rate that is a whole number of frames too)."""
         from hilrec.daemon.errors import FrameRateError
-        from hilrec.sim.scene import SceneConfig
-        from hilrec.sim.twin import substeps_for
+        from hilrec.sim.twin import timestep_for
 
         try:
-            substeps_for(self.fps, SceneConfig().timestep)
+            timestep_for(self.fps, self.twin.given_timestep)
         except FrameRateError as exc:
+            if self.twin.given_timestep is not None:
+                mirror = " (or twin.mirror = false to record without the twin)" if self.mode == "hil" else ""
+                raise ConfigError(
+                    "twin.timestep",
+                    f"{exc}; set twin.timestep = 0 to have one chosen for fps {self.fps}{mirror}",
+                ) from None
             why = (
                 "the twin needs whole steps"
                 if self.mode == "sim"
@@ -322,7 +346,12 @@ class DaemonSettings:
 
 def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:
     """Read and check a daemon config; ``root`` overrides ``dataset.root`` (``--root``)."""
-    settings = load_toml(DaemonSettings, path)
-    if root is not None:
-        settings = dataclasses.replace(settings, dataset=dataclasses.replace(settings.dataset, root=root))
-    return settings
+    if root is None:
+        return load_toml(DaemonSettings, path)
+    # --root stands in for dataset.root before the checks, so a config may leave it out.
+    data = read_toml(path)
+    dataset = data.get("dataset", {})
+    if not isinstance(dataset, dict):
+        raise ConfigError("dataset", f"expected a table, got {type(dataset).__name__}", source=str(path))
+    data["dataset"] = {**dataset, "root": str(root)}
+    return from_mapping(DaemonSettings, data, source=str(path))

@@ -82,12 +82,15 @@ class SimHooks:
 
 def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        from hilrec.sim.scene import SceneConfig
         from hilrec.sim.twin import Twin
 
         names = tuple(settings.cameras)
         sizes = {(cam.height, cam.width) for cam in settings.cameras.values()}
         size = sizes.pop() if sizes else (480, 640)
-        twin = stack.enter_context(Twin(fps=settings.fps, cameras=names, image_size=size))
+        # [twin] timestep, or (0) the one hilrec.sim.twin.timestep_for chooses for fps.
+        scene = SceneConfig(timestep=settings.twin.given_timestep)
+        twin = stack.enter_context(Twin(fps=settings.fps, cameras=names, image_size=size, scene=scene))
         follower = TwinFollower(twin)
         cameras: dict[str, Camera] = {name: TwinCamera(twin, name, size[0], size[1]) for name in names}
         scripted: ScriptedLeader | None = None

@@ -18,7 +18,6 @@ The loop is the recorder's, so row ``t + 1`` of the replay is what row ``t``'s a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -33,27 +32,35 @@ if TYPE_CHECKING:  # the twin imports MuJoCo: only ReplayEngine.create pays for 
 
 # Where the cube is parked: on the table's far corner, ~0.65 m from the base, beyond the arm's reach.
 PARKED_CUBE_XY = (0.55, 0.35)
-# SceneConfig's default physics step, repeated so that choosing a step does not import MuJoCo.
-DEFAULT_TIMESTEP = 0.005
 
 
 def timestep_for(fps: int, sidecar: Mapping[str, Any] | None) -> tuple[float, str]:
     """The physics step to replay at, and where it comes from.
 
     A hilrec recording states its timestep; it is used as is (a frame rate it does not divide is
-    then refused by the twin). Another recorder's dataset states none, so the largest step up to
-    the twin's default that makes ``1 / fps`` whole is chosen (e.g. 30 fps -> 7 steps of 4.76 ms).
+    then refused by the twin). Another recorder's dataset states none, so the twin's own rule
+    picks it (:func:`hilrec.sim.twin.timestep_for`: 5 ms where it divides the frame, else the
+    largest step below it that does, e.g. 30 fps -> 7 steps of 4.76 ms), as a live twin would.
     """
     if sidecar:
         sim = sidecar.get("sim")
-        # A sim recording keeps it in "sim"."physics" (hilrec.sim); other recorders in "physics".
-        for holder in (sidecar.get("physics"), sim.get("physics") if isinstance(sim, Mapping) else None):
+        # A sim recording keeps it in "sim"."physics" (hilrec.sim), the daemon's rigs in "twin",
+        # other recorders in "physics".
+        holders = (
+            sidecar.get("physics"),
+            sim.get("physics") if isinstance(sim, Mapping) else None,
+            sidecar.get("twin"),
+        )
+        for holder in holders:
             if isinstance(holder, Mapping) and isinstance(holder.get("timestep"), (int, float)):
                 return float(holder["timestep"]), "dataset metadata"
     if fps <= 0:
         raise ReplayError(f"the dataset's fps is {fps}; it must be a positive integer")
-    substeps = max(1, math.ceil(1.0 / (fps * DEFAULT_TIMESTEP) - 1e-9))
-    return 1.0 / (fps * substeps), f"chosen for {fps} fps ({substeps} steps per frame)"
+    from hilrec.sim.twin import substeps_for
+    from hilrec.sim.twin import timestep_for as twin_timestep_for
+
+    timestep = twin_timestep_for(fps)
+    return timestep, f"chosen for {fps} fps ({substeps_for(fps, timestep)} steps per frame)"
 
 
 class ReplayEngine:

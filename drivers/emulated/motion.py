@@ -9,9 +9,9 @@ reason a LeRobot client reading the emulator sees exactly the twin's units.
 
 - :class:`ServoMotion`: a first-order position servo with a speed limit; joints without torque
   follow a "hand" path (the person moving a leader) or stay put.
-- :class:`TwinMotion`: the follower is the MuJoCo twin, stepped 5 ms at a time up to the
-  current instant: goals become actuator targets (in LeRobot units, through the calibration),
-  encoder readings come from the joint angles.
+- :class:`TwinMotion`: the follower is the MuJoCo twin, stepped one physics step (5 ms, or the
+  daemon's twin timestep) at a time up to the current instant: goals become actuator targets
+  (in LeRobot units, through the calibration), encoder readings come from the joint angles.
 - Hand paths: :func:`wave_path` (smooth sines), :class:`SweepPath` (a person calibrating:
   holds the middle until the homing offsets are written, then sweeps every range) and
   :class:`OperatorPath` (the sim's scripted operator's planned leader path, seed after seed).
@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # MuJoCo is imported only when a twin is made
 
 Path = Callable[[float], np.ndarray]  # seconds since start -> actual ticks (6,)
 _MID = 2047.0
+# The physics step (s) of an emulated follower's twin when none is passed to TwinMotion: the
+# daemon sets it in its ``hilrec emulate follower`` child's environment to the step its own twins
+# take ([twin] timestep, or the one hilrec.sim.twin.timestep_for chooses for its fps). Unset: 5 ms.
+TIMESTEP_ENV = "HILREC_TWIN_TIMESTEP"
 
 
 class ArmMotion(Protocol):
@@ -260,7 +264,7 @@ class OperatorPath:
 
 
 class TwinMotion:
-    """The follower is the MuJoCo twin, stepped one physics step (its timestep, 5 ms) at a time.
+    """The follower is the MuJoCo twin, stepped one physics step (its timestep) at a time.
 
     The emulator advances it lazily to the current instant before it handles any packet (so
     before a Present_* register is read and before a goal is applied) and while the bus is
@@ -272,17 +276,27 @@ class TwinMotion:
     units through the calibration); a servo without torque holds its joint where it is.
 
     A twin given with several physics steps per frame is re-made at one (same scene, same
-    state); ``self.twin`` is the one stepped.
+    state); ``self.twin`` is the one stepped. Without one, the twin steps ``timestep`` (default:
+    :data:`TIMESTEP_ENV` from the environment, else 5 ms), which must be 1/n s.
     """
 
     def __init__(
-        self, frame: MechanicalFrame, *, twin: Twin | None = None, seed: int = 0, max_catch_up_s: float = 2.0
+        self,
+        frame: MechanicalFrame,
+        *,
+        twin: Twin | None = None,
+        seed: int = 0,
+        max_catch_up_s: float = 2.0,
+        timestep: float | None = None,
     ) -> None:
         if twin is None:
-            from hilrec.sim.scene import SceneConfig
+            from hilrec.sim.scene import DEFAULT_TIMESTEP, SceneConfig
             from hilrec.sim.twin import Twin
 
-            twin = Twin(fps=round(1.0 / SceneConfig().timestep), cameras=())
+            step = timestep if timestep is not None else _environment_timestep()
+            # One physics step per "frame": the step rate is the twin's fps.
+            rate = round(1.0 / (step or DEFAULT_TIMESTEP))
+            twin = Twin(fps=rate, cameras=(), scene=SceneConfig(timestep=step))
             twin.reset(seed)
         elif twin.substeps != 1:
             twin = _one_step_twin(twin)
@@ -329,6 +343,20 @@ class TwinMotion:
 
     def close(self) -> None:
         self.twin.close()
+
+
+def _environment_timestep() -> float | None:
+    import os
+
+    from hilrec.daemon.errors import ConfigError
+
+    text = os.environ.get(TIMESTEP_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(TIMESTEP_ENV, f"a physics step in seconds, got {text!r}") from None
 
 
 def _one_step_twin(twin: Twin) -> Twin:

@@ -143,21 +143,26 @@ def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
-def test_a_frame_rate_the_twin_cannot_step_is_refused_unless_the_mirror_is_off(tmp_path: Path) -> None:
+def test_a_frame_rate_a_given_timestep_cannot_step_is_refused_unless_the_mirror_is_off(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "d.toml"
-    path.write_text("fps = 30\n" + MINIMAL)
+    five_ms = "[twin]\ntimestep = 0.005\n"
+    path.write_text("fps = 30\n" + MINIMAL + five_ms)
     with pytest.raises(ConfigError) as info:
         load_settings(path)
-    assert info.value.key == "fps" and "valid rates near it:" in info.value.problem
+    assert info.value.key in ("fps", "twin.timestep") and "valid rates near it:" in info.value.problem
     assert "20, 25, 40" in info.value.problem
+    path.write_text("fps = 30\n" + MINIMAL)  # no timestep given: the twin picks one that steps 30 fps
+    assert load_settings(path).fps == 30
     hil = (
         'fps = 30\nmode = "hil"\n[dataset]\nroot = "x"\n[follower]\nport = "/dev/a"\n'
         '[leader]\nsource = "serial"\nport = "/dev/b"\n'
     )
-    path.write_text(hil)
+    path.write_text(hil + five_ms)
     with pytest.raises(ConfigError, match=r"twin\.mirror = false"):
         load_settings(path)
-    path.write_text(hil + "[twin]\nmirror = false\n")
+    path.write_text(hil + "[twin]\nmirror = false\ntimestep = 0.005\n")
     assert load_settings(path).fps == 30
 
 
@@ -169,3 +174,12 @@ def test_a_ui_beyond_loopback_without_a_token_is_refused_naming_the_key(tmp_path
     assert refused.value.key == "ui.token" and "beyond loopback" in refused.value.problem
     path.write_text(MINIMAL + '[ui]\nhost = "0.0.0.0"\ntoken = "a-long-enough-token-1234"\n')
     assert load_settings(path).ui.token == "a-long-enough-token-1234"
+
+
+def test_root_stands_in_for_a_missing_dataset_root(tmp_path: Path) -> None:
+    path = tmp_path / "no-root.toml"
+    path.write_text('mode = "sim"\n[leader]\nsource = "scripted"\n')
+    with pytest.raises(ConfigError) as missing:
+        load_settings(path)
+    assert missing.value.key == "dataset"
+    assert load_settings(path, root=tmp_path / "given").dataset.root == tmp_path / "given"

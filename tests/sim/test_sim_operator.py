@@ -70,6 +70,24 @@ def test_operator_puts_the_cube_in_the_bin(seed: int) -> None:
     assert outcome.success, outcome.check
 
 
+def test_operator_puts_the_cube_in_the_bin_at_30_fps_in_at_least_90_percent_of_100_seeds() -> None:
+    # LeRobot's default rate: the twin steps 7 x 1/210 s a frame; the plan is sampled at 30 fps.
+    # About 5 s on one core (bench/bench_sim.py --fps 30 25 reports the same over any seeds).
+    seeds = range(100)
+    failed = []
+    with Twin(fps=30, cameras=()) as twin:
+        assert twin.substeps == 7
+        for seed in seeds:
+            start = twin.reset(seed)
+            operator = ScriptedOperator(seed, fps=30, units=twin.units)
+            operator.reset(start)
+            for frame in range(operator.num_frames):
+                act_and_step(twin, operator.act(frame, twin.observe()))
+            if not outcome_of(twin).success:
+                failed.append(seed)
+    assert len(failed) <= 10, f"{len(failed)} of {len(seeds)} seeds failed at 30 fps: {failed}"
+
+
 def test_operator_replans_when_the_cube_is_knocked_before_the_grasp() -> None:
     from hilrec.sim.episode import Push, operator_action
 

@@ -187,30 +187,74 @@ def test_episode_without_start_state_is_not_replayable(copy_of: Path) -> None:
     assert "1 not replayable" in report.format_text()
 
 
-def test_record_refuses_a_frame_rate_that_is_not_whole_substeps(
+def _record(root: Path, *args: str) -> int:
+    return main(["record", "--sim", "--root", str(root), "--cameras", "none", "--no-progress", *args])
+
+
+def test_record_refuses_a_frame_rate_that_is_not_whole_steps_of_a_given_timestep(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "bad"
-    assert (
-        main(
-            [
-                "record",
-                "--sim",
-                "--root",
-                str(root),
-                "--episodes",
-                "1",
-                "--fps",
-                "30",
-                "--cameras",
-                "none",
-                "--no-progress",
-            ]
-        )
-        == 2
-    )
-    assert "valid rates near it" in capsys.readouterr().err
+    assert _record(root, "--episodes", "1", "--fps", "30", "--timestep", "0.005") == 2
+    err = capsys.readouterr().err
+    assert "fps 30 is not a whole number of 5 ms physics steps" in err
+    assert "valid rates near it: 10, 20, 25, 40" in err and "timestep 0.005 s was given" in err
     assert not root.exists()
+    assert _record(tmp_path / "worse", "--episodes", "1", "--timestep", "0.5") == 2
+    assert "flag --timestep" in capsys.readouterr().err
+
+
+def test_25_fps_recordings_keep_their_physics(recorded: Path) -> None:
+    # Bit for bit as before the step was chosen per fps: 5 ms, 8 steps, in every place it is said.
+    sidecar = load_dataset_sidecar(recorded)
+    assert sidecar is not None
+    physics = sidecar["sim"]["physics"]
+    assert (physics["timestep"], physics["substeps"], physics["fps"]) == (0.005, 8, 25)
+    assert sidecar["sim"]["scene"]["config"]["timestep"] == 0.005
+    for index in range(EPISODES):
+        meta, _ = load_episode_sidecar(recorded, index)
+        assert meta is not None
+        assert (meta["sim"]["physics"]["timestep"], meta["sim"]["physics"]["substeps"]) == (0.005, 8)
+
+
+@pytest.fixture(scope="module")
+def recorded_30fps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sim30") / "ds"
+    assert _record(root, "--episodes", str(EPISODES), "--seed", "5", "--pushes", "1.5", "--fps", "30") == 0
+    return root
+
+
+def test_30_fps_records_with_a_chosen_timestep_and_replays_bit_for_bit(
+    recorded_30fps: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = recorded_30fps
+    info = load_info(root)
+    assert info["fps"] == 30 and info["total_episodes"] == EPISODES
+    sidecar = load_dataset_sidecar(root)
+    assert sidecar is not None
+    physics = sidecar["sim"]["physics"]
+    assert (physics["timestep"], physics["substeps"], physics["fps"]) == (1 / 210, 7, 30)
+    assert sidecar["sim"]["scene"]["config"]["timestep"] == 1 / 210
+    for index in range(EPISODES):
+        meta, _ = load_episode_sidecar(root, index)
+        assert meta is not None and meta["sim"]["physics"]["timestep"] == 1 / 210
+    report = replay_check(root)
+    assert report.passed, report.format_text()
+    assert report.world_differences == []
+    assert all(e.max_error == 0.0 and e.outcome["identical"] for e in report.episodes)
+    assert main(["check", str(root), "--replay", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["replay"]["counts"]["passed"] == EPISODES
+
+
+def test_replay_uses_the_recorded_timestep_not_a_default(tmp_path: Path) -> None:
+    root = tmp_path / "given"
+    assert _record(root, "--episodes", "1", "--seed", "2", "--timestep", "0.004") == 0
+    sidecar = load_dataset_sidecar(root)
+    assert sidecar is not None
+    physics = sidecar["sim"]["physics"]
+    assert (physics["timestep"], physics["substeps"], physics["fps"]) == (0.004, 10, 25)
+    report = replay_check(root)  # at 5 ms, the default for 25 fps, it would not be bit-exact
+    assert report.passed and report.world_differences == [], report.format_text()
 
 
 def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from hilrec.daemon.errors import FeatureSpecError, FrameError, FrameRateError, S
 from hilrec.daemon.so101 import so101_features
 from hilrec.sim.features import check_measurable, sim_features
 from hilrec.sim.scene import SceneConfig, place_cube
-from hilrec.sim.twin import Twin, substeps_for, valid_frame_rates
+from hilrec.sim.twin import Twin, substeps_for, timestep_for, valid_frame_rates
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +28,43 @@ def test_a_frame_is_a_whole_number_of_steps() -> None:
     assert 25 in valid_frame_rates(0.005) and 30 not in valid_frame_rates(0.005)
 
 
-def test_frame_rate_that_is_not_whole_substeps_is_refused_with_nearby_rates() -> None:
+def test_frame_rate_that_is_not_whole_substeps_of_a_given_timestep_is_refused_with_nearby_rates() -> None:
     with pytest.raises(FrameRateError) as caught:
-        Twin(fps=30, cameras=())
+        Twin(fps=30, cameras=(), scene=SceneConfig(timestep=0.005))
     message = str(caught.value)
-    assert "fps 30" in message and "25" in message and "40" in message
+    assert "fps 30" in message and "valid rates near it: 10, 20, 25, 40" in message
+    assert "timestep 0.005 s was given" in message
+    with pytest.raises(FrameRateError, match="valid rates near it"):
+        timestep_for(30, 0.004)  # 8.33 steps
     with pytest.raises(FrameRateError):
         substeps_for(0, 0.005)
+    with pytest.raises(FrameRateError, match="positive integer"):
+        timestep_for(0)
+
+
+def test_the_timestep_is_chosen_for_the_frame_rate_when_none_is_given() -> None:
+    # 5 ms wherever it divides the frame: 25 fps stays exactly as it was.
+    for fps in (1, 5, 10, 20, 25, 40, 50, 100, 200):
+        assert timestep_for(fps) == 0.005
+    assert timestep_for(30) == 1 / 210 and substeps_for(30, timestep_for(30)) == 7
+    for fps in range(1, 241):
+        step = timestep_for(fps)
+        substeps = substeps_for(fps, step)
+        # Whole steps, none above 5 ms, and the largest such: one step fewer would exceed 5 ms.
+        assert step <= 0.005 and substeps * fps * step == pytest.approx(1.0, abs=1e-12)
+        assert substeps == 1 or 1 / (fps * (substeps - 1)) > 0.005
+        assert fps in valid_frame_rates(step)
+    assert timestep_for(30, 0.002 / 1.2) == 0.002 / 1.2  # a given step that divides is kept
+    with Twin(fps=30, cameras=()) as twin:
+        assert twin.timestep == 1 / 210 and twin.substeps == 7
+        assert twin.scene.timestep == twin.timestep  # the scene as run carries its step
+        assert twin.physics_info()["timestep"] == 1 / 210 and twin.physics_info()["substeps"] == 7
+        twin.reset(0)
+        for _ in range(3):
+            twin.step_frame()
+        assert twin.time == pytest.approx(3 / 30, abs=1e-12)
+    with Twin(fps=25, cameras=()) as twin:
+        assert (twin.timestep, twin.substeps) == (0.005, 8)
 
 
 def test_step_frame_advances_exactly_one_frame(twin: Twin) -> None:
