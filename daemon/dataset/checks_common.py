@@ -1,14 +1,47 @@
-"""What the checker's rule modules share: a failure, the collector, and the loaded dataset."""
+"""What the checker's rule modules share: a rule's severity and fix, a failure, the collector,
+the loaded dataset, and the process pool the expensive checks run in."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from hilrec.daemon.dataset.paths import EPISODES_DIR
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Severity(StrEnum):
+    """How much a broken rule matters."""
+
+    ERROR = "error"  # LeRobot cannot load the dataset, or a policy would train on wrong numbers
+    WARNING = "warning"  # true, but nothing that loads or trains on the dataset is affected
+
+
+class Fix(StrEnum):
+    """What a user runs to make a finding go away."""
+
+    REPAIR = "hilrec repair"
+    RECOMPUTE_STATS = "hilrec edit recompute-stats"
+    RERECORD = "re-record the episode"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule of the checker: what it demands, how bad breaking it is, and what fixes it."""
+
+    demand: str
+    severity: Severity
+    fix: Fix
 
 
 @dataclass(frozen=True)
@@ -20,6 +53,9 @@ class Failure:
     message: str
     episode: int | None = None
     key: str | None = None
+    # Filled from the rule table when the report is built (``checker.check_dataset``).
+    severity: Severity = Severity.ERROR
+    fix: Fix = Fix.RERECORD
 
     def format(self) -> str:
         where = [self.file]
@@ -117,3 +153,30 @@ class Contents:
 
     def episodes_file(self, episode: int) -> Path:
         return self.episode_files.get(episode, self.root / EPISODES_DIR)
+
+
+# --- the process pool ----------------------------------------------------------------------------
+
+
+def resolve_workers(workers: int | None) -> int:
+    """``None`` means one worker per core (``os.cpu_count()``); anything else at least 1."""
+    return max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
+
+
+def run_in_pool(function: Callable[[T], R], items: Sequence[T], workers: int) -> list[R]:
+    """``[function(item) for item in items]``, in order, spread over ``workers`` processes.
+
+    With one worker (or one item) everything runs in this process. The pool forks this process
+    (the pool is made before any work starts, and its workers only decode with PyAV and count with
+    numpy: no lock another thread of this process could hold matters to them). Forking, unlike a
+    fork server or spawn, neither re-imports the caller's ``__main__`` nor pays an interpreter
+    start per check. ``function`` and the items must be picklable module-level objects. The
+    results come back in the order of ``items`` whatever order the workers finish in, so a caller
+    that turns them into findings one by one reports exactly what a serial run reports.
+    """
+    workers = min(workers, len(items))
+    if workers <= 1:
+        return [function(item) for item in items]
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        return list(pool.map(function, items))

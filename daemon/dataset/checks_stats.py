@@ -21,6 +21,11 @@ Tolerances, and why they are what they are:
 - dataset stats: the aggregate of the episodes' stats (LeRobot 0.4.4's rules, from
   :mod:`hilrec.daemon.dataset.stats`) within 1e-7 of the scale. Quantiles may be either 0.4.4's
   count-weighted mean or the conservative envelope newer LeRobot releases write.
+
+The stats of the five default columns (``timestamp``, ``frame_index``, ``episode_index``,
+``index``, ``task_index``) are reported under their own rule, ``stats.default_columns``, a warning:
+no policy normalises by them, and LeRobot's own ``delete_episodes`` and ``aggregate_datasets``
+renumber those columns but keep their old stats, so stale ones are common and harmless.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 
 from hilrec.daemon.dataset.checks_common import Contents, Findings
 from hilrec.daemon.dataset.checks_video import image_stats_problem
+from hilrec.daemon.dataset.features import DEFAULT_FEATURES
 from hilrec.daemon.dataset.paths import STATS_PATH
 from hilrec.daemon.dataset.reader import load_stats
 from hilrec.daemon.dataset.stats import (
@@ -52,6 +58,11 @@ DATASET_RTOL: Final[float] = 1e-7
 TINY: Final[float] = 1e-12
 
 
+def stats_rule(key: str, rule: str) -> str:
+    """``rule`` for a feature's stats, ``stats.default_columns`` for a default column's."""
+    return "stats.default_columns" if key in DEFAULT_FEATURES else rule
+
+
 def check_episode_stats(contents: Contents, findings: Findings) -> None:
     for episode, rows in sorted(contents.rows.items()):
         meta = contents.episodes.get(episode)
@@ -62,17 +73,18 @@ def check_episode_stats(contents: Contents, findings: Findings) -> None:
         for key in contents.numeric_keys:
             if key not in rows.columns:
                 continue
+            rule = stats_rule(key, "stats.episode")
             stored = stats.get(key)
             if stored is None:
-                findings.add("stats.episode", file, f"no stats/{key}/* columns", episode=episode, key=key)
+                findings.add(rule, file, f"no stats/{key}/* columns", episode=episode, key=key)
                 continue
             missing = [s for s in STAT_KEYS if s not in stored]
             if missing:
-                findings.add("stats.episode", file, f"stats {missing} missing", episode=episode, key=key)
+                findings.add(rule, file, f"stats {missing} missing", episode=episode, key=key)
                 continue
             problem = vector_stats_problem(stored, rows.columns[key])
             if problem:
-                findings.add("stats.episode", file, problem, episode=episode, key=key)
+                findings.add(rule, file, problem, episode=episode, key=key)
 
 
 def check_image_feature_stats(contents: Contents, findings: Findings) -> None:
@@ -218,19 +230,20 @@ def check_dataset_stats(contents: Contents, findings: Findings) -> None:
         if k in contents.numeric_keys or k in contents.video_keys or k in contents.image_keys
     ]
     for key in keys:
+        rule = stats_rule(key, "stats.dataset")
         have = [s[key] for s in episode_stats if key in s and all(n in s[key] for n in STAT_KEYS)]
         if key not in stored:
-            findings.add("stats.dataset", path, "feature has no stats", key=key)
+            findings.add(rule, path, "feature has no stats", key=key)
             continue
         missing = [n for n in STAT_KEYS if n not in stored[key]]
         if missing:
-            findings.add("stats.dataset", path, f"stats {missing} missing", key=key)
+            findings.add(rule, path, f"stats {missing} missing", key=key)
             continue
         if len(have) != len(episode_stats) or not have:
             continue  # stats.episode already names the episodes without stats
         problem = _aggregate_problem(stored[key], have)
         if problem:
-            findings.add("stats.dataset", path, problem, key=key)
+            findings.add(rule, path, problem, key=key)
     for key in stored:
         if key not in contents.features:
             findings.add("stats.dataset", path, "stats for a feature info.json does not declare", key=key)

@@ -1,4 +1,7 @@
-"""``hilrec check ROOT [--json] [--replay]``: check a dataset; exit 0 only when everything passes.
+"""``hilrec check ROOT [--json] [--replay] [--strict] [--workers N]``: check a dataset.
+
+Exit codes: 0 no errors (warnings allowed), 1 errors (with ``--strict`` warnings too), 2 the
+command could not run. ``--workers`` processes decode the videos (default: one per core).
 
 ``--replay`` also replays the recorded actions on the MuJoCo twin (:mod:`hilrec.sim.replay`) and
 merges its verdict into the report. The twin is imported only then, so a plain check never pays for
@@ -8,6 +11,7 @@ MuJoCo.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,16 +43,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_false",
         help="demux videos only: skip decoding the frames the image stats sample",
     )
+    parser.add_argument("--strict", action="store_true", help="warnings fail the check too (exit 1)")
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="processes that decode the videos (default: one per core, %(default)s here)",
+    )
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    report = check_dataset(args.root, decode_video=args.decode)
+    report = check_dataset(args.root, decode_video=args.decode, workers=args.workers, strict=args.strict)
     if args.replay:
         report.replay = _replay(args.root)
     print(report.to_json() if args.json else report.format_text(), file=sys.stdout)
     return EXIT_PASSED if report.passed else EXIT_FAILED
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _replay(root: Path) -> ReplayReport:
