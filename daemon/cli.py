@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hilrec.daemon.errors import HilrecError
 
@@ -26,26 +29,118 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "render": ("hilrec.sim.cmd_render", "re-render the camera videos of sim episodes"),
     "replay": ("hilrec.daemon.replay.cmd_replay", "replay-check hardware episodes on the twin"),
+    "find-port": (
+        "hilrec.drivers.cmd_find_port",
+        "find an arm's serial port (unplug it), or list the ports with servos",
+    ),
+    "setup-motors": (
+        "hilrec.drivers.cmd_setup_motors",
+        "give each new servo of an arm its id and baud rate, one at a time",
+    ),
     "calibrate": ("hilrec.drivers.cmd_calibrate", "calibrate an SO-101 arm (LeRobot's procedure and file)"),
+    "find-cameras": (
+        "hilrec.drivers.cmd_find_cameras",
+        "list the cameras with their resolution and fps, and save a snapshot of each",
+    ),
     "emulate": (
         "hilrec.drivers.emulated.cmd_emulate",
         "emulate an SO-101 arm (six STS3215) on a pseudo-terminal",
     ),
     "daemon": ("hilrec.daemon.control.cmd_daemon", "run the teleoperation and recording daemon"),
     "ctl": ("hilrec.daemon.wire.cmd_ctl", "talk to a running daemon over ZeroMQ"),
+    "coverage": ("hilrec.daemon.tools.cmd_coverage", "how much of the task a dataset covers, and its gaps"),
+    "eval": ("hilrec.daemon.tools.cmd_eval", "closed-loop success of a policy on the twin, held-out seeds"),
+    "align": (
+        "hilrec.daemon.tools.cmd_align",
+        "check that two datasets (sim and real) line up column for column",
+    ),
+    "export": (
+        "hilrec.daemon.tools.cmd_export",
+        "write a dataset in another trainer's layout (robomimic HDF5)",
+    ),
+    "edit": (
+        "hilrec.daemon.tools.cmd_edit",
+        "edit a dataset safely: delete, keep, merge, split, set-task, remove-feature, recompute-stats",
+    ),
+    "ui": ("hilrec.daemon.ui.cmd_ui", "a local web page for a running daemon: cameras, joints, takes"),
+    "collect": (
+        "hilrec.daemon.collect.cmd_collect",
+        "run a whole recording session: N timed takes with keys, verdicts and a summary",
+    ),
 }
 
 
+_RST_LITERAL = re.compile(r"``(.+?)``")
+_VERBOSE_HELP = "log debug messages"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every command's help: each option's default shown (unless its help already names one, or
+    it has none), and the docstrings' RST literals (``x``) printed as plain text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default is None
+            or default is False
+            or default is argparse.SUPPRESS
+            or default == []
+            or not action.option_strings
+            or action.nargs == 0  # a switch: its default is its absence
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(_RST_LITERAL.sub(r"\1", text))
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        return _RST_LITERAL.sub(r"\1", super()._expand_help(action))
+
+
+class Parser(argparse.ArgumentParser):
+    """ArgumentParser with hilrec's help formatter; a dataset root is ``ROOT`` in every command."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("formatter_class", HelpFormatter)
+        if not issubclass(given, HelpFormatter):  # a command's own (raw description...) on top
+            given = type(f"Hilrec{given.__name__}", (HelpFormatter, given), {})
+        kwargs["formatter_class"] = given
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        if args == ("root",) and "metavar" not in kwargs:
+            kwargs["metavar"] = "ROOT"
+        return super().add_argument(*args, **kwargs)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hilrec")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hilrec", description=__doc__.splitlines()[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = Parser(prog="hilrec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_text) in COMMANDS.items():
         if name == wanted:
             module = importlib.import_module(module_name)
             module.register(sub)
+            command = sub.choices[name]
+            taken = command._option_string_actions
+            if "-v" not in taken and "--verbose" not in taken:
+                # -v also after the sub-command (hilrec calibrate ... -v), unless it has its own.
+                command.add_argument(
+                    "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP
+                )
         else:
             # A placeholder keeps `hilrec --help` complete without importing every command.
             sub.add_parser(name, help=help_text, add_help=False)

@@ -34,6 +34,7 @@ from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, NUM_JOINTS, BodyMode, Ro
 from hilrec.drivers.bus import BusConfig, FeetechBus, SyncReading
 from hilrec.drivers.calibration import (
     ArmCalibration,
+    default_arm_id,
     lerobot_calibration_path,
     load_calibration,
     ticks_to_units,
@@ -49,7 +50,9 @@ _GRIPPER = "gripper"
 @dataclass(frozen=True, kw_only=True)
 class ArmConfig:
     port: str
-    id: str = "so101"  # LeRobot's arm id: the calibration file is <id>.json
+    # LeRobot's arm id: the calibration file is <id>.json. None: the role's default
+    # (hilrec.drivers.calibration.DEFAULT_ARM_IDS, what `hilrec calibrate ROLE` writes).
+    id: str | None = None
     calibration: Path | None = None  # None: LeRobot's calibration directory
     body_mode: BodyMode = BodyMode.DEGREES
     read_retries: int = 2
@@ -132,11 +135,23 @@ class _SO101Arm:
         self.bus = FeetechBus(
             BusConfig(port=config.port, retries=config.read_retries, reply_timeout_ms=config.reply_timeout_ms)
         )
-        self.calibration_path = config.calibration or lerobot_calibration_path(self.role, config.id)
+        self.arm_id = config.id or default_arm_id(self.role)
+        self.calibration_path = config.calibration or lerobot_calibration_path(self.role, self.arm_id)
         self._calibration: ArmCalibration | None = None
+        self._silent = False  # open() found no servo answering at all
 
     def __repr__(self) -> str:
-        return f"SO-101 {self.role} '{self.config.id}' on {self.config.port}"
+        return f"SO-101 {self.role} '{self.arm_id}' on {self.config.port}"
+
+    @property
+    def calibrate_command(self) -> str:
+        """The command that writes the calibration file this arm reads."""
+        where = (
+            f"--output {self.calibration_path}"
+            if self.config.calibration is not None
+            else f"--id {self.arm_id}"
+        )
+        return f"hilrec calibrate {self.role} --port {self.config.port} {where}"
 
     @property
     def is_open(self) -> bool:
@@ -151,14 +166,23 @@ class _SO101Arm:
     # --- lifecycle --------------------------------------------------------------------------
 
     def open(self) -> None:
+        if not self.calibration_path.exists():
+            raise CalibrationError(
+                f"{self.calibration_path}: no calibration file for the {self.role} '{self.arm_id}'; "
+                f"calibrate it first: {self.calibrate_command}"
+            )
         calibration = load_calibration(self.calibration_path)
         self.bus.open()
+        self._silent = False
         try:
             self._check_servos()
             self._apply_calibration(calibration)
             self._configure()
         except BaseException:
-            self._release()
+            if self._silent:
+                self.bus.close()  # nothing there to make safe: do not wait out more silences
+            else:
+                self._release()
             raise
         self._calibration = calibration
         log.info("%r open (calibration %s)", self, self.calibration_path)
@@ -188,23 +212,9 @@ class _SO101Arm:
         self.close()
 
     def _check_servos(self) -> None:
-        missing: list[int] = []
-        for servo_id in MOTOR_IDS:
-            try:
-                model = self.bus.ping(servo_id)
-            except BusTimeoutError:
-                missing.append(servo_id)
-                continue
-            if model != MODEL_NUMBER_STS3215:
-                raise DeviceError(
-                    f"{self!r}: servo id {servo_id} is model {model}, expected "
-                    f"an STS3215 ({MODEL_NUMBER_STS3215})"
-                )
-        if missing:
-            names = ", ".join(f"{sid} ({JOINT_NAMES[MOTOR_IDS.index(sid)]})" for sid in missing)
-            raise BusTimeoutError(
-                f"servo(s) {names} do not answer", port=self.config.port, servo_id=missing[0], register="PING"
-            )
+        error, self._silent = check_servos(self.bus, who=repr(self), role=self.role)
+        if error is not None:
+            raise error
 
     def _apply_calibration(self, calibration: ArmCalibration) -> None:
         """Make the servos' EEPROM match the file (Homing_Offset, position limits)."""
@@ -371,6 +381,58 @@ class SO101Follower(_SO101Arm):
         ticks = self.calibration.units_to_ticks([float(v) for v in goal], self.config.body_mode)
         self.bus.sync_write("Goal_Position", dict(zip(MOTOR_IDS, ticks, strict=True)))
         return SentAction(goal, tuple(ticks), clamped)
+
+
+def check_servos(bus: FeetechBus, *, who: str, role: Role) -> tuple[DeviceError | None, bool]:
+    """Ping the six servos (ids 1..6, model 777). Returns what is wrong, as the error to raise
+    (None: all six are there), and whether the port is silent (no servo answers at all).
+
+    A silent port is told apart quickly: when servo 1 kept silent through its retries and
+    patience, the others get one quick ping each; if none answers, waiting out every servo's
+    patience (and the daemon's open retries) for the same silence helps nobody."""
+    missing: list[int] = []
+    port = bus.port_name
+    for servo_id in MOTOR_IDS:
+        try:
+            model = bus.ping(servo_id)
+        except BusTimeoutError:
+            if servo_id == MOTOR_IDS[0] and not _anything_answers(bus):
+                rate = bus.config.baudrate
+                speed = f"{rate / 1e6:g} Mbps" if rate >= 1_000_000 else f"{rate} bps"
+                return DeviceError(
+                    f"{who}: no servo answers (ids {MOTOR_IDS[0]}..{MOTOR_IDS[-1]} at {speed}). "
+                    "Check: the arm's power supply is on (USB alone does not power the servos); "
+                    "this is the arm's port (hilrec find-port); its servos were set up with ids "
+                    f"1..6 at 1 Mbps (hilrec setup-motors {role} --port {port})"
+                ), True
+            missing.append(servo_id)
+            continue
+        if model != MODEL_NUMBER_STS3215:
+            return DeviceError(
+                f"{who}: servo id {servo_id} is model {model}, expected an STS3215 ({MODEL_NUMBER_STS3215})"
+            ), False
+    if missing:
+        names = ", ".join(f"{sid} ({JOINT_NAMES[MOTOR_IDS.index(sid)]})" for sid in missing)
+        return BusTimeoutError(
+            f"servo(s) {names} do not answer: check their cables in the chain, and that each was "
+            f"given its id (hilrec setup-motors {role} --port {port})",
+            port=port,
+            servo_id=missing[0],
+            register="PING",
+        ), False
+    return None, False
+
+
+def _anything_answers(bus: FeetechBus) -> bool:
+    for servo_id in MOTOR_IDS[1:]:
+        try:
+            bus.ping(servo_id, quick=True)
+            return True
+        except BusTimeoutError:
+            continue
+        except DeviceError:
+            return True  # something is there, if unwell; the full check names it
+    return False
 
 
 def _per_joint(caps: float | Mapping[str, float] | None) -> np.ndarray | None:

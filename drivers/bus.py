@@ -31,12 +31,13 @@ The SDK frames packets and computes checksums; this class adds what it lacks (se
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import termios
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import scservo_sdk as scs
 import serial
@@ -50,6 +51,7 @@ from hilrec.daemon.errors import (
     ServoFaultError,
 )
 from hilrec.drivers.tables import (
+    BROADCAST_ID,
     Instruction,
     Register,
     decode_value,
@@ -97,6 +99,19 @@ class BusStats:
     stale_skipped: int = 0  # status packets that answered another request
     fences: int = 0
     late_replies: int = 0  # answers taken while waiting out patience_ms
+
+
+@dataclass
+class BroadcastReplies:
+    """What a broadcast PING heard: each intact acknowledgement's status byte, by servo id."""
+
+    status: dict[int, int] = field(default_factory=dict)
+    answers: int = 0  # intact acknowledgements, several per id if servos share one
+    garbled: int = 0  # corrupt or cut-off packets (several servos answering at once)
+
+    @property
+    def ids(self) -> list[int]:
+        return sorted(self.status)
 
 
 @dataclass(frozen=True)
@@ -148,6 +163,26 @@ class _ExclusivePort(scs.PortHandler):
 
     def getCurrentTime(self) -> float:
         return time.monotonic() * 1000.0  # the SDK uses time.time(): wall clock steps
+
+
+def _open_problem(exc: serial.SerialException) -> str:
+    """Why a port did not open, and what to do about it."""
+    cause = exc.__context__
+    code = getattr(exc, "errno", None) or (cause.args[0] if isinstance(cause, termios.error) else None)
+    find = "hilrec find-port names the arm's port"
+    if code == errno.ENOTTY or "Inappropriate ioctl" in str(exc):
+        return (
+            "not a serial port (a USB serial adapter is /dev/ttyACM* or /dev/ttyUSB* on Linux, "
+            f"/dev/tty.usbmodem* on macOS); {find}"
+        )
+    if code == errno.ENOENT:
+        return f"no such port: is the arm's USB cable plugged in? {find}"
+    if code in (errno.EACCES, errno.EPERM):
+        return (
+            "permission denied: add your user to the group that owns the port "
+            "(e.g. `sudo usermod -aG dialout $USER`, then log in again)"
+        )
+    return f"cannot open: {exc}; {find}"
 
 
 _Receive = Callable[[_ExclusivePort, int, int], tuple[list[int], int]]
@@ -224,9 +259,11 @@ class FeetechBus:
         except serial.SerialException as exc:
             if "exclusively lock" in str(exc):
                 raise PortBusyError(
-                    "another process or bus already owns this port", port=self.port_name
+                    "another process or bus already owns this port (a running daemon, "
+                    "calibrate or LeRobot script?)",
+                    port=self.port_name,
                 ) from exc
-            raise PortGoneError(f"cannot open: {exc}", port=self.port_name) from exc
+            raise PortGoneError(_open_problem(exc), port=self.port_name) from exc
         self._port = port
         self._sync_readers.clear()
         # The port's previous owner may have left a request unanswered: its reply can still land.
@@ -332,17 +369,27 @@ class FeetechBus:
         self._receive(port, servo_id, size + 2, tx)
 
     def _unicast(
-        self, servo_id: int, instruction: int, params: list[int], what: str, reply_length: int
+        self,
+        servo_id: int,
+        instruction: int,
+        params: list[int],
+        what: str,
+        reply_length: int,
+        *,
+        quick: bool = False,
     ) -> tuple[list[int], int]:
         """Send one instruction to one servo and return (reply, error byte), with retries.
 
-        ``reply_length`` is the LENGTH field of the status packet that answers it."""
+        ``reply_length`` is the LENGTH field of the status packet that answers it. ``quick``:
+        one attempt, no patience."""
         reply_bytes = reply_length + 4
         result = scs.COMM_SUCCESS
+        retries = 0 if quick else self.config.retries
+        patience_ms = 0.0 if quick else self.config.patience_ms
         with self._transaction(servo_id, what) as port:
             self._settle(port, servo_id, reply_length)
             first_sent = time.monotonic()
-            for attempt in range(self.config.retries + 1):
+            for attempt in range(retries + 1):
                 if attempt:
                     # Fence again before a retry: the line is in order once a new fence answers,
                     # and a fence whose own reply was lost no longer makes every retry wait
@@ -355,7 +402,7 @@ class FeetechBus:
                 if result == scs.COMM_SUCCESS:
                     return rx, rx[_ERROR]
                 self._unsettled = True
-                if attempt < self.config.retries:
+                if attempt < retries:
                     self.stats.retries += 1
                     log.debug(
                         "port %s id %d %s: %s, retrying",
@@ -364,14 +411,14 @@ class FeetechBus:
                         what,
                         self._packets.getTxRxResult(result),
                     )
-            left_ms = self.config.patience_ms - (time.monotonic() - first_sent) * 1000.0
+            left_ms = patience_ms - (time.monotonic() - first_sent) * 1000.0
             if result == scs.COMM_RX_TIMEOUT and left_ms > 0:
                 port.setPacketTimeoutMillis(left_ms)
                 rx, result = self._receive(port, servo_id, reply_length, tx)
                 if result == scs.COMM_SUCCESS:
                     self.stats.late_replies += 1
                     return rx, rx[_ERROR]
-        raise self._comm_error(result, servo_id, what, self.config.retries + 1)
+        raise self._comm_error(result, servo_id, what, retries + 1)
 
     def _comm_error(self, result: int, servo_id: int | None, what: str, attempts: int) -> BusError:
         text = f"{self._packets.getTxRxResult(result).split('] ')[-1]} ({attempts} attempt(s))"
@@ -399,11 +446,42 @@ class FeetechBus:
 
     # --- single-servo operations ------------------------------------------------------------
 
-    def ping(self, servo_id: int) -> int:
-        """Ping a servo and return its model number (777 for an STS3215)."""
-        _, error = self._unicast(servo_id, Instruction.PING, [], "PING", _ACK_LENGTH)
+    def ping(self, servo_id: int, *, quick: bool = False) -> int:
+        """Ping a servo and return its model number (777 for an STS3215).
+
+        ``quick``: one attempt and no patience (a probe of whether anything answers at all)."""
+        _, error = self._unicast(servo_id, Instruction.PING, [], "PING", _ACK_LENGTH, quick=quick)
         self._check_status(servo_id, "PING", error)
         return self.read(servo_id, "Model_Number")
+
+    def broadcast_ping(self, window_ms: float) -> BroadcastReplies:
+        """PING every servo at once (id 0xFE) and gather the acknowledgements that arrive within
+        ``window_ms``: ``{id: status byte}``. Meaningful with one servo on the bus (several
+        answer at the same instant and their replies collide, counted as ``garbled``); LeRobot's
+        ``_find_single_motor`` uses it the same way. Nothing is retried."""
+        replies = BroadcastReplies()
+        tx = [0, 0, BROADCAST_ID, 2, Instruction.PING, 0]
+        with self._transaction(None, "PING (broadcast)") as port:
+            result = self._packets.txPacket(port, tx)
+            if result != scs.COMM_SUCCESS:
+                raise self._comm_error(result, None, "PING (broadcast)", 1)
+            deadline = time.monotonic() + window_ms / 1000.0
+            while (left_s := deadline - time.monotonic()) > 0:
+                port.setPacketTimeoutMillis(left_s * 1000.0)
+                rx, result = self._packets.rxPacket(port)
+                if result == scs.COMM_SUCCESS:
+                    if rx[: len(tx)] == tx:
+                        self.stats.echoes_skipped += 1
+                    elif rx[_LENGTH] == _ACK_LENGTH:
+                        replies.status[rx[_ID]] = rx[_ERROR]
+                        replies.answers += 1
+                    else:
+                        self.stats.stale_skipped += 1  # a late answer to an earlier request
+                elif rx:
+                    replies.garbled += 1
+            # A reply may still land after the window: fence before the next exchange.
+            self._unsettled = True
+        return replies
 
     def read_span(
         self, servo_id: int, address: int, length: int, *, check_status: bool = True

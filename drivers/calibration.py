@@ -16,6 +16,7 @@ The file is ``{joint: {id, drive_mode, homing_offset, range_min, range_max}}`` w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from typing import Final
 
 import numpy as np
 
-from hilrec.daemon.atomic import atomic_write_bytes
+from hilrec.daemon.atomic import atomic_write_bytes, temp_path
 from hilrec.daemon.errors import CalibrationError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode, Role
 
@@ -41,6 +42,9 @@ _LEROBOT_SUBDIR: Final[dict[Role, tuple[str, str]]] = {
     Role.FOLLOWER: ("robots", "so_follower"),
     Role.LEADER: ("teleoperators", "so_leader"),
 }
+# The arm ids hilrec uses unless told otherwise: `hilrec calibrate ROLE` writes <id>.json and the
+# daemon (configs/hil.toml follower.id / leader.id) reads it. The one source of these defaults.
+DEFAULT_ARM_IDS: Final[dict[Role, str]] = {Role.FOLLOWER: "so101_follower", Role.LEADER: "so101_leader"}
 _FIELDS: Final[tuple[str, ...]] = ("id", "drive_mode", "homing_offset", "range_min", "range_max")
 
 
@@ -245,10 +249,14 @@ def lerobot_calibration_root() -> Path:
 
 def lerobot_calibration_path(role: Role, arm_id: str, root: Path | None = None) -> Path:
     """Where LeRobot 0.4.4 reads and writes the calibration of SO follower/leader ``arm_id``."""
+    kind, name = _LEROBOT_SUBDIR[role]
+    return (root or lerobot_calibration_root()) / kind / name / f"{_checked_id(arm_id)}.json"
+
+
+def _checked_id(arm_id: str) -> str:
     if not arm_id or "/" in arm_id or arm_id in (".", ".."):
         raise CalibrationError(f"arm id {arm_id!r} is not usable as a file name")
-    kind, name = _LEROBOT_SUBDIR[role]
-    return (root or lerobot_calibration_root()) / kind / name / f"{arm_id}.json"
+    return arm_id
 
 
 def load_calibration(path: str | os.PathLike[str]) -> ArmCalibration:
@@ -266,9 +274,41 @@ def load_calibration(path: str | os.PathLike[str]) -> ArmCalibration:
     return ArmCalibration.from_mapping(data, source=str(path))
 
 
+def default_arm_id(role: Role | str) -> str:
+    return DEFAULT_ARM_IDS[Role(role)]
+
+
+def calibration_output(path: str | os.PathLike[str], arm_id: str) -> Path:
+    """Where a calibration asked to go to ``path`` is written: a folder (an existing one, or a
+    path ending in a slash) gets ``<folder>/<arm_id>.json`` as LeRobot's ``calibration_dir`` does;
+    anything else is the file itself. Checked *before* an arm is touched: the folder must be
+    creatable and writable, and the file must not be a folder. Raises CalibrationError."""
+    text = os.fspath(path)
+    target = Path(text).expanduser()
+    if target.is_dir() or text.endswith(("/", os.sep)):
+        target = target / f"{_checked_id(arm_id)}.json"
+    if target.is_dir():
+        raise CalibrationError(f"{target}: is a folder, cannot write the calibration file there")
+    folder = target.parent
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CalibrationError(f"{target}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CalibrationError(f"{target}: cannot write in {existing}")
+    return target
+
+
 def save_calibration(calibration: ArmCalibration, path: str | os.PathLike[str]) -> Path:
-    """Write durably (temp file, fsync, rename) so a crash never leaves half a calibration."""
+    """Write durably (temp file, fsync, rename) so a crash never leaves half a calibration; a
+    failed write leaves no temp file behind."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, calibration.to_json().encode("utf-8"))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, calibration.to_json().encode("utf-8"))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temp_path(path).unlink(missing_ok=True)
+        raise CalibrationError(f"{path}: cannot write the calibration: {exc}") from exc
     return path

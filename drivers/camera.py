@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class CameraConfig:
     name: str
-    # A device index ("0"), a device path (/dev/video0), a video file, or a stream URL.
-    source: str
+    # A device index (0 or "0", LeRobot's style), a device path (/dev/video0), a video file, or
+    # a stream URL.
+    source: str | int
     width: int | None = None
     height: int | None = None
     fps: float | None = None
@@ -113,8 +114,32 @@ class LatestFrame:
         return self.latest()  # raises if nothing newer came, with the reason
 
 
-def _parse_source(source: str) -> int | str:
+def _parse_source(source: str | int) -> int | str:
+    if isinstance(source, int):
+        return source
     return int(source) if source.isdigit() else source
+
+
+def video_devices() -> list[str]:
+    """The machine's V4L2 device nodes (/dev/video*), in index order: what ``hilrec
+    find-cameras`` opens. A UVC camera usually has two, the second for metadata only."""
+
+    def index(path: Path) -> tuple[int, str]:
+        digits = path.name.removeprefix("video")
+        return (int(digits) if digits.isdigit() else 1 << 30, path.name)
+
+    return [str(p) for p in sorted(Path("/dev").glob("video*"), key=index)]
+
+
+def cameras_hint() -> str:
+    """What exists, for an error about a camera that does not."""
+    devices = video_devices()
+    found = (
+        f"the video devices here are {', '.join(devices)}"
+        if devices
+        else "there is no /dev/video* device on this machine (is the camera plugged in?)"
+    )
+    return f"{found}; `hilrec find-cameras` lists the cameras with their resolutions and fps"
 
 
 class NewestFrameSource:
@@ -156,11 +181,11 @@ class OpenCVCamera(NewestFrameSource):
         cfg = self.config
         source = _parse_source(cfg.source)
         if isinstance(source, str) and "://" not in source and not Path(source).exists():
-            raise CameraError(f"{self!r}: no such device or file")
+            raise CameraError(f"{self!r}: no such device or file; {cameras_hint()}")
         capture = cv2.VideoCapture(source)
         if not capture.isOpened():
             capture.release()
-            raise CameraError(f"{self!r}: OpenCV cannot open it")
+            raise CameraError(f"{self!r}: OpenCV cannot open it; {cameras_hint()}")
         if cfg.fourcc:
             capture.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter.fourcc(*cfg.fourcc))
         if cfg.width is not None and cfg.height is not None:  # validate(): both or neither
@@ -171,12 +196,16 @@ class OpenCVCamera(NewestFrameSource):
         ok, first = capture.read()
         if not ok or first is None:
             capture.release()
-            raise CameraError(f"{self!r}: opened but delivers no frame")
+            raise CameraError(
+                f"{self!r}: opened but delivers no frame (a UVC camera's second node is metadata "
+                f"only); {cameras_hint()}"
+            )
         height, width = first.shape[:2]
         if cfg.width is not None and (width, height) != (cfg.width, cfg.height):
             capture.release()
             raise CameraError(
-                f"{self!r}: delivers {width}x{height}, the config asks for {cfg.width}x{cfg.height}"
+                f"{self!r}: delivers {width}x{height}, the config asks for {cfg.width}x{cfg.height} "
+                "(`hilrec find-cameras` shows what each camera delivers)"
             )
         self.width, self.height = width, height
         self.fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0) or (cfg.fps or 0.0)

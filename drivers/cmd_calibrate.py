@@ -3,6 +3,11 @@
 Interactive by default (Enter at each step, as LeRobot asks); ``--yes`` takes the arm as already
 at the middle and ``--duration`` records ranges for that many seconds, so scripts and tests run it
 against an emulated arm (``hilrec emulate leader --motion sweep``).
+
+The file goes where the daemon looks for it: LeRobot's calibration directory, ``<id>.json``, with
+the id the daemon's config expects by default (``so101_follower`` / ``so101_leader``). ``--output``
+takes a file or a folder (then ``<folder>/<id>.json``, as LeRobot's ``calibration_dir``); it is
+checked before the arm is touched.
 """
 
 from __future__ import annotations
@@ -11,10 +16,18 @@ import argparse
 import select
 import sys
 import time
-from pathlib import Path
 
+from hilrec.daemon.errors import CalibrationError
+from hilrec.daemon.so101 import Role
+from hilrec.drivers.arm import check_servos
 from hilrec.drivers.bus import BusConfig, FeetechBus
-from hilrec.drivers.calibration import lerobot_calibration_path, save_calibration
+from hilrec.drivers.calibration import (
+    DEFAULT_ARM_IDS,
+    calibration_output,
+    default_arm_id,
+    lerobot_calibration_path,
+    save_calibration,
+)
 from hilrec.drivers.calibrator import Calibrator
 
 _FULL_TURN_NOTE = "wrist_roll is a full-turn joint: it is not recorded (0..4095, as LeRobot)"
@@ -26,9 +39,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("role", choices=("follower", "leader"))
     parser.add_argument("--port", required=True, help="serial port of the arm, e.g. /dev/ttyACM0")
-    parser.add_argument("--id", default="so101", help="arm id: the file is <id>.json (default so101)")
+    defaults = " / ".join(f"{role}: {arm_id}" for role, arm_id in DEFAULT_ARM_IDS.items())
     parser.add_argument(
-        "--output", type=Path, default=None, help="write here instead of LeRobot's calibration directory"
+        "--id",
+        default=None,
+        help=f"arm id: the file is <id>.json (default {defaults}, the daemon's follower.id / leader.id)",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        metavar="FILE|FOLDER",
+        help="write here instead of LeRobot's calibration directory; a folder gets <id>.json",
     )
     parser.add_argument(
         "--yes",
@@ -50,8 +71,17 @@ def _enter_pressed() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    output = args.output or lerobot_calibration_path(args.role, args.id)
+    arm_id = args.id or default_arm_id(args.role)
+    # Before any servo is touched: a bad path must not cost the person the whole procedure.
+    output = (
+        calibration_output(args.output, arm_id)
+        if args.output is not None
+        else calibration_output(lerobot_calibration_path(args.role, arm_id), arm_id)
+    )
     with FeetechBus(BusConfig(port=args.port)) as bus:
+        error, _ = check_servos(bus, who=f"SO-101 {args.role} on {args.port}", role=Role(args.role))
+        if error is not None:
+            raise error
         calibrator = Calibrator(bus)
         calibrator.prepare()
         if not args.yes:
@@ -71,8 +101,14 @@ def run(args: argparse.Namespace) -> int:
 
         mins, maxes = calibrator.record_ranges(until)
         calibration = calibrator.finish(mins, maxes, source=str(output))
-    save_calibration(calibration, output)
     for name, cal in calibration.items():
         print(f"{name:<14} offset {cal.homing_offset:>5}  range {cal.range_min:>4}..{cal.range_max}")
+    try:
+        save_calibration(calibration, output)
+    except CalibrationError:
+        # The servos hold it already; the person must not lose it: print the file itself.
+        print(f"The calibration could not be saved to {output}; its content is:", file=sys.stderr)
+        print(calibration.to_json(), file=sys.stderr)
+        raise
     print(f"Calibration saved to {output}")
     return 0

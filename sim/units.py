@@ -33,6 +33,10 @@ MID_TICKS: Final[int] = 2047  # Present_Position at the calibrated middle
 SIM_ZERO_RAW_TICKS: Final[int] = 2048  # the emulated encoder's raw reading at sim angle 0
 DEG_PER_RAD: Final[float] = TICKS_PER_RAD * 360 / MAX_RES
 GRIPPER_INDEX: Final[int] = JOINT_NAMES.index("gripper")
+# LeRobot's calibration records no range for wrist_roll (a full turn): it always writes 0..4095,
+# whose middle is 2047.5, half a tick from MID_TICKS; its zero is that half tick off sim angle 0.
+FULL_TURN_INDEX: Final[int] = JOINT_NAMES.index("wrist_roll")
+FULL_TURN_RANGE: Final[tuple[int, int]] = (0, MAX_RES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +59,7 @@ class UnitsMap:
         """The angle (rad) at which each joint reads 0 units (read-only)."""
         offset = np.zeros(NUM_JOINTS)
         offset[GRIPPER_INDEX] = self.joint_ranges[GRIPPER_INDEX][0]
+        offset[FULL_TURN_INDEX] = (sum(FULL_TURN_RANGE) / 2 - MID_TICKS) / TICKS_PER_RAD
         offset.flags.writeable = False
         return offset
 
@@ -100,7 +105,8 @@ def emulated_calibration(units_map: UnitsMap | None = None) -> dict[str, dict[st
     """LeRobot-format calibration of an SO-101 whose servos read the twin's angles.
 
     Body joints: symmetric range ``2047 +/- h`` (h covers the sim joint range), so the sim zero
-    pose reads 2047 = the calibrated middle = 0 deg. Gripper: ``range_min = 2047 - span // 2``,
+    pose reads 2047 = the calibrated middle = 0 deg; wrist_roll, like every LeRobot calibration,
+    0..4095 (its zero is half a tick off, in the units map too). Gripper: ``range_min = 2047 - span // 2``,
     ``range_max = range_min + span``, with ``range_min`` at the sim lower limit (closed).
     ``homing_offset`` (Present = Actual - Homing_Offset) makes the raw encoder read 2048 at the
     sim zero angle for every joint.
@@ -112,6 +118,8 @@ def emulated_calibration(units_map: UnitsMap | None = None) -> dict[str, dict[st
         if index == GRIPPER_INDEX:
             range_min = MID_TICKS - umap.gripper_span_ticks // 2
             range_max = range_min + umap.gripper_span_ticks
+        elif index == FULL_TURN_INDEX:
+            range_min, range_max = FULL_TURN_RANGE
         else:
             half = _body_half_range_ticks(low, high)
             range_min, range_max = MID_TICKS - half, MID_TICKS + half

@@ -15,8 +15,9 @@ from typing import Literal
 
 from hilrec.daemon.config import from_mapping, load_toml, read_toml
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.so101 import BodyMode
+from hilrec.daemon.so101 import BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
+from hilrec.drivers.calibration import DEFAULT_ARM_IDS
 
 Mode = Literal["sim", "hil", "emulated"]
 LeaderSource = Literal["serial", "remote", "scripted"]
@@ -44,7 +45,7 @@ class DatasetSettings:
 @dataclass(frozen=True, kw_only=True)
 class FollowerSettings:
     port: str = ""  # hil only; emulated mode makes its own
-    id: str = "so101_follower"  # LeRobot's arm id: calibration file <id>.json in its directory
+    id: str = DEFAULT_ARM_IDS[Role.FOLLOWER]  # LeRobot's arm id: calibration file <id>.json in its directory
     calibration: Path | None = None  # hil: a file, else LeRobot's directory; emulated: the twin's
     body_mode: BodyMode = BodyMode.DEGREES
     # LeRobot's max_relative_target: per-tick clamp of the goal around the present position.
@@ -66,7 +67,7 @@ class FollowerSettings:
 class LeaderSettings:
     source: LeaderSource
     port: str = ""  # serial source in hil mode
-    id: str = "so101_leader"
+    id: str = DEFAULT_ARM_IDS[Role.LEADER]
     calibration: Path | None = None
     # Remote source: no command for this long -> the follower holds position and a fault shows.
     watchdog_ms: int = 500

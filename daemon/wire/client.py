@@ -97,8 +97,10 @@ class ControlClient:
                     return parse_reply(sock.recv())
             self._drop_socket()  # the REQ socket is stuck without its reply: rebuild it
         raise DaemonUnreachableError(
-            f"no reply from the daemon at {self.endpoint} within "
-            f"{self.timeout_ms} ms, {self.retries} attempt(s)"
+            f"no reply from a daemon at {self.endpoint} within {self.timeout_ms} ms, "
+            f"{self.retries} attempt(s): is one running (hilrec daemon --config FILE), and are "
+            "this host and port its [zmq] host and control_port? A daemon that is still opening "
+            "its arms and cameras, or is hung, does not answer either (see its log)"
         )
 
     def call(self, cmd: str, **args: Any) -> dict[str, Any]:

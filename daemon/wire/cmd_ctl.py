@@ -1,15 +1,19 @@
 """``hilrec ctl status|start|stop|discard|finalize|shutdown``: talk to a running daemon.
 
 Prints the daemon's JSON reply. Exit status: 0 when the reply is ``ok``, 1 when the daemon refused
-(the reply says why), 3 when no reply came within ``--timeout-ms`` after ``--retries`` attempts.
+(the reply says why), 3 when no reply came within ``--timeout-ms`` after ``--retries`` attempts, or
+at once when nothing listens on the control port (no daemon is running there).
 ``stop --wait`` and ``finalize --wait`` poll ``status`` (bounded by ``--wait-s``) until the save or
-the finalize has finished, so a script knows the episode is on disk.
+the finalize has finished, so a script knows the episode is on disk; they print the stop's (or
+the finalize's) reply completed with its outcome (``saved``, ``frames``, ``error``...).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import socket
 import sys
 import time
 from pathlib import Path
@@ -53,9 +57,9 @@ def register(subparsers: Any) -> None:
         "--wait", action="store_true", help="stop/finalize: wait until the save or the finalize has finished"
     )
     parser.add_argument("--wait-s", type=float, default=120.0, help="longest --wait (seconds)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=5555)
-    parser.add_argument("--timeout-ms", type=int, default=2000, help="wait per attempt")
+    parser.add_argument("--host", default="127.0.0.1", help="the daemon's [zmq] host")
+    parser.add_argument("--port", type=int, default=5555, help="the daemon's [zmq] control_port")
+    parser.add_argument("--timeout-ms", type=int, default=2000, help="wait per attempt (ms)")
     parser.add_argument("--retries", type=int, default=3, help="attempts before giving up")
     parser.add_argument("--server-key", type=Path, help="CURVE: the daemon's public certificate")
     parser.add_argument("--client-key", type=Path, help="CURVE: this client's secret certificate")
@@ -75,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
             print("hilrec ctl: CURVE needs both --server-key and --client-key", file=sys.stderr)
             return 2
         keys = ClientKeys.from_files(args.server_key, args.client_key)
+    refused = _nobody_listening(args.host, args.port)
+    if refused is not None:
+        print(f"hilrec ctl: {refused}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     request_args: dict[str, Any] = {}
     if args.verb == "start":
         request_args = {"task": args.task, "seed": args.seed}
@@ -94,17 +102,46 @@ def run(args: argparse.Namespace) -> int:
     return 0 if reply["ok"] else EXIT_REFUSED
 
 
+def _nobody_listening(host: str, port: int) -> str | None:
+    """Why no daemon can answer, when the control port refuses TCP connections outright (no
+    process listens there); None when something listens or it cannot be told (then the request
+    itself finds out, bounded by its timeout and retries)."""
+    try:
+        with contextlib.closing(socket.create_connection((host, port), timeout=1.0)):
+            return None
+    except ConnectionRefusedError:
+        return (
+            f"no daemon is running at {host}:{port}: nothing listens on that port. Start one with "
+            "`hilrec daemon --config FILE`, or give --host/--port its [zmq] host and control_port"
+        )
+    except OSError:
+        return None
+
+
 def _wait(client: Any, verb: str, reply: dict[str, Any], wait_s: float) -> dict[str, Any]:
-    """Poll status until the save (stop) or finalize is done; return the final status reply."""
+    """Poll status until the save (stop) or the finalize is done; return the stop's or the
+    finalize's reply, completed with how it ended."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         status = client.request("status")
         dataset = status.get("dataset", {})
         if verb == "stop" and dataset.get("saving") == 0:
             last = status.get("last_episode") or {}
-            status["ok"] = bool(last.get("saved", reply.get("discarded", False)))
-            return status
+            if last.get("episode_index") not in (None, reply.get("episode_index")):
+                last = {}  # not this episode's outcome (should not happen: one save at a time)
+            error = last.get("error")
+            saved = bool(last.get("saved")) and not error
+            done = {**reply, **{k: v for k, v in last.items() if k != "saving"}, "saving": False}
+            done["saved"] = saved
+            if not saved:
+                done.update(ok=False, error=error or "the episode was not saved", code="save_failed")
+            return done
         if verb == "finalize" and dataset.get("finalized"):
-            return status
+            return {
+                **reply,
+                "finalized": True,
+                "root": dataset.get("root"),
+                "episodes": dataset.get("episodes"),
+            }
         time.sleep(0.1)  # a poll interval between bounded requests, not a wait on a result
     return {**reply, "ok": False, "error": f"not finished within {wait_s:.0f} s", "code": "timeout"}

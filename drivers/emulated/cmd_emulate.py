@@ -2,19 +2,29 @@
 
 Prints the pty's device path on the first line of stdout (``--link`` also makes a symlink to it),
 so any Feetech client can open it: ``hilrec daemon``, ``hilrec calibrate``, LeRobot, the raw SDK.
+
+It runs with the scheduling the daemon gives its emulator children (nice -10, see
+:mod:`hilrec.drivers.emulated.priority`), and warns when it cannot. ``--new-servos`` is an arm
+being put together for ``hilrec setup-motors``: only the gripper's new servo (id 1) is connected;
+each Enter on this command's stdin (or a SIGUSR1) connects the next one alone, in LeRobot's
+order, and after shoulder_pan the whole chain.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import signal
+import sys
 from pathlib import Path
 from typing import get_args
 
 from hilrec.drivers.calibration import save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig, MotionKind
 from hilrec.drivers.emulated.faults import describe, parse_fault
+from hilrec.drivers.emulated.priority import raise_emulator_priority
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +72,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--factory-fresh",
         action="store_true",
-        help="start with factory EEPROM (no homing offsets), to calibrate",
+        help="start with factory EEPROM (no homing offsets; ids 1..6), to calibrate",
+    )
+    parser.add_argument(
+        "--new-servos",
+        action="store_true",
+        help="six new servos, all at id 1, connected one at a time for setup-motors: "
+        "Enter on stdin (or SIGUSR1) connects the next one (gripper first), then the whole chain",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
@@ -73,10 +89,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 # thread between bytecodes, and one that sets an Event while that thread is inside Event.wait
 # waits forever for the lock its own thread holds (7 orphaned emulators in 42 daemon kills).
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_NEXT_SIGNAL = signal.SIGUSR1
 
 
 def run(args: argparse.Namespace) -> int:
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)  # before any thread: they inherit it
+    # Before any thread: they inherit the signal mask and the nice value.
+    signals = _STOP_SIGNALS | ({_NEXT_SIGNAL} if args.new_servos else set())
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    problem = raise_emulator_priority(all_threads=True)
+    if problem is not None:
+        log.warning("emulated %s: %s", args.role, problem)
     config = EmulatorConfig(
         role=args.role,
         link=args.link,
@@ -86,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         motion=args.motion,
         seed=args.seed,
         factory_fresh=args.factory_fresh,
+        new_servos=args.new_servos,
     )
     arm = EmulatedArm(config)
     if args.write_calibration is not None:
@@ -99,7 +122,24 @@ def run(args: argparse.Namespace) -> int:
             f" (link {args.link})" if args.link else "",
             ", ".join(describe(f) for f in config.faults) or "none",
         )
+        if args.new_servos:
+            log.info("emulated %s: only the gripper's servo is connected; Enter connects the next", args.role)
+        stdin = sys.stdin.fileno() if args.new_servos and sys.stdin is not None else None
         while not arm.vanished.is_set():
-            if signal.sigtimedwait(_STOP_SIGNALS, 0.5) is not None:
+            if stdin is not None:
+                readable, _, _ = select.select([stdin], [], [], 0.25)
+                data = os.read(stdin, 4096) if readable else b""
+                if readable and not data:
+                    stdin = None  # end of input: SIGUSR1 still works
+                for _ in range(data.count(b"\n")):
+                    _connected(arm.connect_next())
+            received = signal.sigtimedwait(signals, 0 if stdin is not None else 0.5)
+            if received is not None and received.si_signo == _NEXT_SIGNAL:
+                _connected(arm.connect_next())
+            elif received is not None:
                 break
     return 0
+
+
+def _connected(what: str) -> None:
+    print("connected: " + ("the whole chain" if what == "all" else f"the {what} servo only"), flush=True)

@@ -7,6 +7,12 @@ WRITE, REG_WRITE, ACTION, SYNC_READ and SYNC_WRITE (unicast and broadcast), and 
 packets back: optionally at the wire speed of the servos' Baud_Rate register (10 bits a byte
 plus Return_Delay_Time), optionally with injected faults (:mod:`hilrec.drivers.emulated.faults`).
 
+``new_servos`` models an arm being put together (``hilrec setup-motors``): six servos as they
+leave the factory, every one at id 1 and 1 Mbps with no offsets, on a controller board that has
+only one of them connected at a time (:meth:`EmulatedArm.connect_next`, in LeRobot's order, the
+gripper first; then the whole chain). A servo then also hears only packets sent at its own baud
+rate: the pty's line speed, as the client set it, must match its Baud_Rate register.
+
 Usage (the daemon's ``emulated`` mode and the tests)::
 
     with EmulatedArm(EmulatorConfig(role="follower")) as port:
@@ -18,12 +24,15 @@ The emulator keeps its own slave fd open: otherwise the master reports EIO (and 
 
 from __future__ import annotations
 
+import array
 import ctypes
+import fcntl
 import heapq
 import logging
 import os
 import pty
 import select
+import termios
 import threading
 import time
 import tty
@@ -34,7 +43,7 @@ from pathlib import Path
 from typing import Literal
 
 from hilrec.daemon.errors import DeviceError
-from hilrec.daemon.so101 import MOTOR_IDS, Role
+from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, Role
 from hilrec.drivers.calibration import ArmCalibration, load_calibration
 from hilrec.drivers.emulated.faults import Fault, FaultPlan
 from hilrec.drivers.emulated.motion import (
@@ -74,8 +83,11 @@ class EmulatorConfig:
     motion: MotionKind = "auto"
     seed: int = 0
     # True: EEPROM as it left the factory (no offsets, full limits), for calibrating from
-    # scratch; False: as left by a calibration with ``calibration``.
+    # scratch; False: as left by a calibration with ``calibration``. The ids are 1..6 either way.
     factory_fresh: bool = False
+    # True: six new servos, all at id 1 (factory EEPROM), connected one at a time in LeRobot's
+    # setup order (``connect_next``), each hearing only its own baud rate: for setup-motors.
+    new_servos: bool = False
 
 
 @dataclass
@@ -105,9 +117,16 @@ class EmulatedArm:
         # use the real monotonic clock. Tests inject a clock they set by hand.
         self.clock = clock
         self.frame = frame or _frame_for(config)
-        self.servos = [EmulatedServo(servo_id) for servo_id in MOTOR_IDS]
-        if not config.factory_fresh:
+        self.servos = [EmulatedServo(1 if config.new_servos else servo_id) for servo_id in MOTOR_IDS]
+        if not (config.factory_fresh or config.new_servos):
             self._preload_calibration(self.frame.calibration)
+        # Which servos the controller board reaches (indices into ``servos``): all of them,
+        # unless the arm is being put together servo by servo.
+        self.connected: frozenset[int] = frozenset(range(len(self.servos)))
+        self._setup_step = 0
+        if config.new_servos:
+            self.connected = frozenset({SETUP_ORDER[0]})
+        self._line_speed: int | None = None  # the pty's baud rate as of the last read (new_servos)
         self.faults = FaultPlan(config.faults, seed=config.seed)
         self.sweep: SweepPath | None = None
         self.motion = motion or self._build_motion()
@@ -196,6 +215,24 @@ class EmulatedArm:
         with self._handled:
             return self._handled.wait_for(lambda: self.packets_handled >= count, timeout)
 
+    def connect_next(self) -> str:
+        """The person plugs the board into the next servo only (LeRobot's setup order: gripper
+        first, shoulder_pan last); after the last one, the whole chain. Returns what is now
+        connected: a joint name, or "all"."""
+        with self.lock:
+            self._setup_step += 1
+            if self._setup_step < len(SETUP_ORDER):
+                index = SETUP_ORDER[self._setup_step]
+                self.connected = frozenset({index})
+                return JOINT_NAMES[index]
+            self.connected = frozenset(range(len(self.servos)))
+            return "all"
+
+    def connect_all(self) -> None:
+        with self.lock:
+            self._setup_step = len(SETUP_ORDER)
+            self.connected = frozenset(range(len(self.servos)))
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Hold the emulator still (no packet handled) while a test inspects or edits it."""
@@ -261,6 +298,8 @@ class EmulatedArm:
                     except OSError:
                         return
                     now = time.monotonic()
+                    if self.config.new_servos:
+                        self._line_speed = _line_speed(self._slave)
                     for packet in self._reader.feed(data):
                         self._handle(packet, now)
         except Exception:  # a bug here must be loud, not a silently dead servo chain
@@ -352,7 +391,15 @@ class EmulatedArm:
             self._handled.notify_all()
 
     def _present(self) -> list[EmulatedServo]:
-        return [s for s in self.servos if not self.faults.is_missing(s.servo_id)]
+        """The servos that hear this packet: connected, not faulted away, at the line's speed."""
+        speed = self._line_speed
+        return [
+            s
+            for i, s in enumerate(self.servos)
+            if i in self.connected
+            and not self.faults.is_missing(s.servo_id)
+            and (speed is None or BAUD_RATES.get(s.baud_index) == speed)
+        ]
 
     def _addressed(self, servo_id: int) -> list[EmulatedServo]:
         present = self._present()
@@ -368,10 +415,10 @@ class EmulatedArm:
         code, params, broadcast = packet.code, packet.params, packet.is_broadcast
         actual = self.motion.actual()
         velocity = self.motion.velocity()
-        index = {s.servo_id: i for i, s in enumerate(self.servos)}
+        index = {id(s): i for i, s in enumerate(self.servos)}  # by object: new servos share id 1
 
         def state(servo: EmulatedServo) -> tuple[float, float]:
-            i = index[servo.servo_id]
+            i = index[id(servo)]
             return float(actual[i]), float(velocity[i])
 
         if code == Instruction.PING:
@@ -438,6 +485,28 @@ class EmulatedArm:
         else:
             due = now
         self._schedule(due + delay, raw, late=fate == "late")
+
+
+# LeRobot's setup_motors order: ``reversed(bus.motors)``, the gripper first.
+SETUP_ORDER: tuple[int, ...] = tuple(reversed(range(len(MOTOR_IDS))))
+_TCGETS2 = 0x802C542A  # Linux (x86, arm): struct termios2 with c_ispeed / c_ospeed
+_SPEEDS = {getattr(termios, f"B{rate}"): rate for rate in BAUD_RATES.values() if hasattr(termios, f"B{rate}")}
+
+
+def _line_speed(fd: int) -> int | None:
+    """The baud rate the client set on the pty (shared by both ends), None if unknown."""
+    try:
+        speed = termios.tcgetattr(fd)[5]
+    except termios.error:
+        return None
+    if speed in _SPEEDS:
+        return _SPEEDS[speed]
+    try:  # a rate without a B constant (128000, 76800): pyserial set it through BOTHER
+        buf = array.array("I", [0] * 11)
+        fcntl.ioctl(fd, _TCGETS2, buf)
+        return int(buf[10]) or None
+    except OSError:
+        return None
 
 
 def _frame_for(config: EmulatorConfig) -> MechanicalFrame:

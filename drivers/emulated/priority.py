@@ -15,9 +15,10 @@ A negative nice needs root, ``CAP_SYS_NICE`` or an ``RLIMIT_NICE`` allowance (``
 ``/etc/security/limits.conf``). Without one the emulator keeps nice 0 and says so: its replies
 are then only as punctual as the machine is idle.
 
-Linux nice values belong to threads; call this before the process starts any thread, so that
-every thread it makes inherits the value. Only async-signal-safe system calls: it may run in a
-``preexec_fn`` between fork and exec.
+Linux nice values belong to threads, and a new thread inherits its creator's. Between fork and
+exec (the daemon's ``preexec_fn``) the process has one thread and the call makes only system
+calls; ``hilrec emulate`` asks for ``all_threads``, because imports have already started some
+(numpy's BLAS pool), and then starts the serving thread.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ import os
 EMULATOR_NICE = -10
 
 
-def raise_emulator_priority() -> str | None:
-    """Apply the emulator's scheduling. Returns None, or why the nice value was not applied."""
-    with contextlib.suppress(OSError):  # already SCHED_OTHER in every ordinary case
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+def raise_emulator_priority(*, all_threads: bool = False) -> str | None:
+    """Apply the emulator's scheduling to the calling thread (or to every thread of the process).
+    Returns None, or why the nice value was not applied."""
+    threads = [int(tid) for tid in os.listdir("/proc/self/task")] if all_threads else [0]
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, EMULATOR_NICE)
+        for tid in threads:
+            with contextlib.suppress(OSError):  # already SCHED_OTHER in every ordinary case
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            with contextlib.suppress(ProcessLookupError):  # a thread that has just ended
+                os.setpriority(os.PRIO_PROCESS, tid, EMULATOR_NICE)
     except OSError as exc:
         return (
             f"could not set nice {EMULATOR_NICE} ({exc.strerror}): the emulated servos run at "

@@ -31,6 +31,10 @@ from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.faults import Fault
 
 IDS = (1, 2, 3, 4, 5, 6)
+# Every joint at the emulated arm's middle (Present_Position 2047, the homing pose) reads 0, but
+# wrist_roll: its range is LeRobot's full turn 0..4095, whose middle is half a tick higher.
+WRIST_ROLL_AT_2047 = float(np.float32((2047 - (0 + 4095) / 2) * 360 / 4095))
+MIDDLE_POSE = [0.0, 0.0, 0.0, 0.0, WRIST_ROLL_AT_2047, 50.0]
 
 
 def registers(emu: EmulatedArm, name: str) -> list[int]:
@@ -76,7 +80,7 @@ def test_torque_goes_off_when_the_with_block_fails(follower_emu: EmulatedArm, ca
 def test_units_round_trip_through_the_servos(follower_emu: EmulatedArm, calibration_file: Path) -> None:
     config = FollowerConfig(port=follower_emu.port, calibration=calibration_file)
     with SO101Follower(config) as arm:
-        assert arm.read().values.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]  # the middle pose
+        assert arm.read().values.tolist() == MIDDLE_POSE
         goal = np.array([30.0, -45.0, 60.5, -10.0, 90.0, 20.0], dtype=np.float32)
         sent = arm.send_action(goal)
         assert sent.sent.dtype == np.float32 and not sent.clamped
@@ -158,7 +162,7 @@ def test_servo_calibration_is_rewritten_from_the_file(
     fresh = emulate("follower", factory_fresh=True)
     assert registers(fresh, "Homing_Offset") == [0] * 6
     with SO101Follower(FollowerConfig(port=fresh.port, calibration=calibration_file)) as arm:
-        assert arm.read().values.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 50.0]
+        assert arm.read().values.tolist() == MIDDLE_POSE
     expected = [cal.homing_offset for cal in fresh.frame.calibration.values()]
     assert registers(fresh, "Homing_Offset") == expected
     other = emulate("follower", factory_fresh=True)

@@ -124,7 +124,9 @@ def test_lerobots_own_bus_uses_the_emulator_as_an_arm(follower_emu: EmulatedArm)
         assert bus.is_calibrated
         bus.configure_motors()
         present = bus.sync_read("Present_Position", num_retry=2)
-        assert present == {**dict.fromkeys(MOTORS, 0.0), "gripper": 50.0}
+        # wrist_roll's range is 0..4095 (LeRobot's full turn): its middle is half a tick above 2047
+        wrist_roll = (2047 - (0 + 4095) / 2) * 360 / 4095
+        assert present == {**dict.fromkeys(MOTORS, 0.0), "wrist_roll": wrist_roll, "gripper": 50.0}
         bus.enable_torque()
         bus.sync_write("Goal_Position", {"shoulder_pan": 45.0, "gripper": 80.0})
         for _ in range(2000):

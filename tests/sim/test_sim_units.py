@@ -69,7 +69,9 @@ def test_emulated_calibration_is_lerobot_shaped_and_covers_the_joints() -> None:
         assert 0 <= cal["range_min"] < cal["range_max"] <= 4095
         assert abs(cal["homing_offset"]) <= 2047  # sign-magnitude register, bit 11
         low, high = umap.joint_ranges[index]
-        if name != "gripper":
+        if name == "wrist_roll":  # LeRobot's procedure records the full turn for it
+            assert (cal["range_min"], cal["range_max"]) == (0, 4095)
+        if name not in ("gripper", "wrist_roll"):
             assert cal["range_min"] + cal["range_max"] == 2 * MID_TICKS
             assert cal["range_min"] <= MID_TICKS + low * TICKS_PER_RAD
             assert MID_TICKS + high * TICKS_PER_RAD <= cal["range_max"]

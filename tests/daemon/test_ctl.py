@@ -1,0 +1,53 @@
+"""`hilrec ctl` as a person uses it: no daemon running, and `stop --wait` reporting the stop."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _daemon import Daemon, free_ports, sim_config
+
+from hilrec.daemon.cli import main
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    running = Daemon(tmp_path, sim_config(tmp_path / "ds", size=(24, 32))).start()
+    yield running
+    running.close()
+
+
+def ctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict, str]:
+    code = main(["ctl", *args])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else {}), err
+
+
+def test_no_daemon_running_is_said_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    (port,) = free_ports(1)
+    started = time.monotonic()
+    code, reply, err = ctl(capsys, "status", "--port", str(port))
+    assert time.monotonic() - started < 2.0  # was 3 x 2 s of waiting for a reply
+    assert code == 3 and reply == {}
+    assert f"no daemon is running at 127.0.0.1:{port}" in err
+    assert "hilrec daemon --config" in err and "control_port" in err
+
+
+def test_stop_wait_prints_the_stops_result(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    port = str(daemon.control_port)
+    code, started, _ = ctl(capsys, "start", "--task", "Put the cube in the bin.", "--port", port)
+    assert code == 0 and started["cmd"] == "start_episode"
+    daemon.wait_frames(5)
+    code, stopped, err = ctl(capsys, "stop", "--success", "--wait", "--port", port)
+    assert code == 0, err
+    assert stopped["ok"] is True and stopped["cmd"] == "stop_episode", stopped
+    assert stopped["episode_index"] == started["episode_index"] == 0
+    assert stopped["saved"] is True and stopped["saving"] is False
+    assert stopped["frames"] >= 5
+    assert "state" not in stopped and "loop" not in stopped  # not a status reply
+    code, finalized, _ = ctl(capsys, "finalize", "--wait", "--port", port)
+    assert code == 0 and finalized["cmd"] == "finalize" and finalized["finalized"] is True
+    assert finalized["episodes"] == 1

@@ -1,0 +1,97 @@
+"""The `hilrec` command line as a new user reads it: --version, -v anywhere, defaults in the
+help, no RST markup, one spelling of the dataset argument, the setup commands listed."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import re
+
+import pytest
+
+from hilrec.daemon.cli import COMMANDS, build_parser, main
+
+
+def help_of(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hilrec {importlib.metadata.version('hilrec')}"
+
+
+@pytest.mark.parametrize("argv", [["-v", "find-port", "--list"], ["find-port", "--list", "-v"]])
+def test_verbose_before_or_after_the_command(argv: list[str]) -> None:
+    args = build_parser(argv).parse_args(argv)
+    assert args.verbose is True and args.command == "find-port"
+    assert build_parser(["find-port"]).parse_args(["find-port", "--list"]).verbose is False
+
+
+def test_verbose_after_the_command_logs_debug(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.handlers = []
+    try:
+        main(["find-port", "--list", "--port", str(tmp_path / "none*"), "-v"])
+        assert root.level == logging.DEBUG
+    finally:
+        root.handlers, root.level = handlers, level
+    assert "No port matches" in capsys.readouterr().out
+
+
+def test_setup_commands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("find-port", "setup-motors", "calibrate", "find-cameras"):
+        assert name in COMMANDS
+    text = help_of(capsys)
+    for name in ("find-port", "setup-motors", "find-cameras"):
+        assert name in text
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        (
+            "ctl",
+            [
+                "(default: 127.0.0.1)",
+                "(default: 5555)",
+                "(default: 2000)",
+                "(default: 3)",
+                "(default: 120.0)",
+            ],
+        ),
+        ("find-cameras", ["(default: outputs/captured_images)"]),
+        ("emulate", ["(default: auto)"]),
+        ("calibrate", ["so101_follower", "so101_leader"]),
+    ],
+)
+def test_flags_show_their_defaults(
+    capsys: pytest.CaptureFixture[str], command: str, shown: list[str]
+) -> None:
+    text = " ".join(help_of(capsys, command).split())  # argparse wraps lines
+    for words in shown:
+        assert words in text, (words, text)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_has_no_rst_literals(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    try:
+        text = help_of(capsys, command)
+    except ModuleNotFoundError as exc:  # an optional extra a command needs
+        pytest.skip(str(exc))
+    assert "``" not in text
+
+
+@pytest.mark.parametrize("command", ["check", "repair", "replay", "render"])
+def test_the_dataset_argument_is_ROOT_everywhere(capsys: pytest.CaptureFixture[str], command: str) -> None:
+    if command not in COMMANDS:
+        pytest.skip(f"no {command} command")
+    usage = help_of(capsys, command).split("\n\n", 1)[0]
+    assert re.search(r"\bROOT\b", usage), usage
+    assert not re.search(r"\broot\b", usage), usage
