@@ -54,8 +54,16 @@ class GoalLimits:
             raise ActionError(
                 f"a goal is {NUM_JOINTS} numbers ({', '.join(JOINT_NAMES)}), got shape {values.shape}"
             )
-        with np.errstate(over="ignore", invalid="ignore"):
-            asked = values.astype(np.float32)
+        if values.dtype == np.float32:
+            asked = values.astype(np.float32)  # a copy; no cast can overflow
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # 1e39 becomes inf, refused below
+                asked = values.astype(np.float32)
+        if self.max_step is None:
+            # The usual case, six comparisons on Python floats: NaN and inf fail them too.
+            listed = asked.tolist()
+            if all(lo <= v <= hi for v, (lo, hi) in zip(listed, self._bounds, strict=True)):
+                return asked, False
         if not np.isfinite(asked).all():
             bad = [name for name, ok in zip(JOINT_NAMES, np.isfinite(asked), strict=True) if not ok]
             raise ActionError(f"non-finite goal for {', '.join(bad)}: {values.tolist()}")
