@@ -124,6 +124,11 @@ def _check_info(info: dict[str, Any], findings: Findings, path: Path) -> dict[st
     return features if usable else None
 
 
+# Per-frame text features: "string" (LeRobot 0.4.4 and later) and "language", LeRobot 0.6's
+# subtask annotations (a list of {role, ...} structs per frame). Neither has numeric stats.
+TEXT_DTYPES = frozenset({"string", "language"})
+
+
 def _spec_problem(key: str, spec: Any) -> str | None:
     if "/" in key:
         return "feature names must not contain '/'"
@@ -140,6 +145,8 @@ def _spec_problem(key: str, spec: Any) -> str | None:
         if len(shape) != 3:
             return f"{dtype} shape must be [height, width, channels], got {shape}"
         return None
+    if dtype in TEXT_DTYPES:
+        return None if shape == [1] else f"a {dtype} feature has shape [1], got {shape}"
     try:
         np.dtype(dtype)
     except TypeError:
@@ -316,6 +323,8 @@ def _read_data_file(
         if spec["dtype"] == "image":
             columns[key] = np.asarray(table.column(key).to_pylist(), dtype=object)
             continue
+        if spec["dtype"] in TEXT_DTYPES:
+            continue  # no numeric checks or stats apply to text
         try:
             columns[key] = column_to_numpy(table.column(key), spec["shape"], name=key, path=path)
         except CorruptDatasetError as exc:
@@ -324,6 +333,26 @@ def _read_data_file(
 
 
 def _type_ok(path: Path, key: str, arrow_type: pa.DataType, spec: dict[str, Any], findings: Findings) -> bool:
+    if spec["dtype"] == "string":
+        if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+            return True
+        findings.add("schema.dtype", path, f"string column stored as {arrow_type}", key=key)
+        return False
+    if spec["dtype"] == "language":
+        item = (
+            arrow_type.value_type
+            if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)
+            else None
+        )
+        if item is not None and pa.types.is_struct(item) and item.get_field_index("role") >= 0:
+            return True
+        findings.add(
+            "schema.dtype",
+            path,
+            f"language column stored as {arrow_type}, expected list<struct<role, ...>>",
+            key=key,
+        )
+        return False
     if spec["dtype"] == "image":
         if pa.types.is_struct(arrow_type) and arrow_type.get_field_index("bytes") >= 0:
             return True
