@@ -1,0 +1,79 @@
+"""``hilrec display --config FILE (--rrd OUT.rrd | --spawn | --serve) [--duration S]``: the running
+daemon's telemetry, live, in rerun (:mod:`hilrec.daemon.viz.display`).
+
+A subscriber of the daemon's telemetry socket only (the ports come from the daemon's config, as
+for ``hilrec ui``): it never slows the loop, it can only miss messages. SIGINT or SIGTERM (or
+``--duration``) ends it; the recording is flushed first, so an ``.rrd`` is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from hilrec.daemon.errors import ConfigError
+
+
+def register(subparsers: Any) -> None:
+    from hilrec.daemon.viz.sink import add_output_flags
+
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "display",
+        help="log a running daemon's telemetry to rerun: cameras, joints, twin, faults, verdicts",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+    )
+    parser.add_argument("--config", required=True, type=Path, help="the daemon's TOML config")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds (default: at SIGINT)")
+    parser.add_argument(
+        "--client-key", type=Path, help="CURVE: this client's secret certificate, when the daemon uses CURVE"
+    )
+    add_output_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.control.settings import load_settings
+    from hilrec.daemon.viz.display import Display
+    from hilrec.daemon.viz.sink import import_rerun, open_output
+    from hilrec.daemon.wire.security import endpoint
+
+    if args.duration is not None and args.duration <= 0:
+        raise ConfigError("--duration", f"must be positive, got {args.duration}")
+    rr = import_rerun()
+    settings = load_settings(args.config)
+    zmq = settings.zmq
+    host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
+    keys = _client_keys(zmq.curve, args.client_key)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    out = open_output(args, f"display-{Path(args.config).stem}")
+    display = Display(rr, out.recording, endpoint(host, zmq.telemetry_port), keys=keys)
+    print(f"hilrec display: {display.endpoint} -> {out.rrd or out.url or 'viewer'}", flush=True)
+    try:
+        summary = display.run(stop, args.duration)
+    finally:
+        out.close()
+    ticks = summary.received["tick"]
+    print(
+        f"hilrec display: {ticks} ticks, {summary.received['preview']} previews, "
+        f"{summary.received['event']} events; missed {summary.dropped}, refused {summary.refused}",
+        flush=True,
+    )
+    return 0
+
+
+def _client_keys(curve: Any, client_key: Path | None) -> Any:
+    from hilrec.daemon.wire.client import ClientKeys
+
+    if curve is None:
+        return None
+    if client_key is None:
+        raise ConfigError(
+            "--client-key",
+            "the daemon's sockets use CURVE ([zmq.curve]); give this client's secret certificate",
+        )
+    return ClientKeys.from_files(Path(curve.server_secret_key), client_key)

@@ -1,0 +1,144 @@
+"""Where a rerun recording goes: an ``.rrd`` file, a spawned viewer, or a web viewer on loopback.
+
+rerun-sdk is an optional extra; :func:`import_rerun` says how to install it. Nothing here
+downloads anything: ``--spawn`` runs the viewer binary the wheel ships, ``--serve`` runs that same
+binary as a child with ``--serve-web --bind 127.0.0.1`` and the recording connects to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from hilrec.daemon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+APPLICATION_ID = "hilrec"
+SERVE_HOST = "127.0.0.1"
+SERVE_START_TIMEOUT_S = 20.0
+
+
+def import_rerun() -> ModuleType:
+    try:
+        import rerun
+    except ImportError:
+        raise ConfigError(
+            "rerun", "rerun-sdk is not installed: pip install 'hilrec[rerun]' (or pip install rerun-sdk)"
+        ) from None
+    return rerun
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    out = parser.add_mutually_exclusive_group(required=True)
+    out.add_argument("--rrd", type=Path, metavar="OUT.rrd", help="write the recording to this file")
+    out.add_argument("--spawn", action="store_true", help="open rerun's native viewer (shipped in the wheel)")
+    out.add_argument(
+        "--serve", action="store_true", help=f"serve rerun's web viewer on {SERVE_HOST} only (see --web-port)"
+    )
+    parser.add_argument("--web-port", type=int, default=9090, help="--serve: the web viewer's HTTP port")
+    parser.add_argument("--grpc-port", type=int, default=0, help="--serve: the gRPC port (0: a free one)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((SERVE_HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def _viewer_binary() -> str:
+    found = shutil.which("rerun") or str(Path(sys.executable).with_name("rerun"))
+    if not Path(found).exists():
+        raise ConfigError("--serve", "the rerun viewer binary (from rerun-sdk) is not on PATH")
+    return found
+
+
+@dataclass
+class Output:
+    """An open recording stream and what serves it; :meth:`close` flushes and ends both."""
+
+    recording: Any
+    rrd: Path | None = None
+    server: subprocess.Popen[bytes] | None = None
+    url: str | None = None
+    _closed: bool = field(default=False, repr=False)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.recording.flush()
+        finally:
+            self.recording.disconnect()
+        if self.server is not None:
+            print(
+                f"rerun web viewer still serving at {self.url}; Ctrl-C to stop it",
+                file=sys.stderr,
+                flush=True,
+            )
+            # Ctrl-C or SIGTERM now ends the viewer too, rather than leaving it orphaned.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.default_int_handler)
+            try:
+                self.server.wait()
+            except KeyboardInterrupt:
+                self.server.terminate()
+                self.server.wait(10)
+
+
+def open_output(args: argparse.Namespace, recording_name: str) -> Output:
+    """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``)."""
+    rr = import_rerun()
+    recording = rr.new_recording(APPLICATION_ID, recording_id=recording_name)
+    if args.rrd is not None:
+        path = Path(args.rrd)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recording.save(str(path))
+        return Output(recording, rrd=path)
+    if args.spawn:
+        recording.spawn()
+        return Output(recording)
+    grpc_port = args.grpc_port or _free_port()
+    server = subprocess.Popen(
+        [
+            _viewer_binary(),
+            "--serve-web",
+            "--bind",
+            SERVE_HOST,
+            "--port",
+            str(grpc_port),
+            "--web-viewer-port",
+            str(args.web_port),
+        ],
+        stdin=subprocess.DEVNULL,
+    )
+    _wait_listening(server, grpc_port)
+    recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{grpc_port}/proxy")
+    url = f"http://{SERVE_HOST}:{args.web_port}/?url=rerun%2Bhttp%3A%2F%2F{SERVE_HOST}%3A{grpc_port}%2Fproxy"
+    print(f"rerun web viewer: {url}", flush=True)
+    return Output(recording, server=server, url=url)
+
+
+def _wait_listening(server: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise ConfigError("--serve", f"the rerun viewer exited with status {server.returncode}")
+        try:
+            with socket.create_connection((SERVE_HOST, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.1)  # a bounded wait for a child process to listen
+    server.terminate()
+    raise ConfigError("--serve", f"the rerun viewer did not listen on {SERVE_HOST}:{port} in time")
