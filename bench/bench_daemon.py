@@ -18,6 +18,13 @@ and from the outside:
 - CPU: the daemon process (all its threads: loop, writer, encoders, cameras, telemetry) and the
   two emulator processes, in % of one core, from /proc over the episode.
 
+- video backlog at the end of the take (seconds of video not encoded yet when stop is sent,
+  from the encoder processes' shared-memory counters) and the time from stop until it is drained.
+
+``--encoder both`` (the default) runs the session twice, side by side in one run: *before*, the
+in-process encoder threads (``HILREC_VIDEO_ENCODER=thread``), and *after*, the encoder worker
+processes at SCHED_IDLE fed through shared memory with the on-disk spill (the writer's default).
+
 A second table runs LeRobot 0.4.4's pacing (``precise_sleep(1/fps - dt)`` after the work, as its
 record loop does) and ours (absolute deadlines) side by side on the same synthetic work, in this
 process: achieved rate and drift after ``--pacer-ticks`` ticks.
@@ -136,6 +143,47 @@ def pct(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
+def encoder_counters(daemon_pid: int) -> list[Path]:
+    """The shared-memory segments of the daemon's encoder processes (named on their command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == daemon_pid and b"hilrec.daemon.dataset.encoder_process" in argv:
+            found.append(Path("/dev/shm") / [arg for arg in argv if arg][-1].decode())
+    return found
+
+
+def encoder_pids_of(daemon_pid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes()
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if ppid == daemon_pid and b"hilrec.daemon.dataset.encoder_process" in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+def frames_encoded(segments: list[Path]) -> list[int]:
+    out = []
+    for path in segments:
+        try:
+            with open(path, "rb") as f:
+                out.append(int(np.frombuffer(f.read(16), dtype=np.int64)[1]))
+        except OSError:
+            out.append(-1)
+    return out
+
+
 def run_session(
     duration: float,
     priority: int,
@@ -144,6 +192,7 @@ def run_session(
     leader_motion: str,
     client_priority: int,
     workdir: Path,
+    encoder: str = "process",
 ) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
     root = workdir / "dataset"
@@ -155,6 +204,7 @@ def run_session(
         [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env=dict(os.environ, HILREC_VIDEO_ENCODER=encoder),
     )
     import zmq
 
@@ -190,6 +240,8 @@ def run_session(
             except OSError as exc:
                 result["client_priority"] = f"normal ({exc.strerror})"
         cpu0 = {pid: cpu_seconds(pid) for pid in [process.pid, *emulators]}
+        encoder_pids = encoder_pids_of(process.pid)
+        cpu0.update({pid: cpu_seconds(pid) for pid in encoder_pids})
         t0 = time.monotonic()
         started = client.request("start_episode", task="benchmark: pick the cube", seed=0)
         if not started["ok"]:
@@ -202,8 +254,10 @@ def run_session(
             rtts.append((time.perf_counter() - sent) * 1e3)
             queue_max = max(queue_max, reply["dataset"]["writer_queue"])
             time.sleep(0.1)  # the client's request rate (10 Hz), not a wait on a result
+        segments = encoder_counters(process.pid)
         stop_sent = time.monotonic()
         stop = client.request("stop_episode")
+        encoded_at_stop = frames_encoded(segments)
         elapsed = time.monotonic() - t0
         if not stop["ok"]:
             status = client.request("status")
@@ -218,6 +272,18 @@ def run_session(
                 break
             time.sleep(0.05)
         result["save_s"] = time.monotonic() - stop_sent
+        frames = stop.get("frames") or 0
+        if segments:
+            result["backlog_s"] = max(frames - n for n in encoded_at_stop) / FPS
+            drain_deadline = time.monotonic() + 1800
+            while min(frames_encoded(segments)) < frames and time.monotonic() < drain_deadline:
+                time.sleep(0.2)  # the encoder's progress, read from its counter
+            result["drain_s"] = time.monotonic() - stop_sent
+            result["encoders"] = len(segments)
+        else:
+            result["backlog_s"] = None  # in-process: the queue is drained before the save returns
+            result["drain_s"] = result["save_s"]
+            result["encoders"] = 0
         result["load_after"] = os.getloadavg()
         if client_priority > 0:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
@@ -229,6 +295,7 @@ def run_session(
             queue_max=queue_max,
             cpu_daemon=(cpu1[process.pid] - cpu0[process.pid]) / elapsed * 100,
             cpu_emulators=sum(cpu1[p] - cpu0[p] for p in emulators) / elapsed * 100,
+            cpu_encoders=sum(cpu1[p] - cpu0[p] for p in encoder_pids) / elapsed * 100,
             faults=status["faults"],
             last=status["last_episode"],
         )
@@ -293,6 +360,51 @@ def _pacing_stats(starts: np.ndarray) -> dict[str, float]:
     }
 
 
+NAMES = {"thread": "before (in-process encoder)", "process": "after (encoder processes)"}
+MEASURES = [
+    ("missed deadlines (overruns + skipped)", "missed", "0"),
+    ("tick jitter p50 / p99 / max, ms", "jitter", "p99 <= 2"),
+    ("leader read -> follower write p99, ms", "latency", "p99 <= 5"),
+    ("control round trip p50 / p99 / max, ms", "rtt", "p99 <= 5"),
+    ("tick work p99, ms", "work", "< 40"),
+    ("CPU daemon (+ encoder processes), % of one core", "cpu", "reported"),
+    ("video backlog at end of take, s", "backlog", "reported"),
+    ("stop -> saved (durable), s", "save", "reported"),
+    ("stop -> backlog drained, s", "drain", "reported"),
+]
+
+
+def summarize(r: dict[str, Any]) -> dict[str, Any]:
+    arrays = r["arrays"]
+    start, deadline = arrays["tick_start"], arrays["tick_deadline"]
+    jitter = np.abs(start - deadline) * 1e3
+    latency = (arrays["tick_written"] - arrays["tick_leader_read"]) * 1e3
+    overruns = int(np.count_nonzero(arrays["tick_end"] > deadline + PERIOD))
+    skipped = int(arrays["tick_skipped"].sum())
+    work = (arrays["tick_end"] - start) * 1e3
+    rtt = r["rtt"]
+    backlog = r["backlog_s"]
+    return {
+        "priority": r["priority"],
+        "load_before": r["load_before"],
+        "load_after": r["load_after"],
+        "frames": r["frames"],
+        "check": r["check"],
+        "flags": json.dumps(r["meta"]["frame_flags"]["counts"]),
+        "queue_max": r["queue_max"],
+        "faults": r["faults"],
+        "missed": f"{overruns + skipped} ({overruns} + {skipped}) of {len(start)}",
+        "jitter": f"{pct(jitter, 50):.3f} / {pct(jitter, 99):.3f} / {jitter.max():.3f}",
+        "latency": f"{pct(latency, 99):.3f}",
+        "rtt": f"{pct(rtt, 50):.3f} / {pct(rtt, 99):.3f} / {rtt.max():.3f} (n={len(rtt)})",
+        "work": f"{pct(work, 99):.3f}",
+        "cpu": f"{r['cpu_daemon']:.1f} (+ {r['cpu_encoders']:.1f})",
+        "backlog": "in RAM queue" if backlog is None else f"{backlog:.1f}",
+        "save": f"{r['save_s']:.2f}",
+        "drain": f"{r['drain_s']:.2f}",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=120.0, help="episode length in seconds")
@@ -318,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--codec",
-        default="libx264",
-        choices=("libx264", "libsvtav1"),
+        default="libsvtav1",
+        choices=("libx264", "libsvtav1", "libx265"),
         help="video codec (libsvtav1, LeRobot's default, needs ~32 ms of CPU per "
         "640x480 frame here: 1.6 cores for two cameras at 25 Hz)",
     )
@@ -329,72 +441,52 @@ def main(argv: list[str] | None = None) -> int:
         default=500,
         help="camera stall limit (LeRobot's read_latest max age is 500 ms)",
     )
+    parser.add_argument(
+        "--encoder",
+        default="both",
+        choices=("both", "thread", "process"),
+        help="before (in-process encoder threads), after (encoder processes + spill), or both",
+    )
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     args = parser.parse_args(argv)
 
+    encoders = ["thread", "process"] if args.encoder == "both" else [args.encoder]
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
-        r = run_session(
-            args.duration,
-            args.priority,
-            args.codec,
-            args.stall_ms,
-            args.leader_motion,
-            args.client_priority,
-            workdir,
-        )
-        arrays = r["arrays"]
-        start, deadline = arrays["tick_start"], arrays["tick_deadline"]
-        jitter = np.abs(start - deadline) * 1e3
-        latency = (arrays["tick_written"] - arrays["tick_leader_read"]) * 1e3
-        overruns = int(np.count_nonzero(arrays["tick_end"] > deadline + PERIOD))
-        skipped = int(arrays["tick_skipped"].sum())
-        duration_ms = (arrays["tick_end"] - start) * 1e3
-        rtt = r["rtt"]
-        counts = r["meta"]["frame_flags"]["counts"]
+        rows: dict[str, dict[str, Any]] = {}
+        for encoder in encoders:
+            session_dir = workdir / encoder
+            session_dir.mkdir()
+            r = run_session(
+                args.duration,
+                args.priority,
+                args.codec,
+                args.stall_ms,
+                args.leader_motion,
+                args.client_priority,
+                session_dir,
+                encoder,
+            )
+            rows[encoder] = summarize(r)
         print(
             f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
-            f"video-file cameras encoded ({args.codec}), 1 Mbps wire timing"
+            f"video-file cameras encoded ({args.codec}, LeRobot's settings), 1 Mbps wire timing"
         )
-        print(
-            f"loop priority: {r['priority']}; leader motion: {args.leader_motion}; emulated arms: "
-            f"nice -10; load average before {r['load_before'][0]:.2f}, "
-            f"after {r['load_after'][0]:.2f} ({os.cpu_count()} CPUs); frames {r['frames']}; "
-            f"hilrec check: {r['check']}"
-        )
+        for encoder, row in rows.items():
+            print(
+                f"{NAMES[encoder]}: loop priority {row['priority']}; load average before "
+                f"{row['load_before'][0]:.2f}, after {row['load_after'][0]:.2f} ({os.cpu_count()} CPUs); "
+                f"frames {row['frames']}; hilrec check: {row['check']}; frame flags {row['flags']}; "
+                f"writer queue max {row['queue_max']}; faults: {row['faults'] or 'none'}"
+            )
         print()
-        print("| measure | p50 | p99 | max | target | met |")
-        print("|---|---:|---:|---:|---|---|")
-        missed = overruns + skipped
-        print(
-            f"| missed deadlines (overruns + skipped slots) | | | {missed} ({overruns} + {skipped}) "
-            f"| 0 | {'yes' if missed == 0 else 'NO'} |"
-        )
-        print(
-            f"| tick jitter, ms (start - deadline) | {pct(jitter, 50):.3f} | {pct(jitter, 99):.3f} | "
-            f"{jitter.max():.3f} | p99 <= 2 | {'yes' if pct(jitter, 99) <= 2 else 'NO'} |"
-        )
-        print(
-            f"| leader read -> follower write, ms | {pct(latency, 50):.3f} | {pct(latency, 99):.3f} | "
-            f"{latency.max():.3f} | p99 <= 5 | {'yes' if pct(latency, 99) <= 5 else 'NO'} |"
-        )
-        print(
-            f"| control round trip while recording, ms (n={len(rtt)}, client {r['client_priority']}) "
-            f"| {pct(rtt, 50):.3f} | {pct(rtt, 99):.3f} | {rtt.max():.3f} | p99 <= 5 "
-            f"| {'yes' if pct(rtt, 99) <= 5 else 'NO'} |"
-        )
-        print(
-            f"| tick work, ms (start -> end) | {pct(duration_ms, 50):.3f} | {pct(duration_ms, 99):.3f} | "
-            f"{duration_ms.max():.3f} | < 40 | |"
-        )
-        print(f"| CPU, daemon process, % of one core | | | {r['cpu_daemon']:.1f} | reported | |")
-        print(f"| CPU, two emulator processes, % of one core | | | {r['cpu_emulators']:.1f} | reported | |")
-        print()
-        print(
-            f"frame flags: {json.dumps(counts)}; writer queue max {r['queue_max']} frames; "
-            f"stop -> saved {r['save_s']:.2f} s; faults at the end: {r['faults'] or 'none'}"
-        )
+        header = " | ".join(NAMES[e] for e in rows)
+        print(f"| measure | {header} | target |")
+        print("|---|" + "---:|" * len(rows) + "---|")
+        for label, key, target in MEASURES:
+            cells = " | ".join(row[key] for row in rows.values())
+            print(f"| {label} | {cells} | {target} |")
         if args.pacer_ticks > 0:
             print()
             print(f"## pacing side by side ({args.pacer_ticks} ticks at {FPS} Hz, 2-6 ms of work per tick)")

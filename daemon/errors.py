@@ -70,6 +70,12 @@ class DatasetLockedError(DatasetStateError):
     """Another process is writing this dataset root (names its pid and command)."""
 
 
+class SpillFullError(DatasetStateError):
+    """The video spill (raw frames waiting for the encoder) reached its disk bound
+    (``spill_bytes_limit``): no frame is dropped, the take cannot go on, no new take may start
+    until the encoder catches up (``DatasetWriter.video_backlog_s``)."""
+
+
 class CorruptDatasetError(DatasetError):
     """A file of a dataset cannot be read (e.g. a parquet file with no footer)."""
 

@@ -14,21 +14,49 @@ An :class:`OpenEpisode` lives in the journal's open directory (``.episode-NNNNNN
 frame per row. From then on no frame can be added. Once encoded, :meth:`OpenEpisode.release_frames`
 drops what the encoded bytes now carry; a save that fails after that keeps the finished videos in
 the open directory, and the retry commits them with the same bytes.
+
+With encoder processes (``workers``, see :mod:`.encoder_process`) each camera frame is appended
+raw to the camera's spill (:mod:`.spill`) and handed to that camera's worker through shared
+memory. :meth:`OpenEpisode.finish_videos` then ends the worker's episode; a camera whose encoder
+is caught up is waited for (at most :data:`FINISH_WAIT_S`) and its mp4 placed in the open
+directory, any other is left *pending*: its spill is fsynced and committed with the episode, and
+the writer places the mp4 when the worker is done (:attr:`OpenEpisode.pending`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import errno
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from fractions import Fraction
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.features import video_keys
+from hilrec.daemon.dataset.spill import (
+    SpillFile,
+    release_spill,
+    spill_name,
+    write_spill_meta,
+)
 from hilrec.daemon.dataset.stats import ImageSampler, Stats
 from hilrec.daemon.dataset.video import EpisodeVideoEncoder, VideoSettings, probe_video
 from hilrec.daemon.errors import VideoEncodingError
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from hilrec.daemon.dataset.encoder_process import EncoderProcess
+
+# save_episode waits this long for a caught-up encoder process before it saves with the spill.
+FINISH_WAIT_S: float = 5.0
+# ... and this long for one whose spill a full disk could not hold.
+UNSPILLED_WAIT_S: float = 120.0  # a test may set 0: every save then goes with its spill
 
 
 class VideoSummary(TypedDict):
@@ -48,6 +76,16 @@ class OpenEpisode:
         self.tasks: list[str] = []
         self.encoders: dict[str, EpisodeVideoEncoder] = {}
         self.samplers: dict[str, ImageSampler] = {}
+        # Encoder-process mode: the workers, each camera's spill and its mp4's future.
+        self.workers: dict[str, EncoderProcess] = {}
+        self.spills: dict[str, SpillFile] = {}
+        self.futures: dict[str, Future[int]] = {}
+        self.unspilled: set[str] = set()  # cameras whose spill the disk could not hold
+        # Cameras whose mp4 is still being encoded when the episode is saved (their spill is
+        # committed): key -> (future, the worker's output path).
+        self.pending: dict[str, tuple[Future[int], Path]] = {}
+        self.root: Path | None = None
+        self.fps = 0
         # Set once the encoders are closed (by a save attempt): no frame may be added after that.
         self.videos: dict[str, VideoSummary] | None = None
 
@@ -62,6 +100,7 @@ class OpenEpisode:
         fps: int,
         settings: VideoSettings,
         max_queue_bytes: int,
+        workers: Mapping[str, EncoderProcess] | None = None,
     ) -> OpenEpisode:
         """A fresh open directory for episode ``index`` with one running encoder per camera.
 
@@ -72,7 +111,18 @@ class OpenEpisode:
             journal.remove_dir(directory)
         directory.mkdir(parents=True)
         episode = cls(index, directory, numeric_keys)
+        episode.root = root
+        episode.fps = fps
         try:
+            if workers:
+                try:
+                    return _start_spilled(episode, root, index, features, fps, settings, workers)
+                except OSError as exc:
+                    raise VideoEncodingError(
+                        f"episode {index}: its video spill cannot be started in {directory}: {exc}; "
+                        "the disk is full: this episode's frames cannot be kept and are lost, the "
+                        "episodes saved before are not affected; free space before the next take"
+                    ) from exc
             for key in video_keys(features):
                 height, width, _ = features[key]["shape"]
                 episode.encoders[key] = EpisodeVideoEncoder(
@@ -109,7 +159,45 @@ class OpenEpisode:
         for key, encoder in self.encoders.items():
             encoder.put(values[key])
             self.samplers[key].add(values[key])
+        frame_index = len(self.tasks)
+        for key, spill in self.spills.items():
+            spilled = key not in self.unspilled
+            if spilled:
+                try:
+                    spill.append(values[key])
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise VideoEncodingError(
+                            f"video '{key}' episode {self.index} ({spill.path}): frame {frame_index} "
+                            f"cannot be spilled: {exc}"
+                        ) from exc
+                    # A full disk: no spill from here on (its space is freed); the frames still
+                    # go through the ring, and the save must wait for the mp4 (said in the log).
+                    spill.close()
+                    spill.path.unlink(missing_ok=True)
+                    self.unspilled.add(key)
+                    spilled = False
+                    log.warning(
+                        "video '%s' episode %d: the disk is full, no spill from frame %d: the save "
+                        "waits for the encoder",
+                        key,
+                        self.index,
+                        frame_index,
+                    )
+            handed = self.workers[key].put(self.index, frame_index, values[key], spilled=spilled)
+            if not handed and not spilled:
+                raise VideoEncodingError(
+                    f"video '{key}' episode {self.index}: frame {frame_index} fits neither the "
+                    "spill nor the encoder's ring; the disk is full: this episode's frames cannot "
+                    "be kept and are lost, the episodes saved before are not affected; free "
+                    "space before the next take"
+                )
+            self.samplers[key].add(values[key])
         self.tasks.append(task)
+
+    @property
+    def spill_bytes(self) -> int:
+        return sum(spill.bytes for spill in self.spills.values())
 
     def finish_videos(self) -> dict[str, VideoSummary]:
         """Close the encoders (once) and check each mp4 holds one frame per row."""
@@ -117,6 +205,9 @@ class OpenEpisode:
             return self.videos
         n = self.length
         videos: dict[str, VideoSummary] = {}
+        if self.spills:
+            self.videos = self._finish_processes(n)
+            return self.videos
         for key, encoder in self.encoders.items():
             encoded = encoder.finish()
             probe = probe_video(encoder.path)
@@ -127,6 +218,45 @@ class OpenEpisode:
                 )
             videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
         self.videos = videos
+        return videos
+
+    def _finish_processes(self, n: int) -> dict[str, VideoSummary]:
+        assert self.root is not None
+        videos: dict[str, VideoSummary] = {}
+        for worker in self.workers.values():
+            worker.end(self.index, n)
+        for key, worker in self.workers.items():
+            spill = self.spills[key]
+            spill.close()
+            future = self.futures[key]
+            out = self.directory / journal.video_file_name(key)
+            caught_up = worker.backlog_frames == 0
+            wait = FINISH_WAIT_S if caught_up else 0
+            if key in self.unspilled:
+                wait = UNSPILLED_WAIT_S  # nothing on disk to save it with: the mp4 or nothing
+            try:
+                frames: int | None = future.result(wait)
+            except FutureTimeout:
+                frames = None
+            except VideoEncodingError:
+                frames = None  # the worker failed: the writer encodes it from the spill
+            if frames is None and key in self.unspilled:
+                raise VideoEncodingError(
+                    f"video '{key}' episode {self.index}: its encoder did not finish within "
+                    f"{wait:.0f} s and the full disk held no spill: the episode cannot be saved"
+                )
+            if frames is None:
+                # Saved with its spill (the commit fsyncs it): durable then, encoded after.
+                self.pending[key] = (future, out)
+                videos[key] = {"frames": n, "duration_s": float(Fraction(n, self.fps))}
+                continue
+            release_spill(self.directory, key)
+            probe = probe_video(self.directory / journal.video_file_name(key))
+            if frames != n or probe.frames != n:
+                raise VideoEncodingError(
+                    f"video '{key}' episode {self.index}: {probe.frames} frames in {probe.path} for {n} rows"
+                )
+            videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
         return videos
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -148,4 +278,47 @@ class OpenEpisode:
         """Stop the encoders and delete the open directory with everything in it."""
         for encoder in self.encoders.values():
             encoder.abort()
+        for key, spill in self.spills.items():
+            spill.close()
+            if self.videos is None:
+                self.workers[key].abort(self.index)
+            elif key in self.pending:
+                future, out = self.pending[key]
+                future.add_done_callback(_unlink_when_done(out))
+                self.workers[key].abort(self.index)
+        self.spills.clear()
         journal.remove_dir(self.directory)
+
+
+def _unlink_when_done(path: Path) -> Callable[[Future[int]], None]:
+    """A done-callback deleting ``path``: a discarded episode's late mp4."""
+
+    def unlink(_future: Future[int]) -> None:
+        path.unlink(missing_ok=True)
+
+    return unlink
+
+
+def _start_spilled(
+    episode: OpenEpisode,
+    root: Path,
+    index: int,
+    features: Mapping[str, Mapping[str, Any]],
+    fps: int,
+    settings: VideoSettings,
+    workers: Mapping[str, EncoderProcess],
+) -> OpenEpisode:
+    directory = episode.directory
+    cameras = {key: (features[key]["shape"][0], features[key]["shape"][1]) for key in video_keys(features)}
+    write_spill_meta(directory, fps=fps, cameras=cameras, settings=settings)
+    for key in video_keys(features):
+        height, width, _ = features[key]["shape"]
+        worker = workers[key]
+        spill = SpillFile(directory / spill_name(key), height * width * 3)
+        episode.spills[key] = spill
+        episode.workers[key] = worker
+        episode.futures[key] = worker.begin(
+            index, directory / journal.video_file_name(key), spill.path, journal.episode_dir(root, index)
+        )
+        episode.samplers[key] = ImageSampler()
+    return episode

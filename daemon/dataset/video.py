@@ -37,7 +37,10 @@ from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_CODECS: Final[frozenset[str]] = frozenset({"libsvtav1", "libx264"})
+# hevc is offered only where PyAV's FFmpeg has libx265.
+SUPPORTED_CODECS: Final[frozenset[str]] = frozenset({"libsvtav1", "libx264", "libx265"})
+# LeRobot's names for the same encoders (its ``vcodec``): accepted and mapped.
+CODEC_ALIASES: Final[dict[str, str]] = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
 DEFAULT_MAX_QUEUE_BYTES: Final[int] = 256 * 1024 * 1024
 # SVT-AV1 prints its whole configuration on every encoder open unless told otherwise.
 os.environ.setdefault("SVT_LOG", "1")
@@ -45,7 +48,13 @@ os.environ.setdefault("SVT_LOG", "1")
 
 @dataclass(frozen=True, kw_only=True)
 class VideoSettings:
-    """Encoder settings. The defaults are LeRobot's (libsvtav1, yuv420p, g=2, crf=30, preset 12)."""
+    """Encoder settings. The defaults are LeRobot's, read from its source (0.4.4
+    ``datasets/video_utils.py``: ``_get_codec_options`` and ``encode_video_frames``; 0.6.1
+    ``configs/video.py``: ``VideoEncoderConfig``): ``vcodec="libsvtav1"``, ``pix_fmt="yuv420p"``,
+    ``g=2``, ``crf=30``, ``preset=12`` (``LIBSVTAV1_DEFAULT_PRESET``; libsvtav1 only). 0.6.1 also
+    passes ``svtav1-params=fast-decode=0``, SVT-AV1's own default, so the bitstream is the same.
+    For h264/hevc LeRobot passes only ``g`` and ``crf`` (x264/x265 default preset); hilrec adds
+    ``bf=0`` there (no B-frames: pts == dts, so segments concatenate by a plain timestamp shift)."""
 
     codec: str = "libsvtav1"
     pix_fmt: str = "yuv420p"
@@ -54,6 +63,9 @@ class VideoSettings:
     preset: int = 12
 
     def __post_init__(self) -> None:
+        codec = CODEC_ALIASES.get(self.codec, self.codec)
+        if codec != self.codec:
+            object.__setattr__(self, "codec", codec)
         if self.codec not in SUPPORTED_CODECS:
             raise VideoEncodingError(f"video codec {self.codec!r} is not one of {sorted(SUPPORTED_CODECS)}")
         if self.codec not in av.codecs_available:
@@ -63,13 +75,11 @@ class VideoSettings:
         options = {"g": str(self.g), "crf": str(self.crf)}
         if self.codec == "libsvtav1":
             options["preset"] = str(self.preset)
-            # With g=2 the lookahead cannot change a decision (the bitstream is byte-identical
-            # with and without it), but it holds ~20 more frames inside the encoder, which the
-            # flush in save_episode() then has to wait for.
-            options["svtav1-params"] = "lookahead=0"
         else:
             # No B-frames: pts == dts, so segments concatenate by a plain timestamp shift.
             options["bf"] = "0"
+            if self.codec == "libx265":
+                options["x265-params"] = "bframes=0:log-level=error"
         return options
 
     def provenance(self) -> dict[str, Any]:
@@ -82,8 +92,86 @@ class VideoSettings:
         }
         if self.codec == "libsvtav1":
             out["preset"] = self.preset
-            out["svtav1_params"] = self.options()["svtav1-params"]
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """What a spill records, for the encode to be finished later with the same settings."""
+        return {
+            "codec": self.codec,
+            "pix_fmt": self.pix_fmt,
+            "g": self.g,
+            "crf": self.crf,
+            "preset": self.preset,
+        }
+
+    @classmethod
+    def from_json(cls, payload: Any) -> VideoSettings:
+        if not isinstance(payload, dict):
+            raise VideoEncodingError(f"video settings {payload!r} are not a JSON object")
+        return cls(**{k: payload[k] for k in ("codec", "pix_fmt", "g", "crf", "preset") if k in payload})
+
+
+class StreamEncoder:
+    """One mp4 being encoded: the one encode routine of the thread encoder, the encoder process
+    and the finishing of a spilled encode, so all three write the same bytes."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fps: int,
+        height: int,
+        width: int,
+        settings: VideoSettings,
+        make_dirs: bool = True,
+        file: Any = None,
+    ) -> None:
+        self.path = path
+        self.fps = fps
+        self.frames = 0
+        if make_dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # ``file``: an open binary file to write (FFmpeg opens a path only at the first packet,
+        # which may be after the episode's directory was renamed); same muxer, same bytes.
+        self._file = file
+        self._container = av.open(file if file is not None else str(path), "w", format="mp4")
+        try:
+            stream = self._container.add_stream(settings.codec, rate=fps, options=settings.options())
+            if not isinstance(stream, av.VideoStream):
+                raise VideoEncodingError(f"{path}: {settings.codec} is not a video codec")
+            stream.width = width
+            stream.height = height
+            stream.pix_fmt = settings.pix_fmt
+            stream.time_base = Fraction(1, fps)
+        except BaseException:
+            self._container.close()
+            raise
+        self._stream = stream
+
+    def encode(self, image: np.ndarray) -> None:
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+        frame.pts = self.frames
+        frame.time_base = Fraction(1, self.fps)
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+        self.frames += 1
+
+    def close(self) -> int:
+        for packet in self._stream.encode(None):
+            self._container.mux(packet)
+        self._container.close()
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())  # durable before the caller is told it is done
+            self._file.close()
+        return self.frames
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self._container.close()
+        if self._file is not None:
+            with contextlib.suppress(Exception):
+                self._file.close()
 
 
 class EpisodeVideoEncoder:
@@ -170,42 +258,31 @@ class EpisodeVideoEncoder:
             raise VideoEncodingError(f"{self._where()}: encoder failed: {self._error}{lost}") from self._error
 
     def _run(self) -> None:
-        container = None
+        encoder: StreamEncoder | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            container = av.open(str(self.path), "w", format="mp4")
-            stream = container.add_stream(self.settings.codec, rate=self.fps, options=self.settings.options())
-            if not isinstance(stream, av.VideoStream):
-                raise VideoEncodingError(f"{self._where()}: {self.settings.codec} is not a video codec")
-            stream.width = self.width
-            stream.height = self.height
-            stream.pix_fmt = self.settings.pix_fmt
-            stream.time_base = Fraction(1, self.fps)
+            encoder = StreamEncoder(
+                self.path, fps=self.fps, height=self.height, width=self.width, settings=self.settings
+            )
             while True:
                 item = self._queue.get()
                 if item is None:
                     break
                 if self._aborted:
                     continue
-                frame = av.VideoFrame.from_ndarray(item, format="rgb24")
-                frame.pts = self.frames_encoded
-                frame.time_base = Fraction(1, self.fps)
-                for packet in stream.encode(frame):
-                    container.mux(packet)
+                encoder.encode(item)
                 self.frames_encoded += 1
             if not self._aborted:
-                for packet in stream.encode(None):
-                    container.mux(packet)
-            container.close()
-            container = None
+                encoder.close()
+            else:
+                encoder.abort()
+            encoder = None
         except BaseException as exc:  # noqa: BLE001 - surfaced to the caller at the next put/finish
             self._error = exc
             log.error("%s: encoder failed: %s", self._where(), exc)
         finally:
-            if container is not None:
+            if encoder is not None:
                 # The first error is the one reported; a failing close after it adds nothing.
-                with contextlib.suppress(Exception):
-                    container.close()
+                encoder.abort()
 
 
 # --- probing -------------------------------------------------------------------------------------

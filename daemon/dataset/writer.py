@@ -23,6 +23,19 @@ background thread (:class:`~.consolidate.BackgroundMerger`), after each save or 
 ``finalize``. If the process dies first, :meth:`DatasetWriter.open` or ``hilrec repair`` finishes
 the merge.
 
+Video is encoded in one worker process per camera at the lowest CPU priority
+(:mod:`.encoder_process`, ``video_encoder="process"``, opt-in while it misses the loop's
+deadlines on a loaded 2-core machine; ``"thread"``, the default, keeps the in-process encoder
+threads; the environment variable ``HILREC_VIDEO_ENCODER`` chooses too).
+Frames reach it through shared memory and wait, when it falls behind, in a bounded on-disk spill
+(:mod:`.spill`), never in RAM, never dropped. ``save_episode`` is durable once the spill is
+fsynced; the encode catches up afterwards, and an episode is merged once its mp4 is done.
+:meth:`video_backlog_s` says how far behind it is, :meth:`spill_problem` whether a new take may
+start, and a frame that would pass ``spill_bytes_limit`` raises :class:`SpillFullError`.
+``finalize`` waits for the backlog (a progress bar); interrupted, it can be called again, or the
+next :meth:`open` (or ``hilrec repair`` via :func:`.spill.finish_spilled_encodes`) finishes the
+encode from the spill.
+
 An episode that is open (frames added, not saved) when the process dies is dropped: its frames
 were never committed. ``hilrec repair`` reports it.
 
@@ -51,12 +64,15 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -89,8 +105,18 @@ from hilrec.daemon.dataset.paths import (
 )
 from hilrec.daemon.dataset.rootlock import LOCK_NAME, RootLock, lock_path
 from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+from hilrec.daemon.dataset.spill import encode_from_spill, finish_spilled_encodes, release_spill
 from hilrec.daemon.dataset.video import DEFAULT_MAX_QUEUE_BYTES, VideoSettings
-from hilrec.daemon.errors import CorruptDatasetError, DatasetError, DatasetStateError
+from hilrec.daemon.errors import (
+    CorruptDatasetError,
+    DatasetError,
+    DatasetStateError,
+    SpillFullError,
+    VideoEncodingError,
+)
+
+if TYPE_CHECKING:
+    from hilrec.daemon.dataset.encoder_process import EncoderProcess
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +130,18 @@ DEFAULT_TAKE_S: Final[float] = 60.0
 VIDEO_BITS_PER_PIXEL: Final[float] = 0.5
 # The recent episodes space_problem() sizes the next take from.
 RECENT_EPISODES: Final[int] = 20
+# The spill's disk bound by default (raw 640x480 frames: 0.9 MB each; 2 cameras at 25 Hz fill
+# this in about 6 minutes of backlog).
+DEFAULT_SPILL_BYTES_LIMIT: Final[int] = 16 * 1024**3
+VIDEO_ENCODERS: Final[tuple[str, ...]] = ("process", "thread")
+ENCODER_ENV: Final[str] = "HILREC_VIDEO_ENCODER"
+
+
+def _encoder_mode(video_encoder: str | None, root: Path) -> str:
+    mode = video_encoder or os.environ.get(ENCODER_ENV) or "thread"
+    if mode not in VIDEO_ENCODERS:
+        raise DatasetError(f"{root}: video_encoder must be one of {VIDEO_ENCODERS}, got {mode!r}")
+    return mode
 
 
 class DatasetWriter:
@@ -119,6 +157,8 @@ class DatasetWriter:
         hook: Hook,
         lock: RootLock,
         merge_interval_s: float = 0.0,
+        video_encoder: str = "thread",
+        spill_bytes_limit: int = DEFAULT_SPILL_BYTES_LIMIT,
     ) -> None:
         self.root = root
         self._lock = lock
@@ -145,12 +185,27 @@ class DatasetWriter:
             (int(row["length"]) for row in state.episodes[-RECENT_EPISODES:]), maxlen=RECENT_EPISODES
         )
         self._merger = BackgroundMerger(state, hook=hook, interval_s=merge_interval_s)
+        self.video_encoder = video_encoder
+        self.spill_bytes_limit = int(spill_bytes_limit)
+        self._workers: dict[str, EncoderProcess] = {}
+        self._video_keys = [k for k, spec in self.features.items() if is_video(spec)]
+        # Episodes committed but not merged yet because an mp4 is still being encoded: the merge
+        # follows commit order, so a later episode waits behind an earlier pending one.
+        self._gate = threading.Condition()
+        self._next_merge = len(state.episodes)
+        self._committed: set[int] = set()
+        self._pending_videos: dict[int, int] = {}  # episode -> spill bytes still waiting
+        self._finisher: threading.Thread | None = None
+        self._finish_queue: deque[tuple[OpenEpisode, PendingSave]] = deque()
+        self._finish_errors: list[str] = []
+        if video_encoder == "process" and self._video_keys:
+            self._start_workers()
         self._committer = Committer(
             root,
             episodes=len(state.episodes),
             frames=state.total_frames,
             hook=hook,
-            on_committed=self._merger.add,
+            on_committed=self._on_committed,
         )
         # A forgotten finalize() still leaves a dataset that loads without repair.
         atexit.register(self._merge_at_exit)
@@ -173,6 +228,8 @@ class DatasetWriter:
         hook: Hook = None,
         merge_interval_s: float = 0.0,
         lock_command: str | None = None,
+        video_encoder: str | None = None,
+        spill_bytes_limit: int = DEFAULT_SPILL_BYTES_LIMIT,
     ) -> DatasetWriter:
         """Start a new dataset at ``root`` (which must not exist or be empty).
 
@@ -201,6 +258,7 @@ class DatasetWriter:
             raise DatasetError(f"{root}: merge_interval_s must be >= 0, got {merge_interval_s!r}")
         full = validate_features(features)
         settings = VideoSettings(codec=video_codec)
+        mode = _encoder_mode(video_encoder, root)
         lock = _lock_empty_root(root, lock_command)
         try:
             return cls._create_locked(
@@ -216,6 +274,8 @@ class DatasetWriter:
                 max_video_queue_bytes=max_video_queue_bytes,
                 hook=hook,
                 merge_interval_s=merge_interval_s,
+                video_encoder=mode,
+                spill_bytes_limit=spill_bytes_limit,
             )
         except BaseException:
             lock.release()
@@ -237,6 +297,8 @@ class DatasetWriter:
         max_video_queue_bytes: int,
         hook: Hook,
         merge_interval_s: float,
+        video_encoder: str = "thread",
+        spill_bytes_limit: int = DEFAULT_SPILL_BYTES_LIMIT,
     ) -> DatasetWriter:
         full = features
         info = empty_info(
@@ -261,6 +323,8 @@ class DatasetWriter:
             hook=hook,
             lock=lock,
             merge_interval_s=merge_interval_s,
+            video_encoder=video_encoder,
+            spill_bytes_limit=spill_bytes_limit,
         )
 
     @classmethod
@@ -273,6 +337,8 @@ class DatasetWriter:
         hook: Hook = None,
         merge_interval_s: float = 0.0,
         lock_command: str | None = None,
+        video_encoder: str | None = None,
+        spill_bytes_limit: int = DEFAULT_SPILL_BYTES_LIMIT,
     ) -> DatasetWriter:
         """Reopen an existing dataset to add episodes; finishes any merge a crash interrupted.
 
@@ -284,11 +350,16 @@ class DatasetWriter:
 
         root = Path(root)
         settings = VideoSettings(codec=video_codec)
+        mode = _encoder_mode(video_encoder, root)
         if not ((root / META_DIR).is_dir() or journal.journal_dir(root).is_dir()):
             # Not a dataset: refused before a lock file is put into it.
             raise CorruptDatasetError(str(root / INFO_PATH), "missing: not a LeRobot dataset root")
         lock = RootLock(root, lock_command).acquire()
         try:
+            # Saved episodes whose encode a crash interrupted get their mp4 from their spill
+            # first: the recovery then merges them like any other.
+            for action in finish_spilled_encodes(root):
+                log.warning("%s: %s", root, action)
             report = recover(root)
             if report.dropped:
                 log.warning("%s: dropped on reopen: %s", root, report.dropped)
@@ -301,6 +372,8 @@ class DatasetWriter:
                 hook=hook,
                 lock=lock,
                 merge_interval_s=merge_interval_s,
+                video_encoder=mode,
+                spill_bytes_limit=spill_bytes_limit,
             )
         except BaseException:
             lock.release()
@@ -339,6 +412,8 @@ class DatasetWriter:
     def add_frame(self, frame: Mapping[str, Any]) -> None:
         self._check_usable()
         values, task = self._validator.validate(frame)
+        if self._workers:
+            self._check_spill_room()
         episode = self._episode or self._open_episode()
         episode.add(values, task)
 
@@ -405,8 +480,11 @@ class DatasetWriter:
                 f"({self._episode.length} frames); save_episode() or discard_episode() first"
             )
         merge_error: DatasetError | None = None
+        self._committer.stop()  # commits what is queued, retries what is held
+        # The encode backlog: a progress bar; Ctrl-C leaves it safe in the spills and this call
+        # (or the next open, or hilrec repair) resumes it.
+        self.wait_videos(progress=True)
         try:
-            self._committer.stop()  # commits what is queued, retries what is held
             try:
                 self._merger.wait()  # retries a failed merge once more
             except DatasetError as exc:
@@ -414,6 +492,7 @@ class DatasetWriter:
         finally:
             self._merger.close()
             self._finalized = True
+            self._stop_workers()
             atexit.unregister(self._merge_at_exit)
             self._lock.release()
         if self._committer.lost:
@@ -425,6 +504,8 @@ class DatasetWriter:
             raise self._committer.error
         if merge_error is not None:
             raise merge_error
+        if self._finish_errors:
+            raise VideoEncodingError("; ".join(self._finish_errors))
 
     def close(self) -> None:
         """Discard the open episode (if any) and :meth:`finalize`; the root's lock is released
@@ -438,6 +519,7 @@ class DatasetWriter:
         A merge that failed before is retried at once (``retry=False``: at its next attempt on
         the merger's own schedule)."""
         self._committer.wait()
+        self.wait_videos(timeout)
         self._merger.wait(timeout, retry=retry)
 
     def __enter__(self) -> DatasetWriter:
@@ -458,6 +540,177 @@ class DatasetWriter:
             # decision, never data.
             self.wait_consolidated()
         self.finalize()
+
+    # --- the video backlog ------------------------------------------------------------------------
+
+    def video_backlog_s(self) -> float:
+        """Seconds of video handed to the encoder processes and not encoded yet (the slowest
+        camera): the open episode's frames and the saved episodes still being encoded. 0.0 with
+        the in-process encoder. Cheap, safe from any thread."""
+        if not self._workers:
+            return 0.0
+        return max(worker.backlog_frames for worker in self._workers.values()) / self.fps
+
+    @property
+    def spill_bytes(self) -> int:
+        """Bytes of raw frames in spills: the open episode's and the saved ones' still encoding."""
+        with self._gate:
+            waiting = sum(self._pending_videos.values())
+        episode = self._episode
+        return waiting + (episode.spill_bytes if episode is not None else 0)
+
+    def spill_problem(self) -> str | None:
+        """Why a new take may not start because of the video backlog, or None.
+
+        The daemon calls this before it starts a take (with :meth:`space_problem`) and refuses
+        the take when it says something: the spill, with one more take of the longest recent
+        length, would pass ``spill_bytes_limit``, or an encoder process has died."""
+        for key, worker in self._workers.items():
+            if worker.error is not None or not worker.alive:
+                return (
+                    f"{self.root}: the encoder process of '{key}' is not running ({worker.error or 'exited'})"
+                )
+        if not self._workers:
+            return None
+        frames = max([*self._recent_lengths, 0]) or round(self.fps * DEFAULT_TAKE_S)
+        take = frames * self._frame_bytes_all()
+        used = self.spill_bytes
+        if used + take <= self.spill_bytes_limit:
+            return None
+        return (
+            f"{self.root}: the video spill holds {_size(used)} ({self.video_backlog_s():.0f} s of "
+            f"video not encoded yet); one more take of {frames} frames needs {_size(take)} and the "
+            f"bound (spill_bytes_limit) is {_size(self.spill_bytes_limit)}: wait for the encoder"
+        )
+
+    def wait_videos(self, timeout: float | None = None, *, progress: bool = False) -> bool:
+        """Block until every saved episode's mp4 is encoded and placed; True if it happened
+        within ``timeout``. ``progress``: a tqdm bar of the frames left (on stderr)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        bar = None
+        try:
+            while True:
+                with self._gate:
+                    busy = bool(self._finish_queue) or bool(self._pending_videos)
+                if not busy:
+                    return True
+                left = max((w.backlog_frames for w in self._workers.values()), default=0)
+                if progress and bar is None and left > 0:
+                    from tqdm import tqdm
+
+                    bar = tqdm(total=left, desc="encoding video backlog", unit="frame", file=sys.stderr)
+                if bar is not None:
+                    bar.n = max(0, bar.total - left)
+                    bar.refresh()
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                with self._gate:
+                    self._gate.wait(0.5)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _frame_bytes_all(self) -> int:
+        return sum(self.features[k]["shape"][0] * self.features[k]["shape"][1] * 3 for k in self._video_keys)
+
+    def _check_spill_room(self) -> None:
+        need = self._frame_bytes_all()
+        used = self.spill_bytes
+        if used + need > self.spill_bytes_limit:
+            episode = self._episode
+            raise SpillFullError(
+                f"{self.root}: the video spill is full ({_size(used)} of spill_bytes_limit "
+                f"{_size(self.spill_bytes_limit)}; {self.video_backlog_s():.0f} s of video wait "
+                f"for the encoder): frame {episode.length if episode else 0} of episode "
+                f"{episode.index if episode else self._numbering.next_index} is refused, not dropped; "
+                "save or discard the take and wait for the encoder to catch up"
+            )
+
+    def _start_workers(self) -> None:
+        from hilrec.daemon.dataset.encoder_process import EncoderProcess
+
+        try:
+            for key in self._video_keys:
+                height, width, _ = self.features[key]["shape"]
+                self._workers[key] = EncoderProcess(
+                    key, fps=self.fps, height=height, width=width, settings=self.video_settings
+                )
+        except BaseException:
+            self._stop_workers()
+            raise
+        self._finisher = threading.Thread(target=self._finish_loop, name="video-finish", daemon=True)
+        self._finisher.start()
+
+    def _stop_workers(self) -> None:
+        workers, self._workers = self._workers, {}
+        for worker in workers.values():
+            worker.close()
+
+    def _on_committed(self, index: int) -> None:
+        """The commit thread's callback: merge in order, but not past an mp4 still encoding."""
+        with self._gate:
+            self._committed.add(index)
+            self._release_merges()
+            self._gate.notify_all()
+
+    def _release_merges(self) -> None:
+        while self._next_merge in self._committed and self._next_merge not in self._pending_videos:
+            self._committed.discard(self._next_merge)
+            self._merger.add(self._next_merge)
+            self._next_merge += 1
+
+    def _finish_loop(self) -> None:
+        """Places each saved episode's mp4 once its encoder process is done (in save order)."""
+        with contextlib.suppress(OSError):  # this thread only waits and renames; be polite anyway
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while True:
+            with self._gate:
+                while not self._finish_queue:
+                    self._gate.wait()
+                episode, save = self._finish_queue[0]
+            try:
+                self._finish_episode(episode, save)
+            except BaseException as exc:  # noqa: BLE001 - reported; the spill stays for repair
+                message = f"{self.root}: episode {episode.index}: its video could not be finished: {exc}"
+                log.error("%s", message)
+                self._finish_errors.append(message)
+            with self._gate:
+                self._finish_queue.popleft()
+                self._pending_videos.pop(episode.index, None)
+                self._release_merges()
+                self._gate.notify_all()
+
+    def _finish_episode(self, episode: OpenEpisode, save: PendingSave) -> None:
+        index = episode.index
+        for key, (future, out) in episode.pending.items():
+            try:
+                future.result()
+                ok = True
+            except VideoEncodingError as exc:
+                log.error("%s: episode %d '%s': %s; encoding it from its spill", self.root, index, key, exc)
+                ok = False
+            # The mp4 goes into the committed directory: wait for the commit.
+            while not self._is_committed(index):
+                if save.future.done() and save.future.exception() is not None and not save.held:
+                    out.unlink(missing_ok=True)
+                    return  # the save failed and the episode is gone: nothing to place
+                with self._gate:
+                    self._gate.wait(0.5)
+            if ok:
+                release_spill(journal.episode_dir(self.root, index), key)
+            else:
+                encode_from_spill(self.root, index, key)
+            if self._hook is not None:
+                self._hook("video-placed")
+
+    def _is_committed(self, index: int) -> bool:
+        with self._gate:
+            if index in self._committed or index < self._next_merge:
+                return True
+        return (
+            journal.episode_dir(self.root, index).is_dir()
+            and not journal.open_episode_dir(self.root, index).exists()
+        )
 
     # --- failures and free space -------------------------------------------------------------------
 
@@ -557,6 +810,7 @@ class DatasetWriter:
             fps=self.fps,
             settings=self.video_settings,
             max_queue_bytes=self._max_video_queue_bytes,
+            workers=self._workers or None,
         )
         self._episode = episode
         return episode
@@ -576,6 +830,8 @@ class DatasetWriter:
             episode.finish_videos()
             if self._hook is not None:
                 self._hook("videos-finished")
+                if episode.pending:
+                    self._hook("spill-synced")
             encoded = self._encoder.encode(episode, self._numbering, sidecar=sidecar, arrays=arrays)
         except BaseException:
             self.discard_episode()
@@ -583,6 +839,13 @@ class DatasetWriter:
         episode.release_frames()
         self._remember_size(episode, encoded)
         save = PendingSave(episode, encoded, waited=waited)
+        if episode.pending:
+            with self._gate:
+                self._pending_videos[episode.index] = sum(
+                    episode.spills[key].bytes for key in episode.pending
+                )
+                self._finish_queue.append((episode, save))
+                self._gate.notify_all()
         self._committer.submit(save)
         self._episode = None
         self._numbering.advance(episode, encoded.new_tasks)
@@ -655,6 +918,7 @@ class DatasetWriter:
             return
         try:
             self._committer.stop()
+            self._stop_workers()  # what is still encoding is finished from its spill by open/repair
             for index, frames, why in self._committer.lost:
                 log.error("%s: episode %d (%d frames) lost at exit: %s", self.root, index, frames, why)
             self._merger.wait(timeout=EXIT_MERGE_TIMEOUT_S)

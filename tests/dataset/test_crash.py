@@ -6,7 +6,14 @@ committed, merge intent written, each rename of the merge, merge done). For the 
 trials the child stops at one named step and the parent kills it there; for the random trials the
 parent kills it after a seeded random delay. Then: either the dataset checks out as it is, or
 ``repair`` makes it check out; and every episode whose save_episode() returned is there,
-bit-equal, with exactly as many video frames as rows.
+bit-equal, with exactly as many video frames as rows (decoded and counted).
+
+Video is encoded in worker processes (the writer's default). In the "pending" trials the child
+never waits for its encoder at save (``FINISH_WAIT_S = 0``): every episode is saved with its
+spill and encoded after, so the kills land while frames are spilled (``spill-synced``), while
+the catch-up encodes (after ``committed``, at random) and as it places an mp4 (``video-placed``).
+The spill is part of the journal: ``finish_spilled_encodes`` (which ``hilrec repair`` must call
+first, as ``DatasetWriter.open`` does) finishes the encode, and nothing saved is lost.
 """
 
 from __future__ import annotations
@@ -20,12 +27,14 @@ import threading
 import time
 from pathlib import Path
 
+import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from hilrec.daemon.dataset.reader import column_to_numpy
 from hilrec.daemon.dataset.repair import repair
+from hilrec.daemon.dataset.spill import finish_spilled_encodes
 from hilrec.daemon.dataset.video import Segment, concat_segments
 
 FPS = 25
@@ -60,6 +69,10 @@ def child_main(argv: list[str]) -> None:
     from hilrec.daemon.so101 import so101_features
 
     root, codec, stall_at = argv[0], argv[1], argv[2]
+    if len(argv) > 3 and argv[3] == "pending":
+        import hilrec.daemon.dataset.episode as episode_module
+
+        episode_module.FINISH_WAIT_S = 0.0
     target, _, nth = stall_at.partition("#")
     seen: dict[str, int] = {}
     lock = threading.Lock()
@@ -103,11 +116,14 @@ def run_child(
     codec: str,
     stall_at: str,
     kill_after_s: float | None,
+    mode: str = "wait",
 ) -> tuple[list[int], list[str]]:
     """Run the child until it stalls at ``stall_at`` (or ``kill_after_s`` passes); SIGKILL it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if mode == "pending":  # spills and catch-up encodes exist only with the (opt-in) encoder processes
+        env["HILREC_VIDEO_ENCODER"] = "process"
     proc = subprocess.Popen(
-        [sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at],
+        [sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at, mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -177,8 +193,11 @@ def check_dataset(root: Path, saved: int = 0) -> int:
             [Segment(video, row[f"videos/{CAM}/from_timestamp"], row[f"videos/{CAM}/to_timestamp"])],
             fps=FPS,
         )
+        with av.open(str(probe_out)) as container:
+            decoded = sum(1 for _ in container.decode(video=0))
         probe_out.unlink()
         assert placed[0][2] == len(expected), f"episode {episode}: {placed[0][2]} video frames"
+        assert decoded == len(expected), f"episode {episode}: {decoded} frames decode"
     return len(rows)
 
 
@@ -203,25 +222,39 @@ STEPS = [
     "intent-done#2",
 ]
 RANDOM_TRIALS = 6
+# Kills while frames are spilled and while the catch-up encodes (the "pending" mode).
+SPILL_STEPS = [
+    "spill-synced#1",
+    "spill-synced#3",
+    "committed#1",
+    "committed#3",
+    "video-placed#1",
+    "video-placed#2",
+]
+SPILL_RANDOM_TRIALS = 4
 
 
-def trials() -> list[tuple[str, str, float | None]]:
+def trials() -> list[tuple[str, str, float | None, str]]:
     rng = random.Random(20240611)
-    plan: list[tuple[str, str, float | None]] = []
+    plan: list[tuple[str, str, float | None, str]] = []
     for i, step in enumerate(STEPS):
-        plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None))
+        plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None, "wait"))
     for i in range(RANDOM_TRIALS):
-        plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0)))
+        plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0), "wait"))
+    for i, step in enumerate(SPILL_STEPS):
+        plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None, "pending"))
+    for i in range(SPILL_RANDOM_TRIALS):
+        plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0), "pending"))
     return plan
 
 
 def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
     outcomes = []
-    for number, (step, codec, delay) in enumerate(trials()):
+    for number, (step, codec, delay, mode) in enumerate(trials()):
         trial = tmp_path / f"trial-{number:02d}"
         trial.mkdir()
         root = trial / "ds"
-        saved, _lines = run_child(root, codec, step, delay)
+        saved, _lines = run_child(root, codec, step, delay, mode)
         if not (root / "meta/info.json").exists():
             assert saved == [], f"trial {number}: saved {saved} but no info.json"
             outcomes.append((step, "killed before create", saved))
@@ -230,27 +263,31 @@ def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
             held = check_dataset(root, len(saved))
             how = "loads as is"
         except (AssertionError, OSError, KeyError, ValueError, IndexError) as exc:
+            cause = f"{exc!r:.80}"
+            finished = finish_spilled_encodes(root)
             report = repair(root)
             held = check_dataset(root, len(saved))
-            how = f"repaired (exit {report.exit_code}, {len(report.dropped)} dropped) after: {exc!r:.80}"
+            if finished:
+                cause = f"{len(finished)} encodes finished from spills; {cause}"
+            how = f"repaired (exit {report.exit_code}, {len(report.dropped)} dropped) after: {cause}"
             assert not report.rebuilt, f"trial {number} ({step}): needed a rebuild: {report.actions}"
         assert held >= len(saved), f"trial {number} ({step}): saved {saved}, dataset holds {held}"
         assert saved == list(range(len(saved)))
         # The repaired dataset also takes new episodes.
-        outcomes.append((step, how, saved))
+        outcomes.append((f"{step} ({mode})", how, saved))
     for step, how, saved in outcomes:
         print(f"{step:58s} saved={saved} {how}")
-    assert len(outcomes) >= 20
+    assert len(outcomes) >= 30
     assert any(o[1].startswith("repaired") for o in outcomes)
     assert any(o[1] == "loads as is" for o in outcomes)
 
 
-@pytest.mark.parametrize("step", ["renamed meta/info.json#2"])
-def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: str) -> None:
+@pytest.mark.parametrize("step, mode", [("renamed meta/info.json#2", "wait"), ("video-placed#1", "pending")])
+def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: str, mode: str) -> None:
     from hilrec.daemon.dataset.writer import DatasetWriter
 
     root = tmp_path / "ds"
-    saved, _ = run_child(root, "libx264", step, None)
+    saved, _ = run_child(root, "libx264", step, None, mode)
     assert saved
     with DatasetWriter.open(root, video_codec="libx264") as writer:
         start = writer.num_episodes

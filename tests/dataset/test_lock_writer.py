@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,11 @@ def test_a_second_writer_is_refused_and_the_first_ones_take_survives(tmp_path: P
     try:
         open_dir = root / "hilrec/journal/.episode-000000.tmp"
         assert open_dir.is_dir()
+        video = open_dir / f"{CAM}.mp4"
+        deadline = time.monotonic() + 30.0  # A's encoder opens its file on its own thread
+        while not video.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling a condition (a file appearing) with a deadline
+        assert video.exists(), "A's open take has no video file after 30 s"
         for attempt in (
             lambda: DatasetWriter.open(root, video_codec="libx264"),
             lambda: DatasetWriter.create(root, fps=FPS, features=features(), robot_type=None),
@@ -125,7 +131,7 @@ def test_a_second_writer_is_refused_and_the_first_ones_take_survives(tmp_path: P
             with pytest.raises(DatasetLockedError) as refused:
                 attempt()
             assert f"pid {a.pid}" in str(refused.value) and "hilrec daemon (A)" in str(refused.value)
-        assert open_dir.is_dir() and (open_dir / f"{CAM}.mp4").exists()  # B touched nothing
+        assert open_dir.is_dir() and video.exists()  # B touched nothing
         # Reading stays free while A writes.
         assert check_dataset(root, decode_video=False) is not None
         assert a.ask("save") == "saved 0"

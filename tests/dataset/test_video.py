@@ -137,3 +137,33 @@ def test_concat_places_segments_back_to_back(tmp_path: Path) -> None:
     with av.open(str(joined)) as container:
         times = [f.time for f in container.decode(video=0)]
     assert np.allclose(times, np.arange(17) / FPS, atol=1e-4)
+
+
+def test_defaults_are_lerobots_codec_settings() -> None:
+    """LeRobot 0.4.4's _get_codec_options(libsvtav1) and its encode defaults, exactly."""
+    from lerobot.datasets.video_utils import _get_codec_options
+
+    settings = VideoSettings()
+    assert (settings.codec, settings.pix_fmt, settings.g, settings.crf, settings.preset) == (
+        "libsvtav1",
+        "yuv420p",
+        2,
+        30,
+        12,
+    )
+    assert settings.options() == _get_codec_options("libsvtav1", 2, 30, None)
+
+
+@pytest.mark.parametrize("codec, name", [("h264", "h264"), ("hevc", "hevc")])
+def test_h264_and_hevc_are_offered(tmp_path: Path, codec: str, name: str) -> None:
+    if name == "hevc" and "libx265" not in av.codecs_available:
+        pytest.skip("PyAV has no libx265")
+    settings = VideoSettings(codec=codec)
+    assert settings.codec == {"h264": "libx264", "hevc": "libx265"}[codec]
+    assert {"g": "2", "crf": "30"}.items() <= settings.options().items()
+    path = tmp_path / "ep.mp4"
+    assert encode(path, gradient_frames(12), settings.codec) == 12
+    probe = probe_video(path)
+    assert (probe.frames, probe.codec) == (12, name)
+    with av.open(str(path)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 12

@@ -1,0 +1,109 @@
+"""Handover micro-benchmark: what the writer thread pays per 640x480 frame to give it to the encoder.
+
+Measured on the calling thread, per frame (median, p99, max in microseconds), for
+``--frames`` frames of camera-like content:
+
+- ``thread``: the in-process encoder's ``EpisodeVideoEncoder.put`` (a copy into a queue);
+- ``ring``: ``EncoderProcess.put`` alone (copy into a shared-memory slot + a slot index on the
+  sender queue), while the worker process encodes (``--codec``);
+- ``spill``: ``SpillFile.append`` alone (one ``os.write`` of the raw frame, page cache);
+- ``ring + spill``: both, as ``OpenEpisode.add`` does in encoder-process mode.
+
+The frames are handed over at ``--fps`` (paced), as the writer thread would; the load average is
+printed, the machine being shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hilrec.daemon.dataset.encoder_process import EncoderProcess
+from hilrec.daemon.dataset.spill import SpillFile
+from hilrec.daemon.dataset.video import EpisodeVideoEncoder, VideoSettings
+
+H, W = 480, 640
+
+
+def frames(count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:H, 0:W]
+    out = []
+    for k in range(min(count, 50)):
+        base = ((xx + 5 * k) % 256 + (yy // 2)) % 256
+        img = np.stack([base, (base + 85) % 256, (base + 170) % 256], axis=-1).astype(np.int16)
+        img += rng.integers(-6, 7, size=img.shape, dtype=np.int16)
+        out.append(np.clip(img, 0, 255).astype(np.uint8))
+    return [out[k % len(out)] for k in range(count)]
+
+
+def timed(images: list[np.ndarray], fps: float, step) -> np.ndarray:
+    costs = np.empty(len(images))
+    period = 1.0 / fps
+    next_t = time.perf_counter()
+    for k, image in enumerate(images):
+        t0 = time.perf_counter()
+        step(k, image)
+        costs[k] = time.perf_counter() - t0
+        next_t += period
+        delay = next_t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    return costs * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=250)
+    parser.add_argument("--fps", type=float, default=25.0)
+    parser.add_argument("--codec", default="libsvtav1")
+    args = parser.parse_args(argv)
+    images = frames(args.frames)
+    settings = VideoSettings(codec=args.codec)
+    results: dict[str, np.ndarray] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-handover-") as tmp:
+        work = Path(tmp)
+        encoder = EpisodeVideoEncoder(
+            work / "thread.mp4", key="cam", episode_index=0, fps=25, height=H, width=W, settings=settings
+        )
+        results["thread (EpisodeVideoEncoder.put)"] = timed(images, args.fps, lambda k, im: encoder.put(im))
+        encoder.abort()
+
+        worker = EncoderProcess("cam", fps=25, height=H, width=W, settings=settings)
+        spill = SpillFile(work / "cam.spill", H * W * 3)
+        future = worker.begin(0, work / "ring.mp4", spill.path)
+        results["ring (EncoderProcess.put)"] = timed(images, args.fps, lambda k, im: worker.put(0, k, im))
+        results["spill (SpillFile.append)"] = timed(images, args.fps, lambda k, im: spill.append(im))
+
+        def both(k: int, im: np.ndarray) -> None:
+            spill.append(im)
+            worker.put(0, len(images) + k, im)
+
+        results["ring + spill (OpenEpisode.add)"] = timed(images, args.fps, both)
+        worker.abort(0)
+        with contextlib.suppress(Exception):  # the abort resolves it with an error, by design
+            future.result(120)
+        priority = worker.priority
+        worker.close()
+        spill.close()
+    load = os.getloadavg()
+    print(
+        f"# bench_handover: {args.frames} frames of {W}x{H} at {args.fps:g} Hz, worker {args.codec} "
+        f"at {priority}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)"
+    )
+    print("| handover | median, us | p99, us | max, us |")
+    print("|---|---:|---:|---:|")
+    for name, costs in results.items():
+        print(f"| {name} | {np.median(costs):.0f} | {np.percentile(costs, 99):.0f} | {costs.max():.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
