@@ -1,0 +1,137 @@
+"""``hilrec edit SUBCOMMAND ROOT... [--out NEW]``: change a dataset, never losing it.
+
+Without ``--out`` the dataset is changed in place, atomically: the result is written beside it,
+checked by ``hilrec check`` (no error, no warning), then exchanged with it in one rename. With
+``--out`` the result is written there (a new folder) and the source is left as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from hilrec.daemon.tools.cmd_export import parse_episodes
+
+
+def parse_fractions(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected fractions such as 0.8,0.2, got {text!r}") from None
+    return values
+
+
+def _common(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
+    if out:
+        parser.add_argument(
+            "--out", type=Path, default=None, help="write the result to this new folder (default: in place)"
+        )
+    parser.add_argument(
+        "--quick-check",
+        action="store_true",
+        help="check the result without decoding its videos (frames, timestamps and sizes are still checked)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes that decode the videos for the check"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "edit",
+        help="edit a dataset safely (delete, keep, merge, split, set-task, recompute stats)",
+        description=__doc__.splitlines()[0],
+    )
+    sub = parser.add_subparsers(dest="edit_command", metavar="SUBCOMMAND", parser_class=type(parser))
+    sub.required = True
+
+    p = sub.add_parser("recompute-stats", help="recompute every episode's stats and meta/stats.json")
+    p.add_argument("root", type=Path)
+    _common(p)
+
+    p = sub.add_parser("delete-episodes", help="delete episodes, renumbering the rest")
+    p.add_argument("root", type=Path)
+    p.add_argument("--episodes", required=True, type=parse_episodes, help="e.g. 1,4-6")
+    _common(p)
+
+    p = sub.add_parser("keep", help="keep only the successful episodes, or those with a verdict")
+    p.add_argument("root", type=Path)
+    p.add_argument("--success", action="store_true", help="keep episodes whose sidecar says success")
+    p.add_argument(
+        "--verdict", default=None, help="keep episodes with one of these verdicts (comma-separated)"
+    )
+    p.add_argument("--episodes", type=parse_episodes, default=None, help="keep only these, e.g. 0-9")
+    _common(p)
+
+    p = sub.add_parser("set-task", help="give episodes a new task string")
+    p.add_argument("root", type=Path)
+    p.add_argument("--episodes", required=True, type=parse_episodes, help="e.g. 1,4-6")
+    p.add_argument("--task", required=True, help="the new task text")
+    _common(p)
+
+    p = sub.add_parser("remove-feature", help="drop a feature (a column or a camera)")
+    p.add_argument("root", type=Path)
+    p.add_argument("--feature", required=True, help="the feature key, e.g. observation.images.wrist")
+    _common(p)
+
+    p = sub.add_parser("merge", help="merge datasets (same fps, features, robot type) into --out")
+    p.add_argument("roots", nargs="+", type=Path, metavar="ROOT")
+    p.add_argument("--out", type=Path, required=True, help="the new folder")
+    _common(p, out=False)
+
+    p = sub.add_parser("split", help="split into --out A B ... by --fractions or --episodes lists")
+    p.add_argument("root", type=Path)
+    p.add_argument("--out", type=Path, nargs="+", required=True, help="the new folders, one per part")
+    p.add_argument("--fractions", type=parse_fractions, default=None, help="e.g. 0.8,0.2")
+    p.add_argument(
+        "--episodes", type=parse_episodes, nargs="+", default=None, help="one list per --out, e.g. 0-39 40-49"
+    )
+    _common(p, out=False)
+
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.tools import edit
+
+    options = edit.Options(decode=not args.quick_check, workers=args.workers)
+    command = args.edit_command
+    if command == "recompute-stats":
+        reports = [edit.recompute_stats(args.root, out=args.out, options=options)]
+    elif command == "delete-episodes":
+        reports = [edit.delete_episodes(args.root, args.episodes, out=args.out, options=options)]
+    elif command == "keep":
+        verdicts = [v.strip() for v in args.verdict.split(",")] if args.verdict else None
+        if not (args.success or verdicts or args.episodes is not None):
+            from hilrec.daemon.errors import FlagError
+
+            raise FlagError("--success", "keep needs --success, --verdict or --episodes")
+        reports = [
+            edit.keep_episodes(
+                args.root,
+                episodes=args.episodes,
+                success=args.success,
+                verdicts=verdicts,
+                out=args.out,
+                options=options,
+            )
+        ]
+    elif command == "set-task":
+        reports = [edit.set_task(args.root, args.episodes, args.task, out=args.out, options=options)]
+    elif command == "remove-feature":
+        reports = [edit.remove_feature(args.root, args.feature, out=args.out, options=options)]
+    elif command == "merge":
+        reports = [edit.merge(args.roots, args.out, options=options)]
+    else:
+        reports = edit.split(
+            args.root, args.out, fractions=args.fractions, lists=args.episodes, options=options
+        )
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        for report in reports:
+            print(report.format_text())
+    return 0
