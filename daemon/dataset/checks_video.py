@@ -62,6 +62,7 @@ from typing import Any, Final
 import av
 import numpy as np
 
+from hilrec.daemon.dataset.avlog import open_av
 from hilrec.daemon.dataset.checks_common import Contents, Findings, run_in_pool
 from hilrec.daemon.dataset.paths import INFO_PATH, video_file_path
 from hilrec.daemon.dataset.stats import (
@@ -369,7 +370,7 @@ def _decode_span(job: DecodeJob, *, seek: bool) -> list[_Sampled] | None:
     wanted = np.asarray(job.sample_ts, dtype=np.float64)
     first, last = float(wanted.min()), float(wanted.max())
     found: list[_Sampled] = []
-    with av.open(job.path) as container:
+    with open_av(job.path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         time_base = stream_time_base(stream, Path(job.path))

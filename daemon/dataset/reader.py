@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hilrec.daemon.atomic import read_json
+from hilrec.daemon.dataset.avlog import open_av
 from hilrec.daemon.dataset.paths import (
     EPISODES_DIR,
     INFO_PATH,
@@ -325,7 +326,7 @@ def decoded_frames(path: PathLike) -> Iterator[tuple[float, av.VideoFrame]]:
     """Every presented frame of a file's first video stream with its timestamp in seconds.
 
     Raises ``av.FFmpegError`` for the caller to name the file in its own terms."""
-    with av.open(str(path)) as container:
+    with open_av(str(path)) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         time_base = stream_time_base(stream, Path(path))

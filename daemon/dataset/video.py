@@ -33,6 +33,7 @@ from typing import Any, Final
 import av
 import numpy as np
 
+from hilrec.daemon.dataset.avlog import open_av
 from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class StreamEncoder:
         # ``file``: an open binary file to write (FFmpeg opens a path only at the first packet,
         # which may be after the episode's directory was renamed); same muxer, same bytes.
         self._file = file
-        self._container = av.open(file if file is not None else str(path), "w", format="mp4")
+        self._container = open_av(file if file is not None else str(path), "w", format="mp4")
         try:
             stream = self._container.add_stream(settings.codec, rate=fps, options=settings.options())
             if not isinstance(stream, av.VideoStream):
@@ -334,7 +335,7 @@ def probe_video(path: str | os.PathLike[str]) -> VideoProbe:
     if not path.exists():
         raise CorruptDatasetError(str(path), "missing")
     try:
-        with av.open(str(path)) as container:
+        with open_av(str(path)) as container:
             if not container.streams.video:
                 raise CorruptDatasetError(str(path), "has no video stream")
             stream = container.streams.video[0]
@@ -413,12 +414,12 @@ def concat_segments(
     if not segments:
         raise VideoEncodingError(f"{output}: nothing to concatenate")
     placed: list[tuple[float, float, int]] = []
-    inputs = [av.open(str(s.path)) for s in segments]
+    inputs = [open_av(str(s.path)) for s in segments]
     try:
         template = inputs[0].streams.video[0]
         out_tb = stream_time_base(template, segments[0].path)
         ticks = _frame_ticks(out_tb, fps)
-        with av.open(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        with open_av(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
             out_stream = out.add_stream_from_template(template=template, opaque=True)
             out_stream.time_base = out_tb
             offset = 0

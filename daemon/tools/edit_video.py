@@ -25,6 +25,7 @@ from pathlib import Path
 
 import av
 
+from hilrec.daemon.dataset.avlog import open_av
 from hilrec.daemon.dataset.reader import decoded_frames
 from hilrec.daemon.dataset.video import Segment, StreamEncoder, VideoSettings, concat_segments
 from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
@@ -40,7 +41,7 @@ def starts_on_keyframes(segments: Sequence[Segment]) -> bool:
         by_file.setdefault(segment.path, []).append(segment)
     for path, spans in by_file.items():
         try:
-            with av.open(str(path)) as container:
+            with open_av(str(path)) as container:
                 stream = container.streams.video[0]
                 if stream.time_base is None:
                     return False
@@ -74,7 +75,7 @@ def cut_spans(output: Path, segments: Sequence[Segment], *, fps: int) -> list[tu
     if not ordered or any(s.end_s is None for s in segments[:-1]):
         return concat_segments(output, segments, fps=fps)
     try:
-        with av.open(str(path)) as container:
+        with open_av(str(path)) as container:
             stream = container.streams.video[0]
             if stream.time_base is None:
                 raise CorruptDatasetError(str(path), "video stream has no time base")
@@ -104,7 +105,7 @@ def cut_spans(output: Path, segments: Sequence[Segment], *, fps: int) -> list[tu
             for i in range(1, len(segments)):
                 offsets[i] = offsets[i - 1] + counts[i - 1] * ticks
             container.seek(0)
-            with av.open(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
+            with open_av(str(output), "w", format="mp4", options={"movflags": "faststart"}) as out:
                 out_stream = out.add_stream_from_template(template=stream, opaque=True)
                 out_stream.time_base = tb
                 for packet in container.demux(stream):
@@ -128,7 +129,7 @@ def cut_spans(output: Path, segments: Sequence[Segment], *, fps: int) -> list[tu
 
 def first_keyframe(segment: Segment) -> float | None:
     """The time of the first key frame inside ``segment`` (None: there is none)."""
-    with av.open(str(segment.path)) as container:
+    with open_av(str(segment.path)) as container:
         stream = container.streams.video[0]
         if stream.time_base is None:
             return None
@@ -218,7 +219,7 @@ def reencode_spans(
     decoded. ``settings`` defaults to LeRobot's for the source stream's codec.
     """
     first = segments[0].path
-    with av.open(str(first)) as container:
+    with open_av(str(first)) as container:
         stream = container.streams.video[0]
         codec = stream.codec.canonical_name
         width, height = stream.width, stream.height
