@@ -7,6 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME_STAMP := $(VENV)/.hilrec-runtime
 TEST_STAMP := $(VENV)/.hilrec-test
+SYSTEM_STAMP := $(VENV)/.hilrec-system
 DEMO_ROOT ?= demo-data/so101_sim_demo
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
@@ -14,17 +15,32 @@ export PYOPENGL_PLATFORM ?= egl
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test bench env test-env clean
+.PHONY: demo test lint types bench env test-env clean
 
 $(RUNTIME_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,rerun]'
 	touch $@
 
-$(TEST_STAMP): $(RUNTIME_STAMP) requirements-compat.txt
+$(TEST_STAMP): $(RUNTIME_STAMP) requirements-compat.txt $(SYSTEM_STAMP)
 	$(BIN)/pip install --quiet -r requirements-compat.txt
 	$(BIN)/pip install --quiet --no-deps 'lerobot==0.4.4'
+	# robomimic reads back what hilrec export writes; its dataset class needs only torch and h5py.
+	$(BIN)/pip install --quiet --no-deps 'robomimic==0.3.0'
+	touch $@
+
+# Debian packages the tests drive for real: Chromium for the web page's browser test (Playwright
+# cannot download a browser of its own here). A clean CI machine has none of them.
+DEBIAN_PACKAGES := chromium
+$(SYSTEM_STAMP): $(RUNTIME_STAMP)
+	@missing=""; for pkg in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q "ok installed" || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "make test needs Debian packages:$$missing (apt-get install$$missing)" >&2; exit 1; fi; \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends$$missing; \
+	fi
 	touch $@
 
 env: $(RUNTIME_STAMP)
@@ -36,11 +52,31 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) lint
 	$(BIN)/python -m pytest -q tests
+
+lint: $(RUNTIME_STAMP) types
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy sees the folders under their import names through links (package-dir maps daemon/ to
+# hilrec.daemon, which mypy cannot follow in an editable install).
+TYPECHECK := build/typecheck/hilrec
+types: $(RUNTIME_STAMP)
+	mkdir -p $(TYPECHECK) && touch $(TYPECHECK)/__init__.py
+	for d in daemon drivers sim; do ln -sfn ../../../$$d $(TYPECHECK)/$$d; done
+	$(BIN)/mypy -p hilrec
+	$(BIN)/mypy tests bench
 
 bench: $(TEST_STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# LeRobot 0.6.1 on Python 3.13, both ways: it loads what hilrec (host venv) writes, and
+# `hilrec check`, installed on 3.13, accepts what it writes. Runs in a Debian trixie root cached
+# under build/compat-latest/ and rebuilt when its inputs change (needs root; see the script).
+.PHONY: compat-latest
+compat-latest: $(RUNTIME_STAMP)
+	bash tests/compat_latest/run.sh
 
 clean:
 	rm -rf $(VENV) demo-data build *.egg-info

@@ -67,6 +67,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hilrec.daemon.collect.cmd_collect",
         "run a whole recording session: N timed takes with keys, verdicts and a summary",
     ),
+    "view": ("hilrec.daemon.viz.cmd_view", "show a recorded episode in rerun: video, joints, timing, replay"),
+    "display": ("hilrec.daemon.viz.cmd_display", "log a running daemon's telemetry to rerun (live)"),
 }
 
 

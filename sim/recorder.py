@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +80,9 @@ class RecordConfig:
     fps: int = 25
     realtime: bool = False
     video_codec: str = "libsvtav1"
+    # Add the episodes to the dataset already at ``root`` (same features, fps, robot type and
+    # world); without it a non-empty root is refused.
+    resume: bool = False
     render_quality: Visual = "fast"
     scene: SceneConfig = field(default_factory=SceneConfig)
     operator: OperatorConfig = field(default_factory=OperatorConfig)
@@ -280,12 +283,19 @@ def record(
     """
     from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
 
-    if sink_factory is None:
-        from hilrec.daemon.dataset.writer import DatasetWriter
-
-        sink_factory = functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S)
     cameras = dict.fromkeys(config.cameras, config.image_size)
     features = sim_features(cameras)
+    resuming = _check_root(config, features)
+    if sink_factory is None or resuming:
+        from hilrec.daemon.dataset.writer import DatasetWriter
+
+        if resuming and sink_factory is not None:
+            raise ConfigError("resume", "resuming writes through the native writer; no other sink")
+        sink_factory = (
+            functools.partial(_reopen, merge_interval_s=MERGE_INTERVAL_S)
+            if resuming
+            else functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S)
+        )
     summary = RecordSummary(root=config.root, fps=config.fps)
     began = time.perf_counter()
     with Twin(
@@ -321,6 +331,71 @@ def record(
                 bar.close()
     summary.wall_seconds = time.perf_counter() - began
     return summary
+
+
+def resume_mismatch(
+    root: Path, *, fps: int, features: Mapping[str, Mapping[str, Any]], robot_type: str | None
+) -> list[str]:
+    """What keeps a recording of ``features`` at ``fps`` from adding episodes to the dataset at
+    ``root``: one sentence per difference (empty when they match)."""
+    from hilrec.daemon.dataset.features import DEFAULT_FEATURES
+    from hilrec.daemon.dataset.reader import load_info
+    from hilrec.daemon.errors import CorruptDatasetError
+
+    try:
+        info = load_info(root)
+    except CorruptDatasetError as exc:
+        return [f"it holds no LeRobot dataset ({exc})"]
+    problems = []
+    if info.get("fps") != fps:
+        problems.append(f"fps is {info.get('fps')} in the dataset, {fps} in this recording")
+    if info.get("robot_type") != robot_type:
+        problems.append(f"robot_type is {info.get('robot_type')!r} in the dataset, {robot_type!r} here")
+    theirs = {k: v for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
+    for key in sorted(set(theirs) | set(features)):
+        if key not in features:
+            problems.append(f"feature {key!r} is in the dataset but not in this recording")
+            continue
+        if key not in theirs:
+            problems.append(f"feature {key!r} is in this recording but not in the dataset")
+            continue
+        for field_name in ("dtype", "shape", "names"):
+            old, new = theirs[key].get(field_name), features[key].get(field_name)
+            if field_name == "shape":
+                old, new = list(old or []), list(new or [])
+            if old != new:
+                problems.append(f"feature {key!r} has {field_name} {old} in the dataset, {new} here")
+    return problems
+
+
+def _check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) -> bool:
+    """True to resume the dataset at ``config.root``, False to create it; ConfigError if neither."""
+    root = config.root
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return False
+    if not config.resume:
+        raise ConfigError(
+            "root",
+            f"{root} already exists and is not empty; pass --resume to add episodes to it, "
+            "or record into a new directory",
+        )
+    problems = resume_mismatch(root, fps=config.fps, features=features, robot_type=ROBOT_TYPE)
+    if not problems:
+        from hilrec.daemon.dataset.sidecar import load_dataset_sidecar
+        from hilrec.sim.provenance import check_same_world
+
+        problems = [
+            f"the world differs: {d}" for d in check_same_world(load_dataset_sidecar(root), config.scene)
+        ]
+    if problems:
+        raise ConfigError("root", f"cannot resume {root}: " + "; ".join(problems))
+    return True
+
+
+def _reopen(root: Path, *, merge_interval_s: float, video_codec: str, **_same: Any) -> ManagedSink:
+    from hilrec.daemon.dataset.writer import DatasetWriter
+
+    return DatasetWriter.open(root, video_codec=video_codec, merge_interval_s=merge_interval_s)
 
 
 def _record_episodes(

@@ -1,4 +1,4 @@
-"""``hilrec daemon --config FILE [--root DIR]``: run the teleoperation and recording daemon.
+"""``hilrec daemon --config FILE [--root DIR] [--resume]``: run the teleoperation and recording daemon.
 
 The config is read and checked before anything else happens; a bad key stops the daemon with a
 message naming it (exit status 2). See ``configs/*.toml`` and the README's "ZeroMQ protocol".
@@ -28,6 +28,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--root", type=Path, default=None, help="dataset directory (overrides dataset.root in the config)"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="add episodes to the dataset already in the root (its features, fps and robot type must "
+        "match this config); without it a non-empty root is refused",
+    )
+    parser.add_argument(
+        "--no-verdicts",
+        dest="verdicts",
+        action="store_false",
+        help="do not judge each saved episode in the idle-priority verdict worker",
+    )
+    parser.add_argument(
+        "--no-verdict-gate",
+        dest="verdict_gate",
+        action="store_false",
+        help="let the verdict worker run through the loop's ticks too (bench/bench_verdict.py compares)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -39,4 +57,4 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.control.settings import load_settings
 
     settings = load_settings(args.config, root=args.root)
-    return Daemon(settings).run()
+    return Daemon(settings, resume=args.resume, verdicts=args.verdicts, verdict_gate=args.verdict_gate).run()

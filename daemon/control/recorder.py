@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ class WriterOp(StrEnum):
     DISCARD = "discard"
     FINALIZE = "finalize"
     SIDECAR = "sidecar"
+    EPISODE_SIDECAR = "episode_sidecar"
     STOP = "stop"
 
 
@@ -48,6 +50,7 @@ class _Op:
     sidecar: Mapping[str, Any] | None = None
     arrays: Mapping[str, np.ndarray] | None = None
     future: Future[Any] | None = None
+    episode_index: int | None = None
 
 
 @dataclass
@@ -128,6 +131,11 @@ class Recorder:
     def update_dataset_sidecar(self, fields: Mapping[str, Any]) -> Future[None]:
         """Merge ``fields`` into hilrec/dataset.json, in order with everything else written."""
         return self._submit(_Op(WriterOp.SIDECAR, sidecar=fields))
+
+    def update_episode_sidecar(self, episode_index: int, fields: Mapping[str, Any]) -> Future[None]:
+        """Merge ``fields`` into a saved episode's ``hilrec/episodes/episode-NNNNNN.json``
+        (atomically: a crash leaves the old file or the new one, never a torn one)."""
+        return self._submit(_Op(WriterOp.EPISODE_SIDECAR, sidecar=fields, episode_index=episode_index))
 
     # --- views -------------------------------------------------------------------------------
 
@@ -259,6 +267,10 @@ class Recorder:
 
             update_dataset_sidecar(sink.root, dict(op.sidecar or {}))
             return None
+        if op.kind == WriterOp.EPISODE_SIDECAR:
+            assert op.episode_index is not None
+            _merge_episode_sidecar(sink.root, op.episode_index, dict(op.sidecar or {}))
+            return None
         if op.kind == WriterOp.FINALIZE:
             sink.finalize()
             with self._lock:
@@ -271,3 +283,16 @@ class Recorder:
         with self._lock:
             self._stats.errors.append(message)
             del self._stats.errors[:-100]
+
+
+def _merge_episode_sidecar(root: Path, episode_index: int, fields: dict[str, Any]) -> None:
+    # Not write_episode_sidecar: that rewrites the arrays' flag too. This keeps every other key.
+    from hilrec.daemon.atomic import atomic_write_bytes, json_bytes, read_json
+    from hilrec.daemon.dataset.sidecar import episode_json_path
+
+    path = episode_json_path(root, episode_index)
+    payload = read_json(path, what="episode sidecar")
+    if not isinstance(payload, dict):
+        raise DatasetStateError(f"{path}: not a JSON object")
+    payload.update(fields)
+    atomic_write_bytes(path, json_bytes(payload))

@@ -34,6 +34,7 @@ from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.settings import DaemonSettings
+from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
 from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 LOOP_STOP_TIMEOUT_S = 10.0
 FINALIZE_TIMEOUT_S = 600.0
+VERDICT_DRAIN_S = 30.0  # at shutdown, how long the last takes' verdicts may still take
 
 
 class LoopThread:
@@ -112,9 +114,19 @@ class LoopThread:
 
 class Daemon:
     def __init__(
-        self, settings: DaemonSettings, rig_factory_for: Callable[..., RigFactory] | None = None
+        self,
+        settings: DaemonSettings,
+        rig_factory_for: Callable[..., RigFactory] | None = None,
+        *,
+        resume: bool = False,
+        verdicts: bool = True,
+        verdict_gate: bool = True,
     ) -> None:
         self.settings = settings
+        self.resume = resume
+        self.verdicts = verdicts
+        self.verdict_gate = verdict_gate
+        self.verdict_worker: VerdictWorker | None = None
         self._rig_factory_for = rig_factory_for or default_rig_factory
         self._stop = threading.Event()
         self._stop_reason = "shutdown"
@@ -125,6 +137,8 @@ class Daemon:
 
     def run(self) -> int:
         s = self.settings
+        # Before any port or device: a root that may not be recorded into stops the daemon here.
+        check_root(Path(s.dataset.root), resume=self.resume, fps=s.fps, features=self.features())
         with contextlib.ExitStack() as stack:
             context: zmq.Context[Any] = zmq.Context()
             if s.loop.control_priority > 0:
@@ -160,6 +174,7 @@ class Daemon:
                 on_device_lost=s.faults.on_device_lost,
                 context=self._episode_context(),
                 publish_event=self.telemetry.event,
+                on_saved=self._on_saved,
             )
             factory = self._rig_factory_for(s, context, security)
             sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
@@ -172,6 +187,18 @@ class Daemon:
             stack.callback(self.loop_thread.stop, "startup failed", LOOP_STOP_TIMEOUT_S)
             self.recorder.start()
             stack.callback(self.recorder.close, 30.0)
+            if self.verdicts:
+                # Started from this thread while it is still at normal priority; the worker
+                # lowers its own (SCHED_IDLE) at once. Closed before the writer (LIFO).
+                gated = self.verdict_gate and (s.sim.realtime if s.mode == "sim" else True)
+                self.verdict_worker = VerdictWorker(
+                    root=Path(s.dataset.root),
+                    mode=s.mode,
+                    on_verdict=self._on_verdict,
+                    tick_grid=self._tick_grid if gated else None,  # a free-running loop has no grid
+                )
+                self.verdict_worker.start()
+                stack.callback(self.verdict_worker.close)
             if self.loop_thread.rig is not None and self.loop_thread.rig.dataset_fields:
                 self.recorder.update_dataset_sidecar(self.loop_thread.rig.dataset_fields).result(timeout=30)
             self._install_signals()
@@ -198,6 +225,12 @@ class Daemon:
             )
             self.session.close_open_episode(self._stop_reason)
         finalized = self.session.finalize(FINALIZE_TIMEOUT_S)
+        if self.verdict_worker is not None and not self.verdict_worker.drain(VERDICT_DRAIN_S):
+            log.warning(
+                "%d episode(s) still without a verdict after %.0f s; stopping the verdict worker",
+                self.verdict_worker.pending,
+                VERDICT_DRAIN_S,
+            )
         self.telemetry.event("daemon_stopped", reason=self._stop_reason, finalized=finalized)
         return 0 if finalized else 1
 
@@ -233,23 +266,50 @@ class Daemon:
         s = self.settings
         root = Path(s.dataset.root)
         features = self.features()
-        if (root / "meta" / "info.json").exists():
+        # Checked again here, on the writer thread that opens it: the root may have changed since.
+        if check_root(root, resume=self.resume, fps=s.fps, features=features):
             sink = DatasetWriter.open(root, video_codec=s.dataset.video_codec)
-            theirs = _shape_map(sink.features)
-            if theirs != _shape_map(features) or sink.fps != s.fps:
-                sink.finalize()
-                raise ConfigError(
-                    "dataset.root",
-                    f"{root} holds a dataset with fps {sink.fps} and "
-                    f"features {theirs}; this config records "
-                    f"fps {s.fps} and {_shape_map(features)}",
-                )
         else:
             sink = DatasetWriter.create(
                 root, fps=s.fps, features=features, robot_type=ROBOT_TYPE, video_codec=s.dataset.video_codec
             )
         update_dataset_sidecar(root, {"daemon": self._dataset_provenance()})
         return sink
+
+    # --- verdicts ------------------------------------------------------------------------------
+
+    def _tick_grid(self) -> tuple[float, float] | None:
+        """(the last tick's deadline, the period), monotonic: when the loop will want a CPU."""
+        loop_thread = getattr(self, "loop_thread", None)
+        loop = loop_thread.loop if loop_thread is not None else None
+        timing = (loop.last_tick.get("timing") if loop is not None else None) or {}
+        deadline = timing.get("deadline")
+        return None if deadline is None or loop is None else (float(deadline), loop.period_s)
+
+    def _on_saved(self, episode_index: int, _frames: int, ended_at: float) -> None:
+        if self.verdict_worker is not None:
+            self.verdict_worker.submit(episode_index, ended_at)
+
+    def _on_verdict(self, verdict: dict[str, Any]) -> None:
+        """On the hilrec-verdict thread: store the verdict beside the episode, then publish it."""
+        index = int(verdict["episode_index"])
+        details = dict(verdict.get("details") or {})
+        details["take_end_to_verdict_s"] = verdict.get("take_end_to_verdict_s")
+        fields = {
+            "episode_index": index,
+            "verdict": verdict["verdict"],
+            "summary": verdict["summary"],
+            "details": details,
+        }
+        stored = {k: v for k, v in fields.items() if k != "episode_index"}
+        try:
+            self.recorder.update_episode_sidecar(
+                index, {"verdict": {**stored, "unix_s": time.time()}}
+            ).result(timeout=30.0)
+        except (HilrecError, OSError, TimeoutError) as exc:
+            log.error("the verdict of episode %d is not stored in its sidecar: %s", index, exc)
+        # Published once stored: whoever hears it can read it beside the episode.
+        self.telemetry.event("episode_verdict", **fields)
 
     def _dataset_provenance(self) -> dict[str, Any]:
         s = self.settings
@@ -331,6 +391,7 @@ class Daemon:
                 "cameras": sorted(s.cameras),
                 "devices": rig.devices if rig is not None else {},
                 "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
+                "verdicts": self.verdict_worker.status() if self.verdict_worker is not None else None,
             }
         )
         return out
@@ -348,12 +409,25 @@ def default_rig_factory(
     return hardware_rig_factory(settings, context, security)
 
 
-def _shape_map(features: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    return {
-        k: (v["dtype"], tuple(v["shape"]))
-        for k, v in features.items()
-        if k == "action" or k.startswith("observation")
-    }
+def check_root(root: Path, *, resume: bool, fps: int, features: dict[str, Any]) -> bool:
+    """True when ``root`` holds a dataset to resume, False when it is new (missing or empty).
+
+    An existing, non-empty root is refused without ``resume``; with it, it must be a dataset of
+    the same features, fps and robot type (the error names what differs)."""
+    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+        return False
+    if not resume:
+        raise ConfigError(
+            "dataset.root",
+            f"{root} already exists and is not empty; pass --resume to add episodes to the "
+            "dataset in it, or choose a new root",
+        )
+    from hilrec.sim.recorder import resume_mismatch
+
+    problems = resume_mismatch(root, fps=fps, features=features, robot_type=ROBOT_TYPE)
+    if problems:
+        raise ConfigError("dataset.root", f"cannot resume {root}: " + "; ".join(problems))
+    return True
 
 
 def _jsonable(value: Any) -> Any:

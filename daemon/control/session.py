@@ -23,6 +23,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class Session:
         on_device_lost: str,
         context: Mapping[str, Any],
         publish_event: Callable[..., None],
+        on_saved: Callable[[int, int, float], None] | None = None,
     ) -> None:
         self._recorder = recorder
         self.hooks: EpisodeHooks = NoHooks()  # the rig's, set once the loop thread has built it
@@ -77,6 +79,9 @@ class Session:
         self._on_device_lost = on_device_lost
         self._context = dict(context)
         self._publish_event = publish_event
+        # (episode_index, frames, when its take ended, monotonic), on the writer thread once the
+        # episode is durable: the daemon's verdict worker starts from there.
+        self._on_saved_hook = on_saved
         self._pending: queue.SimpleQueue[_Pending] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._state = SessionState.IDLE
@@ -298,6 +303,7 @@ class Session:
     def _close_episode(self, *, save: bool, success: bool | None, ended_by: str) -> dict[str, Any]:
         episode = self._episode
         assert episode is not None
+        ended_at = time.monotonic()
         outcome = self.hooks.end()
         with self._lock:
             self._episode = None
@@ -314,7 +320,7 @@ class Session:
                 future = self._recorder.save(sidecar=sidecar, arrays=arrays)
                 self._saves_queued += 1
                 index, frames = episode.index, episode.frames
-                future.add_done_callback(lambda done: self._on_saved(done, index, frames))
+                future.add_done_callback(lambda done: self._on_saved(done, index, frames, ended_at))
                 result["saving"] = True
                 self._publish_event("episode_stopped", **result)
             else:
@@ -330,7 +336,7 @@ class Session:
             self._last_episode = dict(result)
         return result
 
-    def _on_saved(self, future: Future[int], expected: int, frames: int) -> None:
+    def _on_saved(self, future: Future[int], expected: int, frames: int, ended_at: float) -> None:
         if future.exception() is None:
             index = future.result()
             with self._lock:
@@ -338,6 +344,11 @@ class Session:
                     self._last_episode["saved"] = True
                     self._last_episode["episode_index"] = index
             self._publish_event("episode_saved", episode_index=index, frames=frames)
+            if self._on_saved_hook is not None:
+                try:
+                    self._on_saved_hook(index, frames, ended_at)
+                except Exception:  # a verdict that cannot be asked for never fails a save
+                    log.exception("after saving episode %d", index)
         else:
             with self._lock:
                 self._saves_queued -= 1

@@ -83,11 +83,20 @@ class Daemon:
     def control(self) -> str:
         return f"tcp://127.0.0.1:{self.control_port}"
 
-    def start(self, *, expect_ready: bool = True) -> Daemon:
+    def start(self, *, expect_ready: bool = True, args: tuple[str, ...] = ()) -> Daemon:
+        """``args``: more flags of ``hilrec daemon``, e.g. ``("--resume",)``."""
         env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(self.config_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "hilrec.daemon.cli",
+                    "daemon",
+                    "--config",
+                    str(self.config_path),
+                    *args,
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -181,6 +181,7 @@ def _lerobot_loads(root: Path, frames: int) -> None:
 def test_a_remote_leaders_out_of_range_goals_reach_the_servos_clamped_and_are_recorded_clamped(
     tmp_path: Path, daemons
 ) -> None:
+    from hilrec.daemon.so101 import NormMode
     from hilrec.drivers.calibration import MotorCalibration, units_to_ticks
 
     root = tmp_path / "ds"
@@ -216,6 +217,6 @@ def test_a_remote_leaders_out_of_range_goals_reach_the_servos_clamped_and_are_re
         assert flags[i] & int(FrameFlag.CLAMPED), f"frame {i} not flagged clamped: {actions[i]}"
         for joint, value in zip(calibration, actions[i], strict=True):
             cal = MotorCalibration(**calibration[joint])
-            mode = "range_0_100" if joint == "gripper" else "degrees"
+            mode = NormMode.RANGE_0_100 if joint == "gripper" else NormMode.DEGREES
             assert cal.range_min <= units_to_ticks(float(value), cal, mode) <= cal.range_max, (joint, value)
     assert float(actions[commanded[-1]][5]) == 100.0

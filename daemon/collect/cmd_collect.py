@@ -1,0 +1,191 @@
+"""``hilrec collect --config FILE --episodes N``: a whole bench session in one command.
+
+Starts the daemon from ``--config`` (a child ``hilrec daemon``, its log in a file collect names)
+or, with ``--attach``, drives the one already running on that config's ports. Then N takes:
+each recorded until ``--episode-time-s`` or a key, saved, and judged by the daemon's verdict
+worker while teleoperation goes on through ``--reset-time-s``. At the end the dataset is
+finalized and a summary printed: takes kept, re-recorded and discarded, frames, late ticks,
+verdicts. Exit status 0; 2 when the daemon cannot be started or reached.
+
+Keys, read from this terminal (raw stdin, works over SSH): → or n save the take now; ← or r
+record it again; space pause between takes; Esc or q (or Ctrl-C) save, finalize and exit.
+Without a terminal on stdin the takes simply run their time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+DEFAULT_TASK: Final[str] = "Pick up the red cube and place it in the blue bin."
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "collect",
+        help="run a whole recording session: N timed takes with keys, verdicts and a summary",
+        description=__doc__.split("\n\n")[1],
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", type=Path, required=True, help="daemon TOML config (gives the ports)")
+    parser.add_argument(
+        "--attach", action="store_true", help="drive the daemon already running on the config's ports"
+    )
+    parser.add_argument("--root", type=Path, help="dataset directory (overrides dataset.root in the config)")
+    parser.add_argument("--episodes", type=_positive_int, required=True, metavar="N", help="takes to keep")
+    parser.add_argument(
+        "--episode-time-s", type=_positive_float, default=60.0, metavar="T", help="length of a take (60)"
+    )
+    parser.add_argument(
+        "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes (10)"
+    )
+    tasks = parser.add_mutually_exclusive_group()
+    tasks.add_argument("--task", help=f"task text of every take (default {DEFAULT_TASK!r})")
+    tasks.add_argument("--tasks", type=Path, metavar="FILE", help="one task per line, cycling per take")
+    parser.add_argument(
+        "--resume", action="store_true", help="add to the dataset already in the root (passed to the daemon)"
+    )
+    parser.add_argument("--no-sounds", dest="sounds", action="store_false", help="no spoken prompts, no bell")
+    parser.add_argument("--daemon-log", type=Path, help="the started daemon's log (default: ROOT.daemon.log)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.collect.keys import KeyReader
+    from hilrec.daemon.collect.launch import DaemonProcess, Endpoints, default_log_path
+    from hilrec.daemon.collect.monitor import Monitor
+    from hilrec.daemon.collect.panel import Panel
+    from hilrec.daemon.collect.session import CollectSession, Summary
+    from hilrec.daemon.collect.sounds import Speaker
+    from hilrec.daemon.control.settings import load_settings
+    from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
+    from hilrec.daemon.wire.client import ControlClient
+
+    logging.getLogger("OpenGL").setLevel(logging.WARNING)  # the config's checks import MuJoCo
+    settings = load_settings(args.config, root=args.root)
+    endpoints = Endpoints.from_settings(settings)
+    task_list = _tasks(args)
+    speaker = Speaker(enabled=args.sounds)
+    out = sys.stdout
+    daemon: DaemonProcess | None = None
+    if not args.attach:
+        log_path = args.daemon_log or default_log_path(Path(settings.dataset.root))
+        daemon = DaemonProcess(
+            args.config, endpoints=endpoints, log_path=log_path, root=args.root, resume=args.resume
+        )
+        print(f"collect: starting the daemon ({settings.mode} mode); its log: {log_path}", file=out)
+        out.flush()
+        daemon.spawn()  # before any thread of this process (the ZeroMQ context below starts some)
+    elif args.resume or args.root:
+        print("collect: --attach records where the daemon does; --resume and --root are ignored", file=out)
+    with ControlClient(endpoints.control, timeout_ms=3000, retries=3) as client:
+        if daemon is not None:
+            try:
+                daemon.wait_ready(client)
+            except BaseException:
+                daemon.kill()
+                raise
+        else:
+            try:
+                client.call("status")
+            except DaemonUnreachableError as exc:
+                raise HilrecError(f"no daemon to attach to at {endpoints.control}: {exc}") from None
+        monitor = Monitor(endpoints.telemetry).start()
+        summary: Summary | None = None
+        try:
+            monitor.wait_connected(10.0)
+            with KeyReader() as keys, Panel(monitor) as panel:
+                if not keys.interactive:
+                    panel.line("no terminal on stdin: no keys, the takes run their time")
+                panel.line(f"sounds: {speaker.describe}")
+                session = CollectSession(
+                    client=client,
+                    monitor=monitor,
+                    panel=panel,
+                    keys=keys,
+                    speaker=speaker,
+                    episodes=args.episodes,
+                    episode_time_s=args.episode_time_s,
+                    reset_time_s=args.reset_time_s,
+                    tasks=task_list,
+                )
+                summary = session.run()
+        except DaemonUnreachableError as exc:
+            tail = f"; its log ends:\n{daemon.log_tail()}" if daemon is not None else ""
+            raise HilrecError(f"the daemon stopped answering: {exc}{tail}") from None
+        finally:
+            monitor.close()
+            speaker.close()
+            if daemon is not None:
+                code = daemon.shutdown(client)
+                if code != 0:
+                    print(f"collect: the daemon exited with {code}; see {daemon.log_path}", file=out)
+    assert summary is not None
+    print(format_summary(summary), file=out, flush=True)
+    return 0
+
+
+def format_summary(summary: Any) -> str:
+    kept = [t for t in summary.kept if not t.superseded]
+    lines = [
+        f"collect: {len(kept)} take(s) kept, {summary.rerecorded} re-recorded, "
+        f"{summary.discarded} discarded; {summary.frames} frames in {len(summary.kept)} saved "
+        f"episode(s); late ticks {summary.late_in_takes} in takes ({summary.late_ticks} in the "
+        f"session), {summary.skipped_slots} skipped slot(s) in takes",
+    ]
+    for take in summary.kept:
+        verdict = summary.verdicts.get(take.episode_index)
+        said = f"{verdict['verdict']}: {verdict['summary']}" if verdict else "no verdict"
+        again = " (recorded again; still in the dataset)" if take.superseded else ""
+        lines.append(
+            f"  take {take.number}: episode {take.episode_index}, {take.frames} frames, ended by "
+            f"{take.ended_by}{again}; {said}"
+        )
+    lines.append(f"dataset: {summary.root} ({'finalized' if summary.finalized else 'NOT finalized'})")
+    return "\n".join(lines)
+
+
+def _tasks(args: argparse.Namespace) -> list[str]:
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.text import task_problem
+
+    if args.tasks is not None:
+        try:
+            lines = args.tasks.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError("--tasks", f"cannot read {args.tasks}: {exc}") from None
+        tasks = [line.strip() for line in lines if line.strip()]
+        if not tasks:
+            raise ConfigError("--tasks", f"{args.tasks} holds no task (one per line)")
+    else:
+        tasks = [args.task or DEFAULT_TASK]
+    for number, task in enumerate(tasks, 1):
+        problem = task_problem(task)
+        if problem is not None:
+            raise ConfigError("--tasks" if args.tasks else "--task", f"task {number} {problem}")
+    return tasks
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
+    return value

@@ -1,0 +1,162 @@
+"""The daemon collect talks to: one it starts (a child ``hilrec daemon``) or one already running.
+
+A started daemon is a child process ``hilrec daemon --config FILE [--root DIR] [--resume]`` in a
+session of its own (a Ctrl-C in collect's terminal reaches collect only; collect decides what
+the daemon does), its stdout and stderr going to a log file whose name collect prints. Every wait
+is bounded: the daemon must answer ``status`` within ``start_timeout_s`` or collect stops with the
+end of its log; at the end it is asked to shut down and given ``stop_timeout_s`` to finalize and
+exit before it is killed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
+from hilrec.daemon.wire.client import ControlClient
+
+START_TIMEOUT_S: Final[float] = 120.0
+STOP_TIMEOUT_S: Final[float] = 180.0
+LOG_TAIL_CHARS: Final[int] = 3000
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    control: str
+    telemetry: str
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Endpoints:
+        """Loopback endpoints of the daemon a config describes (collect runs beside it)."""
+        from hilrec.daemon.errors import ConfigError
+
+        zmq = settings.zmq
+        if getattr(zmq, "curve", None) is not None:
+            raise ConfigError(
+                "zmq.curve", "collect drives a daemon on this machine; run it on a config without CURVE keys"
+            )
+        return cls(
+            control=f"tcp://127.0.0.1:{zmq.control_port}",
+            telemetry=f"tcp://127.0.0.1:{zmq.telemetry_port}",
+        )
+
+
+class DaemonProcess:
+    """A ``hilrec daemon`` child. ``start()`` returns once it serves control requests."""
+
+    def __init__(
+        self, config: Path, *, endpoints: Endpoints, log_path: Path, root: Path | None, resume: bool
+    ) -> None:
+        self.config = config
+        self.endpoints = endpoints
+        self.log_path = log_path
+        self.argv = [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)]
+        if root is not None:
+            self.argv += ["--root", str(root)]
+        if resume:
+            self.argv.append("--resume")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        """Start the child; call it before the ZeroMQ context exists. The child is told to get
+        SIGTERM when collect dies (it then saves and finalizes), a hook between fork and exec."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.setdefault("MUJOCO_GL", "egl")
+        env.setdefault("PYOPENGL_PLATFORM", "egl")
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # Ctrl-C in collect's terminal is collect's to handle
+                # Only a prctl() through a libc handle loaded beforehand: no lock, no allocation
+                # between fork and exec, so a pool thread in this process cannot deadlock it.
+                preexec_fn=_die_with_parent(),  # noqa: PLW1509
+            )
+
+    def wait_ready(self, client: ControlClient, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """The daemon's first status reply, once it serves; HilrecError with its log if it does not."""
+        assert self.process is not None, "spawn() first"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise HilrecError(
+                    f"the daemon exited with status {self.process.returncode} before serving; "
+                    f"its log {self.log_path} ends:\n{self.log_tail()}"
+                )
+            try:
+                return client.call("status")
+            except DaemonUnreachableError:
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise HilrecError(
+                        f"the daemon did not answer within {timeout_s:.0f} s; its log "
+                        f"{self.log_path} ends:\n{self.log_tail()}"
+                    ) from None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def shutdown(self, client: ControlClient, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """Ask it to finish (it saves, finalizes, exits); its exit status, None if it had to be killed."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            try:
+                client.request("shutdown")
+            except DaemonUnreachableError:
+                self.process.terminate()  # SIGTERM: the daemon saves and finalizes on it too
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return text[-LOG_TAIL_CHARS:]
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook asking Linux to SIGTERM the child when collect dies (the daemon then
+    saves its open episode and finalizes, as on any SIGTERM); None where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+    return hook
+
+
+def default_log_path(root: Path) -> Path:
+    """Beside the dataset, never in it: a new root must stay empty until the daemon creates it."""
+    root = root.resolve()
+    return root.parent / f"{root.name}.daemon.log"

@@ -1,0 +1,115 @@
+"""The verdict worker: one episode judged alone, in a process at the bottom of the CPU queue.
+
+A sound sim episode replays bit for bit; a hardware-like episode whose wrist servo stopped
+following its goal (it holds where it is, its reading truthful: a stalled servo) is bad, and the
+summary names the joint and when. The daemon's side (event, sidecar) is in test_collect_*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
+
+from hilrec.daemon.cli import main
+from hilrec.daemon.control.verdict import BAD, NOT_CHECKED, SOUND, VerdictWorker, judge_episode
+
+
+@pytest.fixture(scope="module")
+def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("verdict") / "sim"
+    argv = ["record", "--sim", "--root", str(root), "--episodes", "2", "--size", "48x64", "--no-progress"]
+    assert main(argv) == 0
+    return root
+
+
+def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root: Path) -> None:
+    verdicts: queue.Queue[dict[str, Any]] = queue.Queue()
+    worker = VerdictWorker(root=sim_root, mode="sim", on_verdict=verdicts.put)
+    worker.start()
+    try:
+        worker.submit(1)
+        verdict = verdicts.get(timeout=120)
+        assert worker.drain(10.0) and worker.pending == 0
+        assert worker._process is not None
+        pid = worker._process.pid
+        # The lowest CPU priority there is: SCHED_IDLE, which Linux grants without privileges.
+        assert worker.priority == "SCHED_IDLE"
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    finally:
+        worker.close()
+    assert verdict["episode_index"] == 1 and verdict["verdict"] == SOUND, verdict
+    assert "replays bit for bit" in verdict["summary"]
+    details = verdict["details"]
+    assert details["data_problems"] == [] and details["replay"]["status"] == "passed"
+    assert details["replay"]["frames"] > 0 and verdict["take_end_to_verdict_s"] >= details["worker_s"]
+
+
+def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
+    twin = make_twin()
+    try:
+        clean = record(RecordingSpec(seed=3, frames=250), twin)
+        stalled = record(RecordingSpec(seed=4, frames=250, frozen=Frozen("wrist_flex", 100)), twin)
+        root = write_native(tmp_path / "hw", [clean, stalled], twin)
+    finally:
+        twin.close()
+    good = judge_episode(root, 0, mode="emulated")
+    assert good["verdict"] == SOUND, good
+    assert "consistent with the twin" in good["summary"]
+    bad = judge_episode(root, 1, mode="emulated")
+    assert bad["verdict"] == BAD, bad
+    # One sentence a person acts on: which joint, from when, and what to do.
+    # The servo froze at frame 100 (4.0 s); the reading may have been still for a few frames
+    # before, and the stall is dated from where it stopped moving.
+    match = re.match(r"wrist_flex stalled from (\d+\.\d) s", bad["summary"])
+    assert match is not None and 3.0 <= float(match.group(1)) <= 4.1, bad["summary"]
+    assert bad["summary"].endswith("press ← to record it again")
+    replay = bad["details"]["replay"]
+    assert replay["status"] == "diverged" and replay["divergence"]["joint"] == "wrist_flex"
+
+
+def test_an_episode_that_never_gets_merged_is_not_checked(sim_root: Path) -> None:
+    verdict = judge_episode(sim_root, 7, mode="sim", merge_timeout_s=0.2)
+    assert verdict["verdict"] == NOT_CHECKED
+    assert "not merged into LeRobot's files within" in verdict["summary"]
+
+
+def test_the_tick_gate_holds_the_worker_off_each_tick_and_always_lets_it_go(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    from hilrec.daemon.control.verdict import GATE_GUARD_S, GATE_RESUME_S, TickGate
+
+    period = 0.04
+    origin = time.monotonic()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        gate = TickGate(busy.pid, lambda: (origin, period))
+        gate.start()
+        states = []
+        deadline = time.monotonic() + 10.0
+        while gate.ticks < 10 and time.monotonic() < deadline:
+            # Mid-way through the hold (the guard before a deadline to the resume after it) the
+            # process is stopped ("T"); in the rest of the period it runs.
+            now = time.monotonic()
+            next_deadline = origin + (int((now - origin) / period) + 1) * period
+            time.sleep(max(0.0, next_deadline + (GATE_RESUME_S - GATE_GUARD_S) / 2 - time.monotonic()))
+            states.append(_state(busy.pid))
+        held = gate.stop()
+        assert held >= 10, held
+        assert states.count("T") >= len(states) // 2, states  # a loaded machine may wake us late
+        assert _state(busy.pid) != "T"  # continued when the gate ends
+    finally:
+        busy.kill()
+        busy.wait(10)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]

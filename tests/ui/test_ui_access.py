@@ -1,0 +1,170 @@
+"""Who may use the page: beyond loopback only with a token, and a request without it changes
+nothing; the replay reports are served read-only from inside the dataset root only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import cv2
+import numpy as np
+from _daemon import Daemon, run_cli, sim_config
+from _ui import TOKEN, Ui
+
+WS_TIMEOUT_S = 20.0
+
+
+def fetch(method: str, url: str, **kwargs: Any) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request (no redirects followed), bounded; returns status, headers and body."""
+
+    async def go() -> tuple[int, dict[str, str], bytes]:
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(method, url, allow_redirects=False, **kwargs) as response,
+        ):
+            return response.status, dict(response.headers), await response.read()
+
+    return asyncio.run(go())
+
+
+def first_ws_message(url: str, **kwargs: Any) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(url, **kwargs) as ws:
+            message = await ws.receive(timeout=WS_TIMEOUT_S)
+            return dict(json.loads(message.data))
+
+    return asyncio.run(go())
+
+
+def ws_refused(url: str, **kwargs: Any) -> int:
+    try:
+        first_ws_message(url, **kwargs)
+    except aiohttp.WSServerHandshakeError as exc:
+        return exc.status
+    raise AssertionError(f"the WebSocket {url} was let in")
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def unchanged(before: dict[str, Any], after: dict[str, Any]) -> None:
+    for key in ("state", "episode", "last_episode", "faults"):
+        assert after[key] == before[key], (key, before[key], after[key])
+    for key in ("episodes", "saved_this_session", "discarded_this_session", "finalized"):
+        assert after["dataset"][key] == before["dataset"][key], key
+
+
+def test_a_page_beyond_loopback_is_refused_at_start_without_a_token(tmp_path: Path) -> None:
+    config = tmp_path / "daemon.toml"
+    config.write_text(sim_config(tmp_path / "ds"))
+    ui = Ui(config, tmp_path, host="0.0.0.0")
+    for extra in ([], ["--token", "short"]):
+        result = run_cli(*ui.command()[3:], *extra, timeout_s=120)
+        assert result.returncode == 2, result
+        assert "config key 'ui.token'" in result.stderr and "16 characters" in result.stderr, result.stderr
+        assert not listening(ui.port)
+    # The same from the config's [ui] section.
+    config.write_text(sim_config(tmp_path / "ds", extra='[ui]\nhost = "0.0.0.0"\n'))
+    result = run_cli("ui", "--config", str(config), "--port", str(ui.port), timeout_s=120)
+    assert result.returncode == 2 and "config key 'ui.token'" in result.stderr, result.stderr
+    assert not listening(ui.port)
+
+
+def test_with_a_token_a_request_without_it_gets_401_and_changes_nothing(tmp_path: Path, daemons, uis) -> None:
+    daemon = daemons(Daemon(tmp_path, sim_config(tmp_path / "ds")))
+    ui = uis(Ui(daemon.config_path, tmp_path, host="0.0.0.0", token=TOKEN))
+    before = daemon.call("status")
+    start = {"json": {"task": "never started"}}
+    wrong = {"Authorization": "Bearer " + "x" * len(TOKEN)}
+    refused: list[tuple[str, str, dict[str, Any]]] = [
+        ("GET", "/", {}),
+        ("GET", "/?token=wrong-token-0123456789", {}),
+        ("GET", "/api/state", {}),
+        ("GET", "/static/app.js", {}),
+        ("GET", "/takes/0/replay.png", {}),
+        ("POST", "/api/start", start),
+        ("POST", "/api/start", {**start, "headers": wrong}),
+        ("POST", f"/api/start?token={TOKEN}", start),  # the query counts on the page and /ws only
+        ("POST", "/api/finalize", {"json": {}}),
+    ]
+    for method, path, kwargs in refused:
+        status, headers, _ = fetch(method, ui.url + path, **kwargs)
+        assert status == 401, (method, path, status)
+        assert headers.get("WWW-Authenticate", "").startswith("Bearer")
+    assert ws_refused(f"{ui.url.replace('http', 'ws')}/ws") == 401
+    # A page of another site cannot drive the buttons, even with the cookie or token.
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    status, _, _ = fetch(
+        "POST", ui.url + "/api/start", **start, headers={**bearer, "Origin": "http://evil.example"}
+    )
+    assert status == 403
+    status, _, _ = fetch("POST", ui.url + "/api/start", data="task=x", headers=bearer)
+    assert status == 415
+    unchanged(before, daemon.call("status"))
+
+    # The token lets the same requests through, and they do change things.
+    status, _, body = fetch("GET", ui.url + "/api/state", headers=bearer)
+    assert status == 200 and json.loads(body)["type"] == "snapshot"
+    status, _, body = fetch("POST", ui.url + "/api/start", **start, headers=bearer)
+    reply = json.loads(body)
+    assert status == 200 and reply["ok"] and reply["steps"][0]["reply"]["task"] == "never started", reply
+    assert daemon.call("status")["state"] == "recording"
+    status, _, body = fetch("POST", ui.url + "/api/discard", json={}, headers=bearer)
+    assert json.loads(body)["ok"]
+    # ?token= on the first page load becomes a cookie (and leaves the address bar).
+    status, headers, _ = fetch("GET", f"{ui.url}/?token={TOKEN}")
+    assert status == 303 and headers["Location"] == "/"
+    cookie = headers["Set-Cookie"]
+    assert (
+        cookie.startswith(f"hilrec_ui_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    )
+    status, headers, body = fetch("GET", ui.url + "/", headers={"Cookie": f"hilrec_ui_token={TOKEN}"})
+    assert status == 200 and b"<canvas" in body
+    assert first_ws_message(f"{ui.url.replace('http', 'ws')}/ws?token={TOKEN}")["type"] == "snapshot"
+
+
+def test_replay_reports_are_served_read_only_and_only_from_inside_the_root(
+    tmp_path: Path, daemons, uis
+) -> None:
+    root = tmp_path / "ds"
+    daemon = daemons(Daemon(tmp_path, sim_config(root)))
+    ui = uis(Ui(daemon.config_path, tmp_path))  # loopback, no token
+    reports = root / "hilrec" / "replay"
+    reports.mkdir(parents=True, exist_ok=True)
+    ok, png = cv2.imencode(".png", np.full((8, 8, 3), 200, np.uint8))
+    assert ok
+    (reports / "episode-000000.png").write_bytes(png.tobytes())
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(png.tobytes())
+    (reports / "episode-000001.png").symlink_to(outside)  # points out of the root
+
+    status, headers, body = fetch("GET", ui.url + "/takes/0/replay.png")
+    assert status == 200 and headers["Content-Type"] == "image/png" and body == png.tobytes()
+    for path in (
+        "/takes/1/replay.png",  # a symlink out of the root
+        "/takes/2/replay.png",  # none
+        "/takes/-1/replay.png",
+        "/takes/..%2F..%2Fsecret/replay.png",
+        "/static/..%2F..%2F..%2Fpyproject.toml",
+    ):
+        status, _, body = fetch("GET", ui.url + path)
+        assert status in (403, 404), (path, status)
+        assert body != png.tobytes()
+    status, _, _ = fetch("PUT", ui.url + "/takes/0/replay.png", data=b"x")
+    assert status == 405
+    assert (reports / "episode-000000.png").read_bytes() == png.tobytes()
+    # Without a token the page answers to loopback names only (no DNS-rebound host names).
+    status, _, _ = fetch("GET", ui.url + "/", headers={"Host": f"rebound.example:{ui.port}"})
+    assert status == 403
+    status, _, _ = fetch("GET", ui.url + "/")
+    assert status == 200

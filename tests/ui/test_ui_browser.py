@@ -1,0 +1,191 @@
+"""The bench page in a real browser (Debian's Chromium, driven by Playwright) against a real
+emulated daemon: previews and joints move, the buttons record a take that passes ``hilrec
+check``, the take opens its replay report, a stopped daemon is shown as stopped (nothing stale
+looks live), and after a restart a vanished servo port appears as a fault."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _daemon import Daemon, check_passes, emulated_config
+from _ui import ARTIFACTS, CHROMIUM_ARGS, TOKEN, Ui, chromium, on_the_same_ports
+from playwright.sync_api import Page, expect, sync_playwright
+
+from hilrec.daemon.dataset.reader import load_episodes
+
+pytestmark = pytest.mark.slow
+
+# A camera worth looking at: the mirroring twin, filmed at 320x240; previews at 5 Hz.
+CAMERAS = """
+[cameras.front]
+source = "twin"
+height = 240
+width = 320
+fps = 10
+stall_ms = 3000
+"""
+WAIT_MS = 60_000  # every wait on the page is bounded by this
+
+
+def config(root: Path, faults: str = "") -> str:
+    text = emulated_config(root, cameras=CAMERAS, faults=faults)
+    return text.replace("preview_hz = 0.0", "preview_hz = 5.0\npreview_width = 320")
+
+
+def frames(page: Page) -> int:
+    text = page.locator("#frames").inner_text()
+    return int(text) if text.isdigit() else -1
+
+
+def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_a_fault(
+    tmp_path: Path, daemons, uis
+) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    root = tmp_path / "ds"
+    first_config = config(root)
+    daemon = daemons(Daemon(tmp_path, first_config))
+    ui = uis(Ui(daemon.config_path, tmp_path, token=TOKEN))
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.set_default_timeout(WAIT_MS)
+        expect.set_options(timeout=WAIT_MS)
+        # The first load carries the token; the page then lives on its cookie (WebSocket included).
+        page.goto(f"{ui.url}/?token={TOKEN}")
+        assert "token" not in page.url
+        expect(page.locator("#link")).to_have_text(re.compile(r"^daemon live"))
+
+        # The camera preview changes, and the joints move.
+        preview = page.locator('img.preview[data-camera="front"]')
+        expect(preview).to_have_attribute("src", re.compile(r"^data:image/jpeg;base64,"))
+        first_src = preview.get_attribute("src")
+        page.wait_for_function(
+            "src => document.querySelector('img.preview[data-camera=front]').src !== src", arg=first_src
+        )
+        follower = 'td[data-joint="shoulder_lift"][data-series="state"]'
+        expect(page.locator(follower)).to_have_text(re.compile(r"^-?\d+\.\d$"))
+        first_joints = page.locator('td[data-series="state"]').all_inner_texts()
+        page.wait_for_function(
+            "old => [...document.querySelectorAll('td[data-series=state]')]"
+            ".map(td => td.textContent).join() !== old.join()",
+            arg=first_joints,
+        )
+        expect(page.locator("#state")).to_have_text("idle")
+        expect(page.locator("#joints")).not_to_have_class(re.compile("stale"))
+
+        # Start, 3 s of recording (75 frames at 25 fps), stop: one saved take.
+        page.locator("#task").fill("Put the cube in the bin.")
+        page.locator("#btn-start").click()
+        expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok"))
+        expect(page.locator("#state")).to_have_text("recording")
+        page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 75")
+        expect(page.locator("#take")).to_have_text("0")
+        expect(page.locator("#elapsed")).to_have_text(re.compile(r"^0:0[2-9]\.\d$|^0:[1-5]\d\.\d$"))
+        # Every text take 0's row shows, in order: first without a verdict, then the daemon's.
+        page.evaluate(
+            """() => {
+              window.takeTexts = [];
+              new MutationObserver(() => {
+                const row = document.querySelector('#take-list tr[data-take="0"]');
+                if (row) window.takeTexts.push(row.textContent);
+              }).observe(document.querySelector('#take-list'), {childList: true, subtree: true});
+            }"""
+        )
+        page.locator("#btn-stop").click()
+        expect(page.locator("#reply")).to_have_text(re.compile(r"stop_episode: ok"))
+        shown_frames = int(re.findall(r"frames (\d+)", page.locator("#reply").inner_text())[0])
+        assert shown_frames >= 75
+        take = page.locator('#take-list tr[data-take="0"]')
+        expect(take.locator("td").nth(1)).to_have_text(str(shown_frames))
+        expect(take).to_contain_text("Put the cube in the bin.")
+        expect(page.locator("#state")).to_have_text("idle")
+        # The daemon judges the take after it is saved (an episode_verdict event); until then
+        # the row says it has none.
+        expect(take.locator(".verdict")).to_have_text(re.compile(r"^(sound|warning|bad|not_checked)$"))
+        expect(take.locator(".verdict-summary")).to_contain_text("episode 0")
+        texts = page.evaluate("() => window.takeTexts")
+        first_verdict = next(i for i, text in enumerate(texts) if "no verdict" not in text)
+        assert first_verdict > 0 and all("no verdict" in text for text in texts[:first_verdict]), texts
+        late = page.locator('#loop-numbers dd[data-key="late_ticks"]').inner_text()
+        assert late.isdigit(), late
+
+        # A second take (Enter in the task field starts it), re-recorded with <- under the same
+        # task whatever the field says now, then discarded: the dataset keeps one take.
+        page.locator("#task").fill("The second take.")
+        page.locator("#task").press("Enter")
+        expect(page.locator("#take")).to_have_text("1")
+        page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 10")
+        page.locator("#task").fill("not this text")
+        page.locator("body").click(position={"x": 5, "y": 5})
+        page.keyboard.press("ArrowLeft")
+        expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok .*The second take"))
+        # The writer counts a discard once it has dropped the take's frames (bounded wait).
+        status = daemon.wait_status(lambda s: s["dataset"]["discarded_this_session"] == 1, what="one discard")
+        assert status["episode"]["index"] == 1 and status["episode"]["task"] == "The second take."
+        page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 100")
+        page.locator("#task").fill("The second take.")
+        page.locator("#task").blur()
+        page.screenshot(path=ARTIFACTS / "recording.png", full_page=True)
+        page.locator("#btn-discard").click()
+        expect(page.locator("#reply")).to_have_text(re.compile(r"discard_episode: ok"))
+        expect(page.locator("#state")).to_have_text("idle")
+        daemon.wait_status(lambda s: s["dataset"]["discarded_this_session"] == 2, what="two discards")
+        # -> is stop-and-save; with no take open the daemon refuses, and the page says why.
+        page.keyboard.press("ArrowRight")
+        expect(page.locator("#reply")).to_have_text(re.compile(r"stop_episode refused: .*\(bad_state\)"))
+        expect(page.locator("#reply")).to_have_class(re.compile("refused"))
+
+        # Esc asks before finalizing; the answer finalizes the dataset.
+        page.locator("body").click(position={"x": 5, "y": 5})
+        page.keyboard.press("Escape")
+        expect(page.locator("#confirm-finalize")).to_be_visible()
+        page.locator("#finalize-confirm").click()
+        expect(page.locator("#state")).to_have_text("finalized")
+        [episode] = load_episodes(root)
+        assert episode["length"] == shown_frames
+        check_passes(root)
+
+        # The replay report of the take opens from its row once `hilrec replay --report` wrote it.
+        report_dir = root / "hilrec" / "replay"
+        replay = subprocess.run(
+            [sys.executable, "-m", "hilrec.daemon.cli", "replay", str(root), "--report", str(report_dir)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert (report_dir / "episode-000000.png").is_file(), replay.stdout + replay.stderr
+        take.locator("a.report").click()
+        expect(page.locator("#report")).to_be_visible()
+        page.wait_for_function("() => document.querySelector('#report-image').naturalWidth > 100")
+        page.screenshot(path=ARTIFACTS / "report.png")
+        page.keyboard.press("Escape")
+        expect(page.locator("#report")).to_be_hidden()
+
+        # The daemon stops: the page says since when, and greys out what it last knew.
+        assert daemon.shutdown() == 0
+        expect(page.locator("#link")).to_have_text(re.compile(r"daemon not answering since \d\d:\d\d:\d\d"))
+        for panel in ("#session", "#joints", "#cameras", "#faults", "#takes"):
+            expect(page.locator(panel)).to_have_class(re.compile("stale"))
+        expect(page.locator("#session h2 .age")).to_have_text(re.compile(r"\(\d+(\.\d)? s old\)"))
+        page.screenshot(path=ARTIFACTS / "daemon-stopped.png", full_page=True)
+
+        # A new daemon on the same sockets: the page reconnects; its follower's port vanishes.
+        second_config = config(tmp_path / "ds2", faults='follower_faults = ["vanish:after_s=12"]')
+        daemons(on_the_same_ports(daemon, first_config, tmp_path, second_config))
+        expect(page.locator("#link")).to_have_text(re.compile(r"^daemon live"))
+        expect(page.locator("#session")).not_to_have_class(re.compile("stale"))
+        fault = page.locator("#fault-list li.fault")
+        expect(fault).to_contain_text("follower")
+        expect(fault).to_contain_text("port")
+        expect(page.locator("#fault-log li.fault").first).to_contain_text("follower")
+        page.screenshot(path=ARTIFACTS / "fault.png", full_page=True)
+        assert not errors, errors
+        browser.close()
