@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hilrec.daemon.dataset.rootlock import holds_nothing
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
@@ -371,7 +372,7 @@ def resume_mismatch(
 def _check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) -> bool:
     """True to resume the dataset at ``config.root``, False to create it; ConfigError if neither."""
     root = config.root
-    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+    if holds_nothing(root):  # missing, empty, or only a leftover lock file
         return False
     if not config.resume:
         raise ConfigError(

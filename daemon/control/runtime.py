@@ -35,6 +35,7 @@ from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.settings import DaemonSettings
 from hilrec.daemon.control.verdict import VerdictWorker
+from hilrec.daemon.dataset.rootlock import holds_nothing
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
 from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
@@ -414,7 +415,7 @@ def check_root(root: Path, *, resume: bool, fps: int, features: dict[str, Any]) 
 
     An existing, non-empty root is refused without ``resume``; with it, it must be a dataset of
     the same features, fps and robot type (the error names what differs)."""
-    if not root.exists() or (root.is_dir() and not any(root.iterdir())):
+    if holds_nothing(root):  # missing, empty, or only a leftover lock file
         return False
     if not resume:
         raise ConfigError(

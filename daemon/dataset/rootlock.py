@@ -31,6 +31,15 @@ def lock_path(root: Path) -> Path:
     return Path(root) / LOCK_NAME
 
 
+def holds_nothing(root: Path) -> bool:
+    """True for a missing root, or a folder whose only content is a lock file left by a writer
+    that never wrote (a refused create, a crash before the first file): nothing to resume."""
+    root = Path(root)
+    if not root.exists():
+        return True
+    return root.is_dir() and all(entry.name == LOCK_NAME for entry in root.iterdir())
+
+
 class RootLock:
     """``with RootLock(root, "hilrec repair"):`` or ``acquire()`` ... ``release()``."""
 

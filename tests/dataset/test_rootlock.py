@@ -68,3 +68,16 @@ def test_a_root_that_cannot_be_a_folder_is_a_clear_error(tmp_path: Path, where: 
     with pytest.raises(DatasetStateError, match=str(root)) as refused:
         RootLock(root, "hilrec daemon").acquire()
     assert "Traceback" not in str(refused.value)
+
+
+def test_a_root_holding_only_a_leftover_lock_file_is_recorded_into_without_resume(tmp_path: Path) -> None:
+    from hilrec.daemon.dataset.rootlock import LOCK_NAME, holds_nothing
+    from hilrec.sim.recorder import RecordConfig, record
+
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / LOCK_NAME).write_text('{"pid": 1, "command": "a writer that never wrote"}\n')
+    assert holds_nothing(root) and holds_nothing(tmp_path / "missing")
+    summary = record(RecordConfig(root=root, episodes=1, cameras=()), progress=False)
+    assert summary.frames > 0
+    assert not holds_nothing(root)
