@@ -24,6 +24,7 @@ from hilrec.daemon.dataset.rootlock import holds_nothing
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
+from hilrec.daemon.text import task_problem
 from hilrec.sim.episode import (
     ContactTally,
     Push,
@@ -36,7 +37,7 @@ from hilrec.sim.episode import (
 from hilrec.sim.features import sim_features
 from hilrec.sim.operator import OperatorConfig, ScriptedOperator
 from hilrec.sim.provenance import dataset_provenance
-from hilrec.sim.scene import CAMERA_NAMES, SceneConfig, Visual
+from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import EpisodeStart, Twin
 
 DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
@@ -95,15 +96,12 @@ class RecordConfig:
             raise ConfigError("seed", f"must be non-negative, got {self.seed}")
         if self.push_rate < 0 or not np.isfinite(self.push_rate):
             raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
-        unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
-        if unknown:
-            raise ConfigError(
-                "cameras", f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(CAMERA_NAMES)})"
-            )
-        if len(set(self.cameras)) != len(self.cameras):
-            raise ConfigError("cameras", f"a camera is listed twice: {', '.join(self.cameras)}")
-        if not self.task.strip():
-            raise ConfigError("task", "the task text is empty")
+        problem = camera_problem(tuple(self.cameras))
+        if problem:
+            raise ConfigError("cameras", problem)
+        problem = task_problem(self.task)  # the one rule for task strings (daemon.text)
+        if problem:
+            raise ConfigError("task", problem)
 
     def __post_init__(self) -> None:
         self.validate()

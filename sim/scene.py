@@ -28,6 +28,18 @@ from hilrec.sim.model import locate_model
 
 Visual = Literal["none", "fast", "full"]
 CAMERA_NAMES: tuple[str, ...] = ("front", "wrist")
+
+
+def camera_problem(cameras: tuple[str, ...]) -> str | None:
+    """Why ``cameras`` cannot be rendered from the scene, or None (record --sim and eval ask)."""
+    unknown = [c for c in cameras if c not in CAMERA_NAMES]
+    if unknown:
+        return f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(CAMERA_NAMES)})"
+    if len(set(cameras)) != len(cameras):
+        return f"a camera is listed twice: {', '.join(cameras)}"
+    return None
+
+
 CUBE_BODY = "cube"
 CUBE_GEOM = "cube"
 TABLE_GEOM = "table"

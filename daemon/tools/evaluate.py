@@ -37,6 +37,7 @@ import numpy as np
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY, so101_features
+from hilrec.daemon.text import task_problem
 from hilrec.daemon.tools.policies import TASK_KEY, EvalPolicy
 from hilrec.sim.episode import (
     ContactTally,
@@ -48,7 +49,7 @@ from hilrec.sim.episode import (
     start_fields,
 )
 from hilrec.sim.recorder import DEFAULT_TASK
-from hilrec.sim.scene import CAMERA_NAMES, SceneConfig, Visual
+from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import Twin
 
 SOURCE = "hilrec.daemon.tools.evaluate"
@@ -85,15 +86,12 @@ class EvalConfig:
             raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
         if not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
             raise ConfigError("max_seconds", f"must be positive, got {self.max_seconds}")
-        unknown = [c for c in self.cameras if c not in CAMERA_NAMES]
-        if unknown:
-            raise ConfigError(
-                "cameras", f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(CAMERA_NAMES)})"
-            )
-        if len(set(self.cameras)) != len(self.cameras):
-            raise ConfigError("cameras", f"a camera is listed twice: {', '.join(self.cameras)}")
-        if not self.task.strip():
-            raise ConfigError("task", "the task text is empty")
+        problem = camera_problem(tuple(self.cameras))
+        if problem:
+            raise ConfigError("cameras", problem)
+        problem = task_problem(self.task)  # the one rule for task strings (daemon.text)
+        if problem:
+            raise ConfigError("task", problem)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -299,3 +299,23 @@ def test_record_refuses_an_existing_dataset(recorded: Path, capsys: pytest.Captu
     )
     assert "already exists and is not empty" in capsys.readouterr().err
     assert load_info(recorded)["total_episodes"] == before
+
+
+def test_record_and_eval_refuse_a_task_by_the_one_task_rule(tmp_path: Path) -> None:
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.tools.evaluate import EvalConfig
+    from hilrec.sim.recorder import RecordConfig
+
+    for bad, why in (
+        ("   ", "empty"),
+        ("two\nlines", "control characters"),
+        ("bad \ud800", "not valid Unicode"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            RecordConfig(root=tmp_path / "r", episodes=1, task=bad)
+        with pytest.raises(ConfigError, match=why):
+            EvalConfig(seeds=(0,), task=bad)
+    with pytest.raises(ConfigError, match="listed twice"):
+        RecordConfig(root=tmp_path / "r", episodes=1, cameras=("front", "front"))
+    with pytest.raises(ConfigError, match="unknown camera"):
+        EvalConfig(seeds=(0,), cameras=("side",))
