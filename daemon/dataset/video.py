@@ -26,6 +26,7 @@ import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final
@@ -367,18 +368,43 @@ def stream_time_base(stream: av.VideoStream, path: Path) -> Fraction:
     return Fraction(stream.time_base)
 
 
-def video_info(probe: VideoProbe) -> dict[str, Any]:
-    """The ``info`` block LeRobot 0.4.4 stores for a video feature (its ``get_video_info`` keys)."""
-    return {
+class LeRobotInfo(StrEnum):
+    """Which LeRobot's spelling a video feature's ``info`` follows. A LeRobot merges datasets only
+    when their ``info`` agree (0.4.4's ``aggregate_datasets`` compares all of it, 0.6.1's all but
+    the encoder settings), and the two spell the depth flag differently."""
+
+    V0_4 = "0.4"  # "video.is_depth_map", 0.4.4's get_video_info
+    V0_6 = "0.6"  # "is_depth_map", 0.6.1's (it still reads the old key when loading)
+
+    @property
+    def depth_key(self) -> str:
+        return "video.is_depth_map" if self == LeRobotInfo.V0_4 else "is_depth_map"
+
+    @classmethod
+    def of(cls, info: object) -> LeRobotInfo | None:
+        """The spelling ``info`` uses; None where it has no depth flag."""
+        if not isinstance(info, dict):
+            return None
+        return next((s for s in (cls.V0_6, cls.V0_4) if s.depth_key in info), None)
+
+
+def video_info(probe: VideoProbe, spelling: LeRobotInfo = LeRobotInfo.V0_4) -> dict[str, Any]:
+    """The ``info`` block LeRobot stores for a video feature (its ``get_video_info`` keys, in
+    its order), as the LeRobot of ``spelling`` writes it."""
+    info: dict[str, Any] = {
         "video.height": probe.height,
         "video.width": probe.width,
         "video.codec": probe.codec,
         "video.pix_fmt": probe.pix_fmt,
-        "video.is_depth_map": False,
-        "video.fps": int(probe.fps) if probe.fps else 0,
-        "video.channels": 3,
-        "has_audio": probe.has_audio,
     }
+    if spelling == LeRobotInfo.V0_4:
+        info[spelling.depth_key] = False
+    info["video.fps"] = int(probe.fps) if probe.fps else 0
+    info["video.channels"] = 3
+    info["has_audio"] = probe.has_audio
+    if spelling == LeRobotInfo.V0_6:
+        info[spelling.depth_key] = False
+    return info
 
 
 def _frame_ticks(time_base: Fraction, fps: int) -> int:

@@ -173,11 +173,14 @@ def _compare_units(result: Alignment, calibrations: tuple[Path | None, Path | No
             if calibration is None:
                 result.fixes.append(
                     f"{side.root} is RANGE_M100_100: give its arm's calibration (--calibration-{'ab'[i]}) "
-                    "to compare ranges in degrees, and convert it before training together"
+                    "to compare ranges in degrees"
                 )
                 continue
             lows[i], highs[i] = _m100_to_degrees(side.low, side.high, calibration)
-        result.fixes.append("record both sides in one unit (LeRobot's use_degrees=True is hilrec's default)")
+        result.fixes.append(
+            "record both sides in one unit (LeRobot's use_degrees=True is hilrec's default), or convert "
+            "the RANGE_M100_100 one: hilrec edit convert-units ROOT --to degrees --calibration FILE"
+        )
     for j, joint in enumerate(JOINT_NAMES):
         (la, ha), (lb, hb) = (lows[0][j], highs[0][j]), (lows[1][j], highs[1][j])
         shared = max(0.0, min(ha, hb) - max(la, lb))
@@ -188,19 +191,13 @@ def _compare_units(result: Alignment, calibrations: tuple[Path | None, Path | No
 
 
 def _m100_to_degrees(low: np.ndarray, high: np.ndarray, calibration: Path) -> tuple[np.ndarray, np.ndarray]:
-    from hilrec.drivers.calibration import load_calibration, ticks_to_units, units_to_ticks
+    """The maths of ``hilrec edit convert-units``, so both commands give one number."""
+    from hilrec.daemon.tools.edit_units import m100_to_ticks, ticks_to_degrees
+    from hilrec.drivers.calibration import load_calibration
 
     cal = load_calibration(calibration)
-    out_low, out_high = low.copy(), high.copy()
-    for j, (name, motor) in enumerate(cal.motors.items()):
-        if MOTORS[name][1] == NormMode.RANGE_0_100:
-            continue
-        ends = [
-            ticks_to_units(units_to_ticks(float(v), motor, NormMode.RANGE_M100_100), motor, NormMode.DEGREES)
-            for v in (low[j], high[j])
-        ]
-        out_low[j], out_high[j] = min(ends), max(ends)
-    return out_low, out_high
+    ends = ticks_to_degrees(np.rint(m100_to_ticks(np.stack([low, high]), cal)), cal)
+    return np.minimum(ends[0], ends[1]), np.maximum(ends[0], ends[1])
 
 
 _LEROBOT_BOOKKEEPING = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})

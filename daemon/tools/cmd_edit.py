@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hilrec.daemon.dataset.video import LeRobotInfo
+from hilrec.daemon.so101 import BodyMode
 from hilrec.daemon.tools.cmd_export import parse_episodes
 
 
@@ -42,7 +44,7 @@ def _common(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "edit",
-        help="edit a dataset safely (delete, keep, merge, split, set-task, recompute stats)",
+        help="edit a dataset safely (delete, keep, merge, split, set-task, recompute stats, units)",
         description=__doc__.splitlines()[0],
     )
     sub = parser.add_subparsers(dest="edit_command", metavar="SUBCOMMAND", parser_class=type(parser))
@@ -80,6 +82,12 @@ def register(subparsers: Any) -> None:
     p = sub.add_parser("merge", help="merge datasets (same fps, features, robot type) into --out")
     p.add_argument("roots", nargs="+", type=Path, metavar="ROOT")
     p.add_argument("--out", type=Path, required=True, help="the new folder")
+    p.add_argument(
+        "--lerobot",
+        choices=[v.value for v in LeRobotInfo],
+        default=None,
+        help="spell the result's video info for this LeRobot's merge (default: as the first ROOT)",
+    )
     _common(p, out=False)
 
     p = sub.add_parser("split", help="split into --out A B ... by --fractions or --episodes lists")
@@ -90,6 +98,39 @@ def register(subparsers: Any) -> None:
         "--episodes", type=parse_episodes, nargs="+", default=None, help="one list per --out, e.g. 0-39 40-49"
     )
     _common(p, out=False)
+
+    p = sub.add_parser(
+        "convert-units",
+        help="convert a RANGE_M100_100 dataset's observation.state and action to degrees",
+    )
+    p.add_argument("root", type=Path)
+    p.add_argument("--to", required=True, choices=[BodyMode.DEGREES.value], help="the units to convert to")
+    p.add_argument(
+        "--calibration",
+        required=True,
+        type=Path,
+        help="the follower's LeRobot calibration file (observation.state, and action by default)",
+    )
+    p.add_argument(
+        "--leader-calibration",
+        type=Path,
+        default=None,
+        help="the leader's calibration, for action (LeRobot records the leader's reading there)",
+    )
+    _common(p)
+
+    p = sub.add_parser(
+        "for-lerobot",
+        help="spell the video info for LeRobot 0.4's or 0.6's merge (aggregate_datasets)",
+    )
+    p.add_argument("root", type=Path)
+    p.add_argument(
+        "--version",
+        required=True,
+        choices=[v.value for v in LeRobotInfo],
+        help="the LeRobot whose datasets this one is to merge with",
+    )
+    _common(p)
 
     parser.set_defaults(func=run)
 
@@ -123,8 +164,26 @@ def run(args: argparse.Namespace) -> int:
         reports = [edit.set_task(args.root, args.episodes, args.task, out=args.out, options=options)]
     elif command == "remove-feature":
         reports = [edit.remove_feature(args.root, args.feature, out=args.out, options=options)]
+    elif command == "convert-units":
+        from hilrec.daemon.tools.edit_units import convert_units
+
+        reports = [
+            convert_units(
+                args.root,
+                to=BodyMode(args.to),
+                calibration=args.calibration,
+                leader_calibration=args.leader_calibration,
+                out=args.out,
+                options=options,
+            )
+        ]
     elif command == "merge":
-        reports = [edit.merge(args.roots, args.out, options=options)]
+        lerobot = LeRobotInfo(args.lerobot) if args.lerobot else None
+        reports = [edit.merge(args.roots, args.out, lerobot=lerobot, options=options)]
+    elif command == "for-lerobot":
+        from hilrec.daemon.tools.edit_spelling import for_lerobot
+
+        reports = [for_lerobot(args.root, LeRobotInfo(args.version), out=args.out, options=options)]
     else:
         reports = edit.split(
             args.root, args.out, fractions=args.fractions, lists=args.episodes, options=options

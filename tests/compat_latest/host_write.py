@@ -59,6 +59,17 @@ def write_all(out: Path) -> list[Path]:
         root = out / name
         write_dataset(DatasetWriter.create, root, LENGTHS, image_size=SIZE, **kwargs)
         roots.append(root)
+    # Re-spelled for LeRobot 0.6's merge by `hilrec edit for-lerobot`: it must load there too.
+    respelled = out / "writer_two_cameras_for_lerobot_06"
+    subprocess.run(
+        [
+            *(str(hilrec), "edit", "for-lerobot", str(out / "writer_two_cameras")),
+            *("--version", "0.6", "--out", str(respelled)),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    roots.append(respelled)
     return roots
 
 

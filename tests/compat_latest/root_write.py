@@ -7,7 +7,8 @@ back with LeRobot (so the case is a dataset LeRobot itself accepts), then runs `
 it, the command installed in this venv, and demands exit 0.
 
 Last, LeRobot's merge (``aggregate_datasets``) of hilrec's datasets from (a), with each other and
-with LeRobot's own, and ``hilrec check`` on the result.
+with LeRobot's own (after ``hilrec edit for-lerobot --version 0.6``), ``hilrec edit merge`` of
+hilrec's and LeRobot's, and ``hilrec check`` on every result.
 
 Usage: root_write.py DIR [HILREC_DATASETS_DIR]
 """
@@ -225,12 +226,67 @@ def main() -> None:
             )
         hilrec_check(results, name, root)
     if len(sys.argv) > 2:  # the datasets hilrec wrote for (a)
-        theirs_dir = Path(sys.argv[2])
-        two = theirs_dir / "writer_two_cameras"
-        merge(results, "merge_hilrec_with_hilrec", [two, two], base / "merged_hilrec_hilrec")
-        lerobot_two = base / "two_cameras_parallel_encoding"
-        merge(results, "merge_hilrec_with_lerobot", [two, lerobot_two], base / "merged_hilrec_lerobot")
+        merges(results, base, Path(sys.argv[2]))
     results.finish()
+
+
+def merges(results: Results, base: Path, hilrec_dir: Path) -> None:
+    """Merging hilrec's datasets with LeRobot 0.6.1's, as a user of 0.6.1 does: hilrec writes
+    LeRobot 0.4.4's spelling of the video info, which 0.6.1's merge refuses beside its own;
+    ``hilrec edit for-lerobot --version 0.6`` re-spells it, or ``hilrec edit merge`` reads both."""
+    from lerobot.datasets.aggregate import aggregate_datasets
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    two = hilrec_dir / "writer_two_cameras"
+    merge(results, "merge_hilrec_with_hilrec", [two, two], base / "merged_hilrec_hilrec")
+    lerobot_two = base / "two_cameras_parallel_encoding"
+
+    def refused() -> bool:
+        ids = [f"{REPO}/{p.name}" for p in (two, lerobot_two)]
+        try:
+            aggregate_datasets(ids, f"{REPO}/refused", roots=[two, lerobot_two], aggr_root=base / "refused")
+        except ValueError as exc:
+            return "Same features is expected" in str(exc)
+        return False
+
+    results.check(
+        "merge_hilrec_0.4_spelling_with_lerobot: LeRobot 0.6.1 refuses it (why for-lerobot exists)",
+        bool(results.run("merge_hilrec_0.4_spelling_with_lerobot", refused)),
+    )
+    respelled = base / "hilrec_for_lerobot_06"
+    if hilrec_run(
+        results,
+        "hilrec edit for-lerobot --version 0.6",
+        ["edit", "for-lerobot", str(two), "--version", "0.6", "--out", str(respelled)],
+    ):
+        merge(results, "merge_hilrec_with_lerobot", [respelled, lerobot_two], base / "merged_hilrec_lerobot")
+    ours = base / "hilrec_merged_with_lerobot"
+    if hilrec_run(
+        results,
+        "hilrec edit merge (a 0.4-spelled hilrec and a LeRobot 0.6.1 dataset) --lerobot 0.6",
+        ["edit", "merge", str(two), str(lerobot_two), "--out", str(ours), "--lerobot", "0.6"],
+    ):
+        ds = results.run(
+            "hilrec_merged_with_lerobot: LeRobot loads it",
+            lambda: LeRobotDataset(f"{REPO}/{ours.name}", root=ours, video_backend="pyav"),
+        )
+        if ds is not None:
+            item = ds[len(ds) - 1]
+            results.check(
+                f"hilrec_merged_with_lerobot: {ds.num_episodes} episodes, {ds.num_frames} frames",
+                ds.num_episodes == 6 and np.asarray(item["observation.images.wrist"]).shape == (3, *SIZE),
+                f"{ds.num_episodes} episodes, last item {sorted(item)}",
+            )
+        merge(results, "merge_hilrec_merged_with_lerobot", [ours, lerobot_two], base / "merged_again")
+
+
+def hilrec_run(results: Results, name: str, args: list[str]) -> bool:
+    """``hilrec ARGS...`` (this venv's, Python 3.13); a check that it exits 0."""
+    hilrec = Path(sys.executable).with_name("hilrec")
+    done = subprocess.run([str(hilrec), *args], capture_output=True, text=True, check=False)
+    output = (done.stdout + done.stderr).strip()
+    print("\n".join(f"    | {line}" for line in output.splitlines()[-6:]))
+    return results.check(f"{name}: exits 0", done.returncode == 0, f"exit {done.returncode}")
 
 
 if __name__ == "__main__":

@@ -286,3 +286,48 @@ def test_lerobot_sink_without_lerobot_is_a_clear_error(
     with pytest.raises(DatasetError, match="compatibility extra"):
         LeRobotSink.create(tmp_path / "ds", fps=FPS, features=features(), robot_type=ROBOT_TYPE)
     assert not (tmp_path / "ds").exists()
+
+
+# --- (d) LeRobot's merge and the spelling of the video info -------------------------------------
+
+
+def test_lerobot_merges_hilrec_with_its_own_and_loads_the_0_6_spelling(
+    datasets: dict, lerobot_dataset_class: Any, tmp_path: Path
+) -> None:
+    """hilrec writes LeRobot 0.4.4's ``video.is_depth_map``: 0.4.4's ``aggregate_datasets``
+    (every key of every feature compared) merges it with 0.4.4's own datasets. Re-spelled for
+    LeRobot 0.6 (``hilrec edit for-lerobot``) it still loads here, but 0.4.4 no longer merges it
+    with its own: the spelling is the user's choice of which LeRobot to merge with."""
+    from lerobot.datasets.aggregate import aggregate_datasets
+
+    from hilrec.daemon.dataset.video import LeRobotInfo
+    from hilrec.daemon.tools.edit_spelling import for_lerobot
+
+    native, theirs = datasets[("native", True)], datasets[("lerobot", True)]
+    merged = tmp_path / "merged"
+    aggregate_datasets(
+        ["hilrec/native", "lerobot/own"], "hilrec/merged", roots=[native, theirs], aggr_root=merged
+    )
+    ds = load_lerobot(lerobot_dataset_class, merged)
+    assert ds.num_episodes == 2 * len(LENGTHS) and ds.num_frames == 2 * sum(LENGTHS)
+    frames = [f for _ in range(2) for episode in expected_frames(True) for f in episode]
+    for i in (0, sum(LENGTHS) - 1, sum(LENGTHS), len(frames) - 1):  # each side of the seam
+        item = ds[i]
+        decoded = (item[CAM].numpy().transpose(1, 2, 0) * 255.0).round().astype(np.int16)
+        assert np.abs(decoded - frames[i][CAM]).mean() < MAX_FRAME_MAE, i
+        assert item["action"].numpy().tobytes() == frames[i]["action"].tobytes(), i
+    report = check_dataset(merged)
+    assert not report.errors, [f.format() for f in report.errors]
+
+    respelled = tmp_path / "for-0.6"
+    for_lerobot(native, LeRobotInfo.V0_6, out=respelled)
+    six = load_lerobot(lerobot_dataset_class, respelled)
+    assert six.num_frames == sum(LENGTHS) and six.meta.video_keys == [CAM]
+    assert tuple(six[sum(LENGTHS) - 1][CAM].shape) == (3, *expected_frames(True)[0][0][CAM].shape[:2])
+    with pytest.raises(ValueError, match="Same features is expected"):
+        aggregate_datasets(
+            ["hilrec/six", "lerobot/own"],
+            "hilrec/refused",
+            roots=[respelled, theirs],
+            aggr_root=tmp_path / "no",
+        )
