@@ -147,10 +147,10 @@ sys.stdin.read()
 """
 
 
-def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) -> None:
-    # A writer process dies (SIGKILL) with an episode open: its directory stays behind.
+def kill_mid_take(root: Path) -> None:
+    """A writer process dies (SIGKILL) with an episode open: its directory stays behind."""
     child = subprocess.Popen(
-        [sys.executable, "-c", UNSAVED_CHILD, str(dataset)],
+        [sys.executable, "-c", UNSAVED_CHILD, str(root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -160,6 +160,10 @@ def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) ->
     finally:
         child.kill()
         child.wait(timeout=30)
+
+
+def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) -> None:
+    kill_mid_take(dataset)
     open_dir = dataset / "hilrec/journal/.episode-000003.tmp"
     assert open_dir.exists()
     (dataset / "hilrec/episodes/episode-000003.json").write_text('{"episode_index": 3}')
@@ -172,6 +176,16 @@ def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) ->
     assert not open_dir.exists()
     assert not (dataset / "hilrec/episodes/episode-000003.json").exists()
     assert read_actions(dataset).keys() == {0, 1, 2}
+
+
+def test_the_command_says_what_a_kill_mid_take_kept_and_lost(dataset: Path, capsys) -> None:
+    kill_mid_take(dataset)
+    assert cli_main(["repair", str(dataset)]) == 3
+    text = capsys.readouterr().out
+    assert re.search(rf"^ +0-2 +0-2 +{sum(LENGTHS)}  kept, unchanged$", text, re.M), text
+    assert re.search(r"^ +3 +- +\S+  DROPPED: open \(never saved\)", text, re.M), text
+    assert "kept 3 episode(s) (0-2); 1 episode(s) dropped (3)" in text, text
+    assert check_dataset(dataset).passed
 
 
 def test_the_command_prints_json_and_uses_mcap_exit_codes(dataset: Path, capsys) -> None:
