@@ -21,9 +21,13 @@ and from the outside:
 - video backlog at the end of the take (seconds of video not encoded yet when stop is sent,
   from the encoder processes' shared-memory counters) and the time from stop until it is drained.
 
+``--cameras N`` records N cameras (default 2). ``--lerobot-streaming`` also feeds the same frames
+at 25 Hz to LeRobot 0.4.4's ``StreamingVideoEncoder`` (its queue of 30, LeRobot's settings) and
+counts the frames it drops when that queue is full (LeRobot only logs a warning).
+
 ``--encoder both`` (the default) runs the session twice, side by side in one run: *before*, the
 in-process encoder threads (``HILREC_VIDEO_ENCODER=thread``), and *after*, the encoder worker
-processes at SCHED_IDLE fed through shared memory with the on-disk spill (the writer's default).
+processes at SCHED_IDLE fed through shared memory, spilling to disk only while they are behind.
 
 A second table runs LeRobot 0.4.4's pacing (``precise_sleep(1/fps - dt)`` after the work, as its
 record loop does) and ours (absolute deadlines) side by side on the same synthetic work, in this
@@ -61,6 +65,7 @@ FPS = 25
 PERIOD = 1.0 / FPS
 H, W = 480, 640
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+CAMERA_NAMES = ("front", "wrist", "side", "top")
 
 
 def make_video(path: Path, seconds: int, phase: int) -> Path:
@@ -108,7 +113,7 @@ height = {H}
 loop = true
 stall_ms = {stall_ms}
 """
-        for name, video in zip(("front", "wrist"), videos, strict=True)
+        for name, video in zip(CAMERA_NAMES, videos, strict=False)
     )
     return f"""
 mode = "emulated"
@@ -193,8 +198,9 @@ def run_session(
     client_priority: int,
     workdir: Path,
     encoder: str = "process",
+    cameras: int = 2,
 ) -> dict[str, Any]:
-    videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(2)]
+    videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(cameras)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
@@ -319,6 +325,48 @@ def run_session(
     )
     result["check"] = "passed" if check.returncode == 0 else "FAILED\n" + check.stdout
     return result
+
+
+def lerobot_streaming(duration: float, codec: str, cameras: int, workdir: Path) -> dict[str, Any]:
+    """LeRobot 0.4.4's StreamingVideoEncoder fed the same camera frames at 25 Hz, as its record
+    loop feeds it (one ``feed_frame`` per camera per tick, absolute deadlines here): the frames it
+    drops when its queue is full, and the frames its mp4s hold."""
+    import av
+    from lerobot.datasets.video_utils import StreamingVideoEncoder
+
+    clips = []
+    for i in range(cameras):
+        path = make_video(workdir / f"lerobot-cam{i}.mp4", 10, i)
+        with av.open(str(path)) as container:
+            clips.append([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    keys = [f"observation.images.{name}" for name in CAMERA_NAMES[:cameras]]
+    vcodec = {"libx264": "h264", "libx265": "hevc"}.get(codec, codec)  # LeRobot's names
+    preset = 12 if codec == "libsvtav1" else None
+    encoder = StreamingVideoEncoder(fps=FPS, vcodec=vcodec, pix_fmt="yuv420p", g=2, crf=30, preset=preset)
+    encoder.start_episode(keys, workdir)
+    ticks = round(duration * FPS)
+    pacer_start = time.monotonic()
+    late = []
+    for k in range(ticks):
+        deadline = pacer_start + k * PERIOD
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # the tick's deadline
+        late.append(max(0.0, time.monotonic() - deadline) * 1e3)
+        for key, clip in zip(keys, clips, strict=True):
+            encoder.feed_frame(key, clip[k % len(clip)])
+    dropped = dict(encoder._dropped_frames)  # LeRobot only logs them: its private count
+    results = encoder.finish_episode()
+    frames = {}
+    for key, (path, _stats) in results.items():
+        with av.open(str(path)) as container:
+            frames[key] = sum(1 for packet in container.demux(video=0) if packet.size)
+    return {
+        "fed": ticks,
+        "dropped": sum(dropped.values()),
+        "frames": frames,
+        "late_p99_ms": pct(np.array(late), 99),
+    }
 
 
 def pacer_comparison(ticks: int) -> dict[str, dict[str, float]]:
@@ -447,6 +495,15 @@ def main(argv: list[str] | None = None) -> int:
         choices=("both", "thread", "process"),
         help="before (in-process encoder threads), after (encoder processes + spill), or both",
     )
+    parser.add_argument(
+        "--cameras", type=int, default=2, choices=(1, 2, 3, 4), help="640x480 video-file cameras"
+    )
+    parser.add_argument(
+        "--lerobot-streaming",
+        action="store_true",
+        help="also feed the same frames to LeRobot 0.4.4's StreamingVideoEncoder at 25 Hz and "
+        "count the frames it drops",
+    )
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     args = parser.parse_args(argv)
@@ -467,11 +524,13 @@ def main(argv: list[str] | None = None) -> int:
                 args.client_priority,
                 session_dir,
                 encoder,
+                args.cameras,
             )
             rows[encoder] = summarize(r)
         print(
-            f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, two {W}x{H} "
-            f"video-file cameras encoded ({args.codec}, LeRobot's settings), 1 Mbps wire timing"
+            f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, "
+            f"{args.cameras} {W}x{H} video-file cameras encoded ({args.codec}, LeRobot's settings), "
+            "1 Mbps wire timing"
         )
         for encoder, row in rows.items():
             print(
@@ -487,6 +546,20 @@ def main(argv: list[str] | None = None) -> int:
         for label, key, target in MEASURES:
             cells = " | ".join(row[key] for row in rows.values())
             print(f"| {label} | {cells} | {target} |")
+        if args.lerobot_streaming:
+            streaming_dir = workdir / "lerobot"
+            streaming_dir.mkdir()
+            load = os.getloadavg()[0]
+            got = lerobot_streaming(args.duration, args.codec, args.cameras, streaming_dir)
+            print()
+            print(
+                f"## LeRobot 0.4.4 StreamingVideoEncoder, same frames ({args.cameras} cameras, "
+                f"{args.codec}, queue 30), load {load:.2f} -> {os.getloadavg()[0]:.2f}"
+            )
+            print(
+                f"fed {got['fed']} ticks x {args.cameras} cameras; dropped {got['dropped']} frames; "
+                f"frames in its mp4s {got['frames']}; feeder lateness p99 {got['late_p99_ms']:.2f} ms"
+            )
         if args.pacer_ticks > 0:
             print()
             print(f"## pacing side by side ({args.pacer_ticks} ticks at {FPS} Hz, 2-6 ms of work per tick)")

@@ -4,10 +4,14 @@ Measured on the calling thread, per frame (median, p99, max in microseconds), fo
 ``--frames`` frames of camera-like content:
 
 - ``thread``: the in-process encoder's ``EpisodeVideoEncoder.put`` (a copy into a queue);
-- ``ring``: ``EncoderProcess.put`` alone (copy into a shared-memory slot + a slot index on the
-  sender queue), while the worker process encodes (``--codec``);
-- ``spill``: ``SpillFile.append`` alone (one ``os.write`` of the raw frame, page cache);
-- ``ring + spill``: both, as ``OpenEpisode.add`` does in encoder-process mode.
+- ``ring``: ``EncoderProcess.offer`` (a copy into a shared-memory slot + a slot index on the
+  sender queue), while the worker process encodes (``--codec``): the encoder keeping up, what
+  ``OpenEpisode.add`` pays per frame then;
+- ``spilling``: the worker frozen (SIGSTOP), so the ring is full and every frame goes to the spill
+  (``SpillFile.write_at``, one ``pwrite`` into the page cache, + ``send_spilled``): what
+  ``OpenEpisode.add`` pays per frame while the encoder is behind;
+- ``ring + spill tee``: both for every frame, what the writer paid per frame before frames
+  spilled only while the encoder was behind.
 
 The frames are handed over at ``--fps`` (paced), as the writer thread would; the load average is
 printed, the machine being shared.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -76,17 +81,45 @@ def main(argv: list[str] | None = None) -> int:
         results["thread (EpisodeVideoEncoder.put)"] = timed(images, args.fps, lambda k, im: encoder.put(im))
         encoder.abort()
 
+        episode = work / "episode"
+        episode.mkdir()
         worker = EncoderProcess("cam", fps=25, height=H, width=W, settings=settings)
-        spill = SpillFile(work / "cam.spill", H * W * 3)
-        future = worker.begin(0, work / "ring.mp4", spill.path)
-        results["ring (EncoderProcess.put)"] = timed(images, args.fps, lambda k, im: worker.put(0, k, im))
-        results["spill (SpillFile.append)"] = timed(images, args.fps, lambda k, im: spill.append(im))
+        spill = SpillFile(episode / "cam.spill", H * W * 3)
+        future = worker.begin(0, episode / "ring.mp4", spill.path)
+        behind = 0
 
-        def both(k: int, im: np.ndarray) -> None:
-            spill.append(im)
-            worker.put(0, len(images) + k, im)
+        def offer(k: int, im: np.ndarray) -> None:
+            nonlocal behind
+            if worker.offer(0, k, im) < 0:
+                spill.write_at(k, im)
+                worker.send_spilled(0, k)
+                behind += 1
 
-        results["ring + spill (OpenEpisode.add)"] = timed(images, args.fps, both)
+        results["ring (EncoderProcess.offer, encoder keeping up)"] = timed(images, args.fps, offer)
+        kept_up = len(images) - behind
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            # Fill the ring first: from then on every frame spills.
+            for k in range(worker.slots):
+                offer(len(images) + k, images[k % len(images)])
+            first = len(images) + worker.slots
+
+            def spilling(k: int, im: np.ndarray) -> None:
+                spill.write_at(first + k, im)
+                worker.send_spilled(0, first + k)
+
+            results["spilling (SpillFile.write_at + send_spilled, encoder behind)"] = timed(
+                images, args.fps, spilling
+            )
+            tee = first + len(images)
+
+            def both(k: int, im: np.ndarray) -> None:
+                spill.write_at(tee + k, im)
+                worker.offer(0, tee + k, im)
+
+            results["ring + spill tee (every frame, as before)"] = timed(images, args.fps, both)
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
         worker.abort(0)
         with contextlib.suppress(Exception):  # the abort resolves it with an error, by design
             future.result(120)
@@ -96,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(
         f"# bench_handover: {args.frames} frames of {W}x{H} at {args.fps:g} Hz, worker {args.codec} "
-        f"at {priority}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)"
+        f"at {priority} ({kept_up} of {args.frames} frames through the ring while it kept up); "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)"
     )
     print("| handover | median, us | p99, us | max, us |")
     print("|---|---:|---:|---:|")

@@ -57,6 +57,10 @@ class LoopView:
     last_late: tuple[float, float] | None = None  # (late_ms, monotonic time) of the last late tick
     late_in_takes: int = 0
     skipped_in_takes: int = 0
+    # Seconds of video waiting for the encoder processes (the tick's optional field; None when
+    # the daemon does not send it), and the most seen.
+    video_backlog_s: float | None = None
+    max_video_backlog_s: float = 0.0
 
     def jitter_ms(self) -> tuple[float, float, float] | None:
         """p50, p99 and max of the recent ticks' lateness (ms)."""
@@ -175,6 +179,10 @@ class Monitor:
             loop.skipped_in_takes += skipped
         if timing.get("overrun"):
             loop.overruns += 1
+        backlog = tick.get("video_backlog_s")
+        if isinstance(backlog, (int, float)) and not isinstance(backlog, bool):
+            loop.video_backlog_s = float(backlog)
+            loop.max_video_backlog_s = max(loop.max_video_backlog_s, float(backlog))
         self._tick = tick
 
     def _on_event(self, event: dict[str, Any]) -> None:

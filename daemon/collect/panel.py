@@ -26,6 +26,7 @@ from hilrec.daemon.collect.monitor import Monitor, Snapshot
 from hilrec.daemon.so101 import JOINT_NAMES
 
 LATE_HIGHLIGHT_S: Final[float] = 3.0
+BACKLOG_WARN_S: Final[float] = 1.0  # a backlog this long is shown in colour: the encoder is behind
 KEYS_HELP: Final[str] = "→/n save   ←/r record again   space pause (between takes)   Esc/q finish"
 VERDICT_STYLE: Final[dict[str, str]] = {
     "sound": "bold green",
@@ -147,7 +148,26 @@ class Panel:
         verdicts = status.get("verdicts") or {}
         if verdicts.get("pending"):
             text.append(f", verdicts pending {verdicts['pending']}")
+        backlog = snap.loop.video_backlog_s
+        if backlog is None and isinstance(dataset.get("video_backlog_s"), (int, float)):
+            backlog = float(dataset["video_backlog_s"])
+        if backlog is not None:
+            text.append(", video backlog ")
+            text.append(f"{backlog:.1f} s", style="bold yellow" if backlog >= BACKLOG_WARN_S else "")
+            spill = dataset.get("spill_bytes")
+            if isinstance(spill, int) and spill > 0:
+                text.append(
+                    f" ({spill / 2**20:.0f} MiB spilled of {dataset.get('spill_bytes_limit', 0) / 2**20:.0f})"
+                )
         return text
+
+
+def backlog_line(snap: Snapshot) -> str | None:
+    """What the summary says of the video backlog, or None when the daemon does not send it."""
+    loop = snap.loop
+    if loop.video_backlog_s is None:
+        return None
+    return f"video backlog: {loop.video_backlog_s:.1f} s at the end, at most {loop.max_video_backlog_s:.1f} s"
 
 
 def _joints_table(tick: dict[str, Any] | None) -> Table:

@@ -9,6 +9,10 @@ futures so the control thread can answer at once and report the outcome later.
 
 A frame the sink refuses, or a failed save, is kept as an error with the episode it belongs to
 (``errors``) and published by the daemon; the episode is then discarded rather than saved short.
+One refusal is different: :class:`SpillFullError` (the video spill at its disk bound) ends the
+take at that frame. The frames before it are kept, every later one of the episode is refused too
+(a gap would be a dropped frame), :attr:`Recorder.spill_full` says why for the session to raise a
+fault, and the save keeps the frames the writer took, its sidecar arrays cut to match.
 """
 
 from __future__ import annotations
@@ -21,14 +25,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
+from hilrec.daemon.control.clock import TIMING_ARRAYS
 from hilrec.daemon.dataset.sink import FrameSink
-from hilrec.daemon.errors import DatasetStateError, WriterStalledError
+from hilrec.daemon.errors import DatasetStateError, SpillFullError, WriterStalledError
 
 log = logging.getLogger(__name__)
+
+# The sidecar arrays with one row per frame (see control/episode.py); the others (a sim
+# episode's start state) are the episode's whatever its length.
+PER_FRAME_ARRAYS: Final[frozenset[str]] = frozenset({*TIMING_ARRAYS, "frame_flags", "leader", "twin_state"})
 
 
 class WriterOp(StrEnum):
@@ -80,6 +89,15 @@ class Recorder:
         self._lock = threading.Lock()
         self._stats = RecorderStats()
         self._episode_error: str | None = None  # first refusal in the open episode
+        self._episode_frames = 0  # frames of the open episode the sink took
+        # (episode ordinal, why) when the spill's bound ended a take, set on the writer thread.
+        # Ordinals count the saves and discards before an episode, on the loop's side as they
+        # are asked for and on the writer's as they are done: so the loop can tell its open take
+        # from the one before, whose frames the writer may still be taking.
+        self._spill_full: tuple[int, str] | None = None
+        self._truncated_at: int | None = None
+        self._closes_asked = 0
+        self._closes_done = 0
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hilrec-writer", daemon=True)
         self._sink: FrameSink | None = None
@@ -120,10 +138,21 @@ class Recorder:
     def save(self, *, sidecar: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Future[int]:
         with self._lock:
             self._stats.saving += 1
-        return self._submit(_Op(WriterOp.SAVE, sidecar=sidecar, arrays=arrays))
+        future = self._submit(_Op(WriterOp.SAVE, sidecar=sidecar, arrays=arrays))
+        self._closes_asked += 1
+        return future
 
     def discard(self) -> Future[None]:
-        return self._submit(_Op(WriterOp.DISCARD))
+        future: Future[None] = self._submit(_Op(WriterOp.DISCARD))
+        self._closes_asked += 1
+        return future
+
+    def spill_full(self) -> str | None:
+        """Why the open take was ended at the spill's bound, or None (loop thread)."""
+        full = self._spill_full
+        if full is None or full[0] != self._closes_asked:
+            return None
+        return full[1]
 
     def finalize(self) -> Future[None]:
         return self._submit(_Op(WriterOp.FINALIZE))
@@ -153,7 +182,34 @@ class Recorder:
             "writer_queue": self.queued,
             "writer_capacity": self.capacity,
             "errors": stats.errors,
+            **self._backlog_status(),
         }
+
+    def _backlog_status(self) -> dict[str, Any]:
+        backlog = self.video_backlog_s()
+        if backlog is None:
+            return {}
+        sink = self._sink
+        return {
+            "video_backlog_s": round(backlog, 3),
+            "spill_bytes": int(getattr(sink, "spill_bytes", 0)),
+            "spill_bytes_limit": int(getattr(sink, "spill_bytes_limit", 0)),
+        }
+
+    def spill_problem(self) -> str | None:
+        """Why the sink's video backlog forbids a new take (see the writer's ``spill_problem``),
+        or None; safe from any thread."""
+        sink = self._sink
+        ask = getattr(sink, "spill_problem", None)
+        return ask() if ask is not None else None
+
+    def video_backlog_s(self) -> float | None:
+        """Seconds of video waiting for the encoder processes; None when the sink cannot tell."""
+        sink = self._sink
+        ask = getattr(sink, "video_backlog_s", None)
+        if ask is None or getattr(sink, "video_encoder", None) != "process":
+            return None
+        return float(ask())
 
     @property
     def queued(self) -> int:
@@ -230,14 +286,20 @@ class Recorder:
 
     def _write_frame(self, op: _Op) -> None:
         assert self._sink is not None and op.frame is not None
-        if self._episode_error is not None:
-            return  # the episode is already broken; its stop turns into a discard
+        if self._episode_error is not None or self._truncated_at is not None:
+            return  # the episode is broken (its stop turns into a discard) or ended at the bound
         try:
             self._sink.add_frame(op.frame)
+        except SpillFullError as exc:
+            self._truncated_at = self._episode_frames
+            self._record_error(f"take ended at frame {self._episode_frames}: {exc}")
+            self._spill_full = (self._closes_done, str(exc))
+            return
         except Exception as exc:  # noqa: BLE001 - the episode is marked broken, never saved short
             self._episode_error = f"{type(exc).__name__}: {exc}"
             self._record_error(f"frame refused: {exc}")
             return
+        self._episode_frames += 1
         with self._lock:
             self._stats.frames_written += 1
 
@@ -245,19 +307,34 @@ class Recorder:
         sink = self._sink
         assert sink is not None
         if op.kind == WriterOp.SAVE:
+            truncated, self._truncated_at, self._episode_frames = self._truncated_at, None, 0
+            self._closes_done += 1
             if self._episode_error is not None:
                 error, self._episode_error = self._episode_error, None
                 sink.discard_episode()
                 with self._lock:
                     self._stats.episodes_discarded += 1
                 raise DatasetStateError(f"episode discarded instead of saved: {error}")
-            index = sink.save_episode(sidecar=op.sidecar, arrays=op.arrays)
+            sidecar, arrays = op.sidecar, op.arrays
+            if truncated is not None:
+                if truncated == 0:
+                    sink.discard_episode()
+                    with self._lock:
+                        self._stats.episodes_discarded += 1
+                    raise DatasetStateError(
+                        "episode discarded: its first frame was refused "
+                        f"({self._spill_full[1] if self._spill_full else 'spill full'})"
+                    )
+                sidecar, arrays = _cut(sidecar, arrays, truncated)
+            index = sink.save_episode(sidecar=sidecar, arrays=arrays)
             with self._lock:
                 self._stats.episodes_saved += 1
                 self._stats.last_saved_index = index
             return index
         if op.kind == WriterOp.DISCARD:
             self._episode_error = None
+            self._truncated_at, self._episode_frames = None, 0
+            self._closes_done += 1
             sink.discard_episode()
             with self._lock:
                 self._stats.episodes_discarded += 1
@@ -283,6 +360,21 @@ class Recorder:
         with self._lock:
             self._stats.errors.append(message)
             del self._stats.errors[:-100]
+
+
+def _cut(
+    sidecar: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray] | None, frames: int
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The sidecar of a take ended at ``frames`` by the spill's bound: its per-frame arrays cut
+    to the frames the writer took, and the count and the reason said."""
+    out = dict(sidecar or {})
+    recorded = int(out.get("frames", frames))
+    cut = {
+        key: value[:frames] if key in PER_FRAME_ARRAYS and len(value) == recorded else value
+        for key, value in (arrays or {}).items()
+    }
+    out.update(frames=frames, ticks_recorded=recorded, ended_at_spill_bound=True)
+    return out, cut
 
 
 def _merge_episode_sidecar(root: Path, episode_index: int, fields: dict[str, Any]) -> None:

@@ -177,6 +177,8 @@ class Daemon:
                 publish_event=self.telemetry.event,
                 on_saved=self._on_saved,
             )
+            # The video backlog rides on every tick's telemetry (the publisher reads it, not the loop).
+            self.telemetry.tick_fields = self.session.tick_fields
             factory = self._rig_factory_for(s, context, security)
             sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
             self.loop_thread = LoopThread(
@@ -267,12 +269,21 @@ class Daemon:
         s = self.settings
         root = Path(s.dataset.root)
         features = self.features()
+        encoding: dict[str, Any] = {
+            "video_encoder": s.dataset.video_encoder.value if s.dataset.video_encoder else None,
+            "spill_bytes_limit": s.dataset.spill_bytes_limit,
+        }
         # Checked again here, on the writer thread that opens it: the root may have changed since.
         if check_root(root, resume=self.resume, fps=s.fps, features=features):
-            sink = DatasetWriter.open(root, video_codec=s.dataset.video_codec)
+            sink = DatasetWriter.open(root, video_codec=s.dataset.video_codec, **encoding)
         else:
             sink = DatasetWriter.create(
-                root, fps=s.fps, features=features, robot_type=ROBOT_TYPE, video_codec=s.dataset.video_codec
+                root,
+                fps=s.fps,
+                features=features,
+                robot_type=ROBOT_TYPE,
+                video_codec=s.dataset.video_codec,
+                **encoding,
             )
         update_dataset_sidecar(root, {"daemon": self._dataset_provenance()})
         return sink

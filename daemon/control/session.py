@@ -13,6 +13,12 @@ Faults that end an episode (a port gone, a camera stalled, the writer stalled, t
 it, or discard it when ``faults.on_device_lost = "discard"``; the fault stays in status until the
 device works again (:mod:`hilrec.daemon.control.faults`).
 
+The video backlog (encoder processes behind, frames in the spill) is the writer's: a take is not
+started while ``writer.spill_problem()`` says the spill could not hold it (refused, naming the
+bound ``spill_bytes_limit``), and a take whose frame met the bound ends there with a
+``spill_full`` fault and is saved with the frames before it (whatever ``on_device_lost`` says:
+nothing is lost by keeping them). The fault clears once a take may start again.
+
 Locking: ``_lock`` guards the state, the open episode and the last episode's result, which the
 control thread reads for status while the loop thread changes them.
 """
@@ -90,6 +96,11 @@ class Session:
         self._saves_queued = 0
         self._last_episode: dict[str, Any] | None = None
 
+    def tick_fields(self) -> dict[str, Any]:
+        """The optional tick fields this session knows (:data:`~.protocol.TICK_OPTIONAL_FIELDS`)."""
+        backlog = self._recorder.video_backlog_s()
+        return {} if backlog is None else {"video_backlog_s": round(backlog, 3)}
+
     # --- control thread ----------------------------------------------------------------------
 
     def submit(self, request: Request) -> Future[dict[str, Any]]:
@@ -142,7 +153,14 @@ class Session:
         return self._episode.task if self._episode is not None else ""
 
     def apply_pending(self) -> None:
-        """Run the requests submitted since the last tick, in order."""
+        """Run the requests submitted since the last tick, in order (and end a take the
+        spill's bound stopped)."""
+        if self._episode is not None:
+            full = self._recorder.spill_full()
+            if full is not None:
+                self.raise_fault(
+                    Fault(kind=FaultKind.SPILL_FULL, device="writer", message=full, ends_episode=True)
+                )
         while True:
             try:
                 pending = self._pending.get_nowait()
@@ -238,6 +256,9 @@ class Session:
             )
         if self._episode is not None:
             raise _refused(f"episode {self._episode.index} is already recording; stop or discard it first")
+        if self._recorder.spill_problem() is None:
+            # The backlog that stopped the last take is gone: so is its fault.
+            self.clear_fault("writer", kinds=frozenset({FaultKind.SPILL_FULL}))
         blocking = self.faults.blocking()
         if blocking:
             raise _refused(
@@ -246,6 +267,9 @@ class Session:
             )
         if not self._recorder.alive:
             raise _refused("the dataset writer is not running", CODE_FAULT)
+        problem = self._recorder.spill_problem()
+        if problem is not None:
+            raise _refused(f"cannot start an episode: {problem}", CODE_FAULT)
         index = self._recorder.initial_episodes + self._saves_queued
         seed_used, start_fields, start_arrays = self.hooks.begin(prepared)
         episode = EpisodeBuffer(
@@ -297,7 +321,8 @@ class Session:
 
     def _end_for_fault(self, fault: Fault) -> None:
         assert self._episode is not None
-        save = self._on_device_lost == "save" and self._episode.frames > 0
+        keep = self._on_device_lost == "save" or fault.kind == FaultKind.SPILL_FULL
+        save = keep and self._episode.frames > 0
         self._close_episode(save=save, success=None, ended_by=f"fault:{fault.kind}:{fault.device}")
 
     def _close_episode(self, *, save: bool, success: bool | None, ended_by: str) -> dict[str, Any]:

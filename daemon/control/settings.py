@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from hilrec.daemon.config import from_mapping, load_toml, read_toml
+from hilrec.daemon.dataset.backlog import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
@@ -34,10 +35,17 @@ class DatasetSettings:
     writer_queue_frames: int = 250
     # How long the loop may wait on a full writer queue before it declares the writer stalled.
     writer_stall_ms: int = 2000
+    # Where video is encoded: "process" (workers at SCHED_IDLE, the default for libsvtav1) or
+    # "thread" (in the daemon, the default for the others); unset follows the codec.
+    video_encoder: VideoEncoder | None = None
+    # The on-disk spill a lagging encoder may fill before a new take is refused (bytes).
+    spill_bytes_limit: int = DEFAULT_SPILL_BYTES_LIMIT
 
     def validate(self) -> None:
         if self.writer_queue_frames < 1:
             raise ConfigError("writer_queue_frames", "must be at least 1")
+        if self.spill_bytes_limit <= 0:
+            raise ConfigError("spill_bytes_limit", "must be a positive number of bytes")
         if self.writer_stall_ms <= 0:
             raise ConfigError("writer_stall_ms", "must be positive")
 

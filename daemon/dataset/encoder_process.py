@@ -1,23 +1,34 @@
 """Video encoding in a worker process per camera, at the lowest CPU priority, fed through shared memory.
 
 The encoder must never take the CPU the control loop needs. Each camera gets one worker process
-for the writer's lifetime (spawned, not forked: the daemon is multi-threaded), which puts itself
-under ``SCHED_IDLE`` (else ``nice 19``) before it imports the codec, so it and every thread the
-codec starts only get CPU nobody else wants.
+for the writer's lifetime (a fresh interpreter, not a fork: the daemon is multi-threaded), which
+puts itself under ``SCHED_IDLE`` (else ``nice 19``) before it imports the codec, so it and every
+thread the codec starts only get CPU nobody else wants. It runs in a session of its own and
+ignores SIGINT: Ctrl-C is the writer's to handle, and a worker that died of it would cost the
+take its frames (and print SVT-AV1's "deinit called without sending EOS!").
 
 Frames are not pickled. The parent owns a :class:`multiprocessing.shared_memory.SharedMemory`
-ring of ``slots`` fixed-size slots (one ``H x W x 3`` frame each) plus a small header the worker
-writes (slots released, frames encoded). :meth:`EncoderProcess.put` copies a frame into the next
-free slot and sends ``(episode, frame_index, slot)`` on a queue (a feeder thread writes the pipe,
-so ``put`` never waits on the worker). When the ring is full the frame is not kept in RAM: the
-worker reads it from the episode's spill file (:mod:`.spill`; the parent appended it there) and
-the message says ``slot = -1``. Slots are used and released in FIFO order, so a slot is free when
-``slots_used - slots_released < slots``.
+ring of ``slots`` fixed-size slots (one ``H x W x 3`` frame each) plus a small header.
+:meth:`EncoderProcess.offer` copies a frame into the next free slot and sends ``(job,
+frame_index, slot)`` on a queue (a sender thread writes the socket, so the writer never waits on
+the worker). Slots are used and released in FIFO order; a released slot keeps its frame until the
+writer reuses it (:meth:`EncoderProcess.ring_frame`).
 
-The worker writes each episode's mp4 to the path it is given, fsyncs it, and answers
-``("done", episode, frames)`` (or ``("error", episode, text)``) on its event queue; the parent's
-event thread resolves that episode's future. The bytes are those of the in-process encoder: both
-run :class:`~.video.StreamEncoder` with the same settings.
+**Spill only while behind.** When the ring is full the writer writes the frame into the
+episode's spill (:mod:`.spill`, frame ``i`` at offset ``i*H*W*3``) and sends ``slot = -1``; the
+worker reads it from there, in order. From the first such frame (or when the writer asks, at a
+save that cannot wait: :meth:`EncoderProcess.request_cut`) the episode is *cut*: the worker closes
+and fsyncs the mp4 of the frames it has encoded so far (``<key>.mp4``, frames ``[0, c)``), tells
+the writer ``c``, encodes the rest into ``<key>.b.mp4`` and writes every later ring frame into the
+spill too before it releases the slot. So from ``c`` on every frame is on disk, and a saved
+episode is durable as ``<key>.mp4`` (``c`` frames) plus its spill (frames from ``c``). At the end
+the worker joins the two parts by packet copy (:func:`~.video.concat_segments`) into ``<key>.mp4``.
+An episode that is never behind is never spilled and its mp4 is byte for byte the in-process
+encoder's.
+
+The worker works in the episode's directory through a directory fd, so the commit's rename of
+that directory under it changes nothing. It answers ``("done", job, frames)`` once the mp4 is
+closed and fsynced (or ``("error", job, text)``); ``("cut", job, c)`` once the first part is.
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import Future
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -38,28 +51,26 @@ from typing import Any, Final
 
 import numpy as np
 
+from hilrec.daemon.dataset.encoder_worker import (
+    HEADER_BYTES,
+    HEADER_CUT_REQUEST,
+    HEADER_FRAMES_ENCODED,
+    HEADER_RELEASED,
+)
 from hilrec.daemon.errors import VideoEncodingError
 
 log = logging.getLogger(__name__)
 
-HEADER_BYTES: Final[int] = 64  # int64 [slots released, frames encoded, ...]
-HEADER_FRAMES_ENCODED: Final[int] = 1  # the int64 index of the encoded-frames counter
 DEFAULT_RING_BYTES: Final[int] = 64 * 1024 * 1024
+# Overrides the ring's size (bytes): for tests and benchmarks that want the encoder behind.
+RING_ENV: Final[str] = "HILREC_ENCODER_RING_BYTES"
 START_TIMEOUT_S: Final[float] = 60.0
 
 
-def lowest_priority() -> str:
-    """Put the calling process (all its future threads) at the lowest CPU priority; say which."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return "SCHED_IDLE"
-    except (OSError, AttributeError):
-        pass
-    try:
-        os.nice(19 - os.nice(0))
-    except OSError as exc:
-        return f"normal ({exc})"
-    return "nice 19"
+def _set_policy(threads: list[int], policy: int) -> None:
+    for tid in threads:
+        with contextlib.suppress(OSError):  # gone, or not permitted: it keeps its priority
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
 
 
 class EncoderProcess:
@@ -73,8 +84,10 @@ class EncoderProcess:
         height: int,
         width: int,
         settings: Any,
-        ring_bytes: int = DEFAULT_RING_BYTES,
+        ring_bytes: int | None = None,
     ) -> None:
+        if ring_bytes is None:
+            ring_bytes = int(os.environ.get(RING_ENV) or DEFAULT_RING_BYTES)
         self.key = key
         self.fps = fps
         self.height = height
@@ -86,6 +99,7 @@ class EncoderProcess:
             (HEADER_BYTES // 8,), dtype=np.int64, buffer=self._shm.buf
         )
         self._header[:] = 0
+        self._header[HEADER_CUT_REQUEST] = -1
         self._ring: np.ndarray[Any, Any] = np.ndarray(
             (self.slots, height, width, 3), dtype=np.uint8, buffer=self._shm.buf, offset=HEADER_BYTES
         )
@@ -97,6 +111,8 @@ class EncoderProcess:
         self._job_of: dict[int, int] = {}  # episode -> its current job
         self._next_job = 0
         self._lock = threading.Lock()
+        self._cut_done = threading.Condition(self._lock)
+        self._cuts: dict[int, int] = {}  # job -> the frame it was cut at
         self.error: str | None = None
         self.priority = "starting"
         # A fresh interpreter (not fork: the daemon has threads; not multiprocessing's spawn: it
@@ -115,6 +131,8 @@ class EncoderProcess:
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             close_fds=True,
+            # Out of the terminal's process group: Ctrl-C is the writer's to handle.
+            start_new_session=True,
         )
         theirs.close()
         self._conn = Connection(ours.detach())
@@ -141,29 +159,83 @@ class EncoderProcess:
             self._futures[job] = future
         # moved_to: the directory the episode's is renamed to at its commit, which may come
         # before the worker reads this (it opens both files once, in whichever is there).
-        self._commands.put(("begin", job, str(path), str(spill_path), str(moved_to or path.parent)))
+        self._commands.put(("begin", job, str(path), str(spill_path), str(moved_to or path.parent), episode))
         return future
 
-    def put(self, episode: int, frame_index: int, image: np.ndarray, *, spilled: bool = True) -> bool:
-        """Hand frame ``frame_index`` over (its copy in the spill is already written). True when
-        it went through the ring, False when the worker will read it from the spill."""
-        if not spilled and (
-            self.error is not None or self._closed or self._slots_used - int(self._header[0]) >= self.slots
-        ):
-            return False  # not in the spill and no slot: the caller must not lose it silently
-        self.frames_put += 1
+    def offer(self, episode: int, frame_index: int, image: np.ndarray) -> int:
+        """Put frame ``frame_index`` into the ring and send it; returns its ring sequence number
+        (for :meth:`ring_frame`), or -1 when no slot is free or the worker is gone: then the
+        caller writes it into the spill and calls :meth:`send_spilled`."""
         if self.error is not None or self._closed:
-            # The worker is gone: the frame is in the spill, and the writer encodes the episode
-            # from there (spill_problem() refuses the next take meanwhile).
-            self._lost += 1
-            return False
-        slot = -1
-        if self._slots_used - int(self._header[0]) < self.slots:
-            slot = self._slots_used % self.slots
-            self._ring[slot] = image
-            self._slots_used += 1
+            return -1
+        if self._slots_used - int(self._header[HEADER_RELEASED]) >= self.slots:
+            return -1
+        sequence = self._slots_used
+        slot = sequence % self.slots
+        self._ring[slot] = image
+        self._slots_used += 1
+        self.frames_put += 1
         self._commands.put(("frame", self._job_of[episode], frame_index, slot))
-        return slot >= 0
+        return sequence
+
+    def send_spilled(self, episode: int, frame_index: int) -> None:
+        """Frame ``frame_index`` is in the spill (written by the caller): the worker reads it
+        there. The first one of an episode cuts it (see the module docstring)."""
+        self.frames_put += 1
+        job = self._job_of[episode]
+        self._header[HEADER_CUT_REQUEST] = job
+        if self.error is not None or self._closed:
+            self._lost += 1
+            return
+        self._commands.put(("frame", job, frame_index, -1))
+
+    def ring_frame(self, sequence: int) -> np.ndarray | None:
+        """The frame of ring sequence number ``sequence`` if its slot was not reused since."""
+        if sequence < 0 or sequence < self._slots_used - self.slots:
+            return None
+        return self._ring[sequence % self.slots]
+
+    def request_cut(self, episode: int) -> None:
+        """Ask the worker to cut ``episode`` before its next frame (see the module docstring)."""
+        job = self._job_of.get(episode)
+        if job is not None:
+            self._header[HEADER_CUT_REQUEST] = job
+
+    @contextlib.contextmanager
+    def hurried(self) -> Iterator[None]:
+        """The worker at normal priority meanwhile (every thread of it: the codec's too): a
+        save waits on it, and at SCHED_IDLE a busy machine may give it no CPU at all. The
+        loop, at real-time priority, still comes first."""
+        threads = self._threads()
+        _set_policy(threads, os.SCHED_OTHER)
+        try:
+            yield
+        finally:
+            _set_policy(self._threads(), os.SCHED_IDLE)
+
+    def _threads(self) -> list[int]:
+        try:
+            return [int(tid) for tid in os.listdir(f"/proc/{self.pid}/task")]
+        except OSError:
+            return []
+
+    def cut_of(self, episode: int, timeout: float = 0.0) -> int | None:
+        """The frame the worker cut ``episode`` at, waiting up to ``timeout``; None if it has
+        not (yet), or if the episode's mp4 is done or failed first."""
+        deadline = time.monotonic() + timeout
+        with self._cut_done:
+            while True:
+                job = self._job_of.get(episode)
+                if job is None:
+                    return None
+                cut = self._cuts.get(job)
+                future = self._futures.get(job)
+                if cut is not None or future is None or future.done() or self.error is not None:
+                    return cut
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cut_done.wait(left)
 
     def end(self, episode: int, frames: int) -> None:
         self._commands.put(("end", self._job_of[episode], frames))
@@ -175,7 +247,7 @@ class EncoderProcess:
     def frames_encoded(self) -> int:
         if self._closed or self.error is not None:
             return self.frames_put  # nothing more will be encoded here: the spill has the rest
-        return int(self._header[1])
+        return int(self._header[HEADER_FRAMES_ENCODED])
 
     @property
     def backlog_frames(self) -> int:
@@ -237,12 +309,18 @@ class EncoderProcess:
             if kind == "ready":
                 self.priority = event[1]
                 continue
+            if kind == "cut":
+                with self._cut_done:
+                    self._cuts[event[1]] = int(event[2])
+                    self._cut_done.notify_all()
+                continue
             if kind == "fatal":
                 self.error = event[1]
                 log.error("video '%s': encoder process failed: %s", self.key, event[1])
                 break
             with self._lock:
                 future = self._futures.pop(event[1], None)
+                self._cut_done.notify_all()
             if future is None:
                 continue
             if kind == "done":
@@ -258,187 +336,11 @@ class EncoderProcess:
                         )
                     )
             self._futures.clear()
-
-
-# --- the worker process ----------------------------------------------------------------------------
-
-
-def worker_main(fd: int) -> None:
-    """The worker process: ``python -m hilrec.daemon.dataset.encoder_process FD``."""
-    _die_with_parent()
-    priority = lowest_priority()
-    conn = Connection(fd)
-    try:
-        shm_name, slots, height, width, fps, settings_json = conn.recv()
-        _serve(shm_name, slots, height, width, fps, settings_json, conn, priority)
-    except EOFError:
-        pass  # the writer is gone: what is unfinished stays in its spill
-    except BaseException as exc:  # noqa: BLE001 - told to the parent, which raises it
-        with contextlib.suppress(OSError):
-            conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
-    finally:
-        with contextlib.suppress(OSError):
-            conn.send(None)
-        conn.close()
-
-
-def _serve(
-    shm_name: str,
-    slots: int,
-    height: int,
-    width: int,
-    fps: int,
-    settings_json: dict[str, Any],
-    conn: Connection,
-    priority: str,
-) -> None:
-    from hilrec.daemon.dataset.video import StreamEncoder, VideoSettings
-
-    settings = VideoSettings.from_json(settings_json)
-    shm = shared_memory.SharedMemory(name=shm_name)
-    # The parent created (and unlinks) the segment; this process must not track it too.
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    header: np.ndarray[Any, Any] = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=shm.buf)
-    ring: np.ndarray[Any, Any] = np.ndarray(
-        (slots, height, width, 3), dtype=np.uint8, buffer=shm.buf, offset=HEADER_BYTES
-    )
-    frame_bytes = height * width * 3
-    events = _Events(conn)
-    events.put(("ready", priority))
-    current: dict[int, tuple[StreamEncoder | None, Any, str | None]] = {}
-    try:
-        while True:
-            command = conn.recv()
-            if command is None:
-                break
-            kind, episode = command[0], command[1]
-            if kind == "begin":
-                try:
-                    encoder, spill_file = _open_job(command, fps, height, width, settings)
-                    current[episode] = (encoder, spill_file, None)
-                except Exception as exc:  # noqa: BLE001 - the episode fails, the worker goes on
-                    current[episode] = (None, None, f"{type(exc).__name__}: {exc}")
-            elif kind == "frame":
-                frame_index, slot = command[2], command[3]
-                encoder, spill, error = current.get(episode, (None, None, "not begun"))
-                try:
-                    if slot >= 0:
-                        image = ring[slot]
-                    elif spill is not None:
-                        data = os.pread(spill.fileno(), frame_bytes, frame_index * frame_bytes)
-                        if len(data) != frame_bytes:
-                            raise VideoEncodingError(f"frame {frame_index} is not in the spill")
-                        image = np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)
-                    else:
-                        raise VideoEncodingError("no spill")
-                    if encoder is not None and error is None:
-                        encoder.encode(image)
-                except Exception as exc:  # noqa: BLE001
-                    if encoder is not None:
-                        encoder.abort()
-                    current[episode] = (None, spill, f"{type(exc).__name__}: {exc}")
-                finally:
-                    if slot >= 0:
-                        header[0] += 1  # from_ndarray copied it: the slot is free
-                    header[1] += 1
-            elif kind == "end":
-                encoder, spill, error = current.pop(episode, (None, None, "not begun"))
-                if spill is not None:
-                    spill.close()
-                if error is None and encoder is not None:
-                    try:
-                        frames = encoder.close()
-                        if frames != command[2]:
-                            raise VideoEncodingError(f"encoded {frames} frames of {command[2]}")
-                        events.put(("done", episode, frames))
-                        continue
-                    except Exception as exc:  # noqa: BLE001
-                        error = f"{type(exc).__name__}: {exc}"
-                events.put(("error", episode, error))
-            elif kind == "abort":
-                encoder, spill, _error = current.pop(episode, (None, None, None))
-                if spill is not None:
-                    spill.close()
-                if encoder is not None:
-                    encoder.abort()
-                    Path(encoder.path).unlink(missing_ok=True)
-                events.put(("error", episode, "aborted"))
-    finally:
-        for encoder, _spill, _error in current.values():
-            if encoder is not None:
-                encoder.abort()
-        del header, ring
-        shm.close()
-
-
-def _open_job(command: tuple[Any, ...], fps: int, height: int, width: int, settings: Any) -> tuple[Any, Any]:
-    """The mp4 encoder and the spill of a ``begin``, in the open directory or, if the commit
-    renamed it already, in the committed one (tried in turn: the rename can come in between)."""
-    from hilrec.daemon.dataset.video import StreamEncoder
-
-    path, spill, moved = Path(command[2]), Path(command[3]), Path(command[4])
-    last: Exception | None = None
-    for directory in (path.parent, moved, path.parent, moved):
-        try:
-            spill_file = open(directory / spill.name, "rb", buffering=0)  # noqa: SIM115 - kept open
-        except FileNotFoundError as exc:
-            last = exc
-            continue
-        try:
-            out = open(directory / path.name, "w+b")  # noqa: SIM115 - the encoder closes it
-        except FileNotFoundError as exc:
-            spill_file.close()
-            last = exc
-            continue
-        try:
-            encoder = StreamEncoder(
-                directory / path.name,
-                file=out,
-                fps=fps,
-                height=height,
-                width=width,
-                settings=settings,
-                make_dirs=False,
-            )
-        except Exception as exc:  # noqa: BLE001 - tried in the other directory
-            spill_file.close()
-            last = exc
-            continue
-        return encoder, spill_file
-    raise VideoEncodingError(f"{path}: neither it nor {moved} can be opened: {last}")
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the writer dies: a reopened writer (or repair) finishes the
-    encode from the spill, and must not find this one still writing the same file."""
-    parent = os.getppid()
-    with contextlib.suppress(Exception):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
-
-
-class _Events:
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-
-    def put(self, event: tuple[Any, ...]) -> None:
-        self._conn.send(event)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            self._cut_done.notify_all()
 
 
 if __name__ == "__main__":
+    # The command line the parent starts (tools find the workers by it): the worker's code.
+    from hilrec.daemon.dataset.encoder_worker import worker_main
+
     worker_main(int(sys.argv[1]))

@@ -15,12 +15,13 @@ frame per row. From then on no frame can be added. Once encoded, :meth:`OpenEpis
 drops what the encoded bytes now carry; a save that fails after that keeps the finished videos in
 the open directory, and the retry commits them with the same bytes.
 
-With encoder processes (``workers``, see :mod:`.encoder_process`) each camera frame is appended
-raw to the camera's spill (:mod:`.spill`) and handed to that camera's worker through shared
-memory. :meth:`OpenEpisode.finish_videos` then ends the worker's episode; a camera whose encoder
-is caught up is waited for (at most :data:`FINISH_WAIT_S`) and its mp4 placed in the open
-directory, any other is left *pending*: its spill is fsynced and committed with the episode, and
-the writer places the mp4 when the worker is done (:attr:`OpenEpisode.pending`).
+With encoder processes (``workers``, see :mod:`.encoder_process`) each camera frame is handed to
+that camera's worker through shared memory, and only when its ring is full written raw into the
+camera's spill (:mod:`.spill`). :meth:`OpenEpisode.finish_videos` then ends the worker's episode;
+a camera whose encoder is caught up is waited for (at most :data:`FINISH_WAIT_S`) and its mp4
+placed in the open directory. Any other is left *pending*: every frame from its cut on is put
+into its spill (the ones still in the ring by this side), which is fsynced and committed with the
+episode, and the writer places the mp4 when the worker is done (:attr:`OpenEpisode.pending`).
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from hilrec.daemon.dataset.encoder_process import EncoderProcess
 
-# save_episode waits this long for a caught-up encoder process before it saves with the spill.
+# save_episode waits this long for a caught-up encoder process before it saves with the spill
+# (a test may set 0: every save then goes with its spill).
 FINISH_WAIT_S: float = 5.0
-# ... and this long for one whose spill a full disk could not hold.
-UNSPILLED_WAIT_S: float = 120.0  # a test may set 0: every save then goes with its spill
+# ... and at most this long for the worker to cut the episode (close the frames it has encoded)
+# when some of them are no longer in the ring: a frame of encode and a flush, at idle priority.
+CUT_WAIT_S: float = 120.0
 
 
 class VideoSummary(TypedDict):
@@ -80,7 +83,11 @@ class OpenEpisode:
         self.workers: dict[str, EncoderProcess] = {}
         self.spills: dict[str, SpillFile] = {}
         self.futures: dict[str, Future[int]] = {}
-        self.unspilled: set[str] = set()  # cameras whose spill the disk could not hold
+        # Per camera and frame: its ring sequence number (see EncoderProcess.ring_frame), or -1
+        # when it was written into the spill.
+        self.sequences: dict[str, list[int]] = {}
+        self.cameras: dict[str, tuple[int, int]] = {}
+        self.settings: VideoSettings | None = None
         # Cameras whose mp4 is still being encoded when the episode is saved (their spill is
         # committed): key -> (future, the worker's output path).
         self.pending: dict[str, tuple[Future[int], Path]] = {}
@@ -161,38 +168,27 @@ class OpenEpisode:
             self.samplers[key].add(values[key])
         frame_index = len(self.tasks)
         for key, spill in self.spills.items():
-            spilled = key not in self.unspilled
-            if spilled:
+            image = values[key]
+            worker = self.workers[key]
+            sequence = worker.offer(self.index, frame_index, image)
+            if sequence < 0:
                 try:
-                    spill.append(values[key])
+                    spill.write_at(frame_index, image)
                 except OSError as exc:
-                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                        raise VideoEncodingError(
-                            f"video '{key}' episode {self.index} ({spill.path}): frame {frame_index} "
-                            f"cannot be spilled: {exc}"
-                        ) from exc
-                    # A full disk: no spill from here on (its space is freed); the frames still
-                    # go through the ring, and the save must wait for the mp4 (said in the log).
-                    spill.close()
-                    spill.path.unlink(missing_ok=True)
-                    self.unspilled.add(key)
-                    spilled = False
-                    log.warning(
-                        "video '%s' episode %d: the disk is full, no spill from frame %d: the save "
-                        "waits for the encoder",
-                        key,
-                        self.index,
-                        frame_index,
-                    )
-            handed = self.workers[key].put(self.index, frame_index, values[key], spilled=spilled)
-            if not handed and not spilled:
-                raise VideoEncodingError(
-                    f"video '{key}' episode {self.index}: frame {frame_index} fits neither the "
-                    "spill nor the encoder's ring; the disk is full: this episode's frames cannot "
-                    "be kept and are lost, the episodes saved before are not affected; free "
-                    "space before the next take"
-                )
-            self.samplers[key].add(values[key])
+                    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    raise VideoEncodingError(
+                        f"video '{key}' episode {self.index}: frame {frame_index} fits neither the "
+                        f"encoder's ring nor the spill ({spill.path}: {exc})"
+                        + (
+                            "; the disk is full: this episode's frames cannot be kept and are lost, "
+                            "the episodes saved before are not affected; free space before the next take"
+                            if full
+                            else ""
+                        )
+                    ) from exc
+                worker.send_spilled(self.index, frame_index)
+            self.sequences[key].append(sequence)
+            self.samplers[key].add(image)
         self.tasks.append(task)
 
     @property
@@ -223,41 +219,83 @@ class OpenEpisode:
     def _finish_processes(self, n: int) -> dict[str, VideoSummary]:
         assert self.root is not None
         videos: dict[str, VideoSummary] = {}
-        for worker in self.workers.values():
-            worker.end(self.index, n)
+        caught_up = {key: worker.backlog_frames == 0 for key, worker in self.workers.items()}
         for key, worker in self.workers.items():
-            spill = self.spills[key]
-            spill.close()
+            if not caught_up[key]:
+                worker.request_cut(self.index)  # before its end: the worker reads it per frame
+            worker.end(self.index, n)
+        cuts: dict[str, int] = {}
+        for key in self.workers:
             future = self.futures[key]
             out = self.directory / journal.video_file_name(key)
-            caught_up = worker.backlog_frames == 0
-            wait = FINISH_WAIT_S if caught_up else 0
-            if key in self.unspilled:
-                wait = UNSPILLED_WAIT_S  # nothing on disk to save it with: the mp4 or nothing
             try:
-                frames: int | None = future.result(wait)
+                with self.workers[key].hurried():
+                    frames: int | None = future.result(FINISH_WAIT_S if caught_up[key] else 0)
             except FutureTimeout:
                 frames = None
             except VideoEncodingError:
                 frames = None  # the worker failed: the writer encodes it from the spill
-            if frames is None and key in self.unspilled:
-                raise VideoEncodingError(
-                    f"video '{key}' episode {self.index}: its encoder did not finish within "
-                    f"{wait:.0f} s and the full disk held no spill: the episode cannot be saved"
-                )
             if frames is None:
-                # Saved with its spill (the commit fsyncs it): durable then, encoded after.
-                self.pending[key] = (future, out)
-                videos[key] = {"frames": n, "duration_s": float(Fraction(n, self.fps))}
-                continue
+                cut = self._spill_from_cut(key, n)
+                if cut is not None:
+                    # Saved with its spill (the commit fsyncs it): durable then, encoded after.
+                    cuts[key] = cut
+                    self.pending[key] = (future, out)
+                    videos[key] = {"frames": n, "duration_s": float(Fraction(n, self.fps))}
+                    continue
+                frames = future.result()  # the mp4 was done before a cut was needed
+            self.spills[key].close()
             release_spill(self.directory, key)
-            probe = probe_video(self.directory / journal.video_file_name(key))
+            probe = probe_video(out)
             if frames != n or probe.frames != n:
                 raise VideoEncodingError(
                     f"video '{key}' episode {self.index}: {probe.frames} frames in {probe.path} for {n} rows"
                 )
             videos[key] = {"frames": probe.frames, "duration_s": probe.duration_s}
+        if cuts:
+            assert self.settings is not None
+            write_spill_meta(
+                self.directory, fps=self.fps, cameras=self.cameras, settings=self.settings, cuts=cuts
+            )
         return videos
+
+    def _spill_from_cut(self, key: str, n: int) -> int | None:
+        """Put every frame of camera ``key`` from its cut on into its spill (fsynced) and return
+        the cut; None when the mp4 turned out done first. Raises when neither can be had."""
+        worker = self.workers[key]
+        spill = self.spills[key]
+        sequences = self.sequences[key]
+        # The frames from first_kept on are still in the ring or already in the spill.
+        first_kept = n
+        while first_kept > 0:
+            sequence = sequences[first_kept - 1]
+            if sequence >= 0 and worker.ring_frame(sequence) is None:
+                break
+            first_kept -= 1
+        if first_kept == 0:
+            cut = 0  # every frame is here: the worker's own cut, if any, does not matter
+        else:
+            worker.request_cut(self.index)
+            with worker.hurried():
+                found = worker.cut_of(self.index, CUT_WAIT_S)
+            if found is None:
+                future = self.futures[key]
+                if future.done() and future.exception() is None:
+                    return None
+                raise VideoEncodingError(
+                    f"video '{key}' episode {self.index}: its encoder process "
+                    f"({worker.error or 'no cut within ' + format(CUT_WAIT_S, '.0f') + ' s'}) holds "
+                    f"frames 0..{first_kept - 1} that are no longer in the ring: the episode "
+                    "cannot be saved; the episodes saved before are not affected"
+                )
+            cut = found
+        for frame_index in range(cut, n):
+            image = worker.ring_frame(sequences[frame_index])
+            if image is not None:
+                spill.write_at(frame_index, image)
+        spill.sync()
+        spill.close()
+        return cut
 
     def columns(self) -> dict[str, np.ndarray]:
         """The numeric values by key, frame axis first: ``(n, d)``."""
@@ -310,12 +348,15 @@ def _start_spilled(
 ) -> OpenEpisode:
     directory = episode.directory
     cameras = {key: (features[key]["shape"][0], features[key]["shape"][1]) for key in video_keys(features)}
+    episode.cameras = cameras
+    episode.settings = settings
     write_spill_meta(directory, fps=fps, cameras=cameras, settings=settings)
     for key in video_keys(features):
         height, width, _ = features[key]["shape"]
         worker = workers[key]
         spill = SpillFile(directory / spill_name(key), height * width * 3)
         episode.spills[key] = spill
+        episode.sequences[key] = []
         episode.workers[key] = worker
         episode.futures[key] = worker.begin(
             index, directory / journal.video_file_name(key), spill.path, journal.episode_dir(root, index)

@@ -1,25 +1,27 @@
-"""The video spill: raw camera frames on disk, in the episode's journal directory, until its mp4 is done.
+"""The video spill: raw camera frames in the episode's journal directory while the encoder is behind.
 
 With the encoder in its own process (:mod:`.encoder_process`) a slow codec (LeRobot's libsvtav1
-on a small machine) falls behind the camera. Frames never wait in RAM for it and are never
-dropped: the writer appends every frame of a camera, raw, to ``<key>.spill`` in the episode's
-open directory (``.episode-NNNNNN.tmp/``, see :mod:`.journal`), ``H*W*3`` bytes each, frame ``i``
-at offset ``i*H*W*3`` — no header, no container, nothing to tear but a last partial frame. Beside
-it, ``spill.json`` names the cameras, their shapes, the fps and the encoder settings, so the encode
-can be finished by anyone later with the same settings (and the same bytes).
+on a small machine) can fall behind the camera. Frames never wait in RAM for it and are never
+dropped: a frame the shared-memory ring cannot take is written, raw, into ``<key>.spill`` in the
+episode's open directory (``.episode-NNNNNN.tmp/``, see :mod:`.journal`), ``H*W*3`` bytes, frame
+``i`` at offset ``i*H*W*3`` (a sparse file: no header, no container, nothing to tear but a frame
+being written). Beside it, ``spill.json`` names the cameras, their shapes, the fps and the encoder
+settings, so the encode can be finished by anyone later with the same settings.
 
-The encoder process streams the mp4 into the same directory, ``<key>.mp4``, as the in-process
-encoder does. Saving an episode whose encoder has not finished commits the spill with the rest
-(the commit fsyncs every file of the directory: the spill *is* part of the journal entry), so
-``save_episode`` returns durable without waiting for the mp4; the worker goes on writing the
-same file, through the rename. A spill beside an mp4 means the mp4 is not finished: once the
-worker has closed and fsynced it, the writer deletes the spill (:func:`release_spill`) and only
-then is the episode merged.
+An episode that falls behind is *cut* (see :mod:`.encoder_process`): ``<key>.mp4`` is closed at
+frame ``c`` and every frame from ``c`` on is in the spill. Saving an episode whose encoder has not
+finished writes the frames still in the ring into the spill, records ``c`` in ``spill.json``
+(``cuts``) and commits the spill with the rest (the commit fsyncs every file of the directory:
+the spill *is* part of the journal entry), so ``save_episode`` returns durable without waiting for
+the mp4. A spill beside an mp4 means the mp4 is not finished: once the worker has joined and
+fsynced it, the writer deletes the spill (:func:`release_spill`) and only then is the episode
+merged. An episode that is never behind has an empty spill, deleted at its save.
 
 After a crash, :func:`finish_spilled_encodes` (called by ``DatasetWriter.open`` before its
-recovery, and to be called by ``hilrec repair`` before its own) encodes every committed
-episode's remaining spills into its mp4, then removes the spills and stray ``.encode-*`` files.
-An open (never saved) episode's spill is left to the recovery, which drops the episode.
+recovery, and by ``hilrec repair`` before its own) encodes every committed episode's remaining
+spills into its mp4 (frames ``[c, n)`` from the spill after the ``c`` frames of ``<key>.mp4``),
+then removes the spills and stray ``.encode-*`` files. An open (never saved) episode's spill is
+left to the recovery, which drops the episode.
 """
 
 from __future__ import annotations
@@ -55,29 +57,44 @@ def encode_temp_path(root: Path, episode_index: int, key: str) -> Path:
     return journal.journal_dir(root) / f"{ENCODE_PREFIX}{episode_index:06d}-{key}.mp4"
 
 
+def pwrite_all(fd: int, image: np.ndarray, offset: int) -> None:
+    """Write one raw frame at ``offset`` (a short write is continued)."""
+    view = memoryview(np.ascontiguousarray(image, dtype=np.uint8).data).cast("B")
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], offset + written)
+
+
 class SpillFile:
-    """One camera's spill of one episode: raw frames appended, fsynced when the episode is saved."""
+    """One camera's spill of one episode: raw frames written at their place, fsynced at the save."""
 
     def __init__(self, path: Path, frame_bytes: int) -> None:
         self.path = path
         self.frame_bytes = frame_bytes
-        self.frames = 0
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self.frames = 0  # written by this side (the encoder process tees more after a cut)
+        self._closed_bytes = 0
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
 
     @property
     def bytes(self) -> int:
-        return self.frames * self.frame_bytes
+        """Bytes on disk (the file is sparse: only frames written count)."""
+        if self._fd is None:
+            return self._closed_bytes
+        return os.fstat(self._fd).st_blocks * 512
 
-    def append(self, image: np.ndarray) -> None:
+    def write_at(self, frame_index: int, image: np.ndarray) -> None:
         if self._fd is None:
             raise VideoEncodingError(f"{self.path}: spill is closed")
-        view = memoryview(np.ascontiguousarray(image, dtype=np.uint8).data).cast("B")
-        if len(view) != self.frame_bytes:
-            raise VideoEncodingError(f"{self.path}: frame of {len(view)} bytes, expected {self.frame_bytes}")
-        written = 0
-        while written < len(view):
-            written += os.write(self._fd, view[written:])
+        if image.nbytes != self.frame_bytes:
+            raise VideoEncodingError(
+                f"{self.path}: frame of {image.nbytes} bytes, expected {self.frame_bytes}"
+            )
+        pwrite_all(self._fd, image, frame_index * self.frame_bytes)
         self.frames += 1
+
+    def append(self, image: np.ndarray) -> None:
+        """Write the next frame after the ones this side wrote (a spill of every frame)."""
+        self.write_at(self.frames, image)
 
     def sync(self) -> None:
         if self._fd is not None:
@@ -85,6 +102,7 @@ class SpillFile:
 
     def close(self) -> None:
         if self._fd is not None:
+            self._closed_bytes = os.fstat(self._fd).st_blocks * 512
             os.close(self._fd)
             self._fd = None
 
@@ -101,14 +119,23 @@ def read_spill_frame(
 
 
 def write_spill_meta(
-    directory: Path, *, fps: int, cameras: Mapping[str, tuple[int, int]], settings: Any
+    directory: Path,
+    *,
+    fps: int,
+    cameras: Mapping[str, tuple[int, int]],
+    settings: Any,
+    cuts: Mapping[str, int] | None = None,
 ) -> None:
-    payload = {
+    """``spill.json``; ``cuts``: per camera, the first frame that is in the spill and not in
+    ``<key>.mp4`` (0, or missing: every frame is in the spill)."""
+    payload: dict[str, Any] = {
         "format": SPILL_FORMAT,
         "fps": fps,
         "cameras": {key: [h, w] for key, (h, w) in cameras.items()},
         "settings": settings.to_json(),
     }
+    if cuts:
+        payload["cuts"] = {key: int(c) for key, c in cuts.items()}
     write_synced(directory / SPILL_META, json_bytes(payload, indent=None, final_newline=False))
 
 
@@ -173,8 +200,18 @@ def encode_from_spill(
     root: Path, index: int, key: str, *, progress: Callable[[int], None] | None = None
 ) -> int:
     """Encode committed episode ``index``'s camera ``key`` from its spill and place the mp4
-    (:func:`place_finished_video`); returns the frames encoded."""
-    from hilrec.daemon.dataset.video import StreamEncoder, VideoSettings, probe_video
+    (:func:`place_finished_video`); returns the frames of the episode.
+
+    Frames ``[c, n)`` come from the spill, where ``c`` is the camera's cut in ``spill.json``
+    (0 when missing); the first ``c`` are ``<key>.mp4``'s, joined by packet copy. An mp4 that
+    already holds every frame (the worker finished, the spill's release did not) is kept."""
+    from hilrec.daemon.dataset.video import (
+        Segment,
+        StreamEncoder,
+        VideoSettings,
+        concat_segments,
+        probe_video,
+    )
 
     directory = journal.episode_dir(root, index)
     meta = read_json(directory / SPILL_META, what="spill description")
@@ -183,7 +220,15 @@ def encode_from_spill(
     height, width = meta["cameras"][key]
     fps = int(meta["fps"])
     settings = VideoSettings.from_json(meta["settings"])
+    cut = int(meta.get("cuts", {}).get(key, 0))
     length = int(journal.load_episode_meta(root, index)["length"])
+    target = directory / journal.video_file_name(key)
+    head = _frames_in(target)
+    if head == length:
+        release_spill(directory, key)
+        return length
+    if cut > 0 and head != cut:
+        raise CorruptDatasetError(str(target), f"holds {head} frames, its spill starts at frame {cut}")
     frame_bytes = height * width * 3
     spill = directory / spill_name(key)
     size = spill.stat().st_size
@@ -195,7 +240,8 @@ def encode_from_spill(
     encoder = StreamEncoder(out, fps=fps, height=height, width=width, settings=settings)
     try:
         with open(spill, "rb") as f:
-            for _ in range(length):
+            f.seek(cut * frame_bytes)
+            for _ in range(cut, length):
                 data = f.read(frame_bytes)
                 encoder.encode(np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3))
                 if progress is not None:
@@ -205,11 +251,28 @@ def encode_from_spill(
         encoder.abort()
         out.unlink(missing_ok=True)
         raise
+    if cut > 0:
+        joined = out.with_name(out.name[: -len(".mp4")] + ".j.mp4")
+        try:
+            concat_segments(joined, [Segment(target), Segment(out)], fps=fps)
+        finally:
+            out.unlink(missing_ok=True)
+        out = joined
     fsync_file(out)
     frames = probe_video(out).frames
     if frames != length:
         out.unlink()
         raise VideoEncodingError(f"{out}: {frames} frames encoded from {spill}, episode has {length}")
     place_finished_video(root, index, key, out)
-    log.warning("%s: episode %d '%s': encoded from its spill (%d frames)", root, index, key, length)
+    log.warning("%s: episode %d '%s': encoded from its spill (%d frames)", root, index, key, length - cut)
     return length
+
+
+def _frames_in(path: Path) -> int:
+    """Frames of a finished mp4; -1 when it is missing or unfinished (no index yet)."""
+    from hilrec.daemon.dataset.video import probe_video
+
+    try:
+        return probe_video(path).frames
+    except CorruptDatasetError:
+        return -1

@@ -169,6 +169,12 @@ class StreamEncoder:
         return self.frames
 
     def abort(self) -> None:
+        """Close without finishing the file (the caller deletes it)."""
+        with contextlib.suppress(Exception):
+            # The end of stream first: SVT-AV1 prints "deinit called without sending EOS!" on
+            # fd 2 when its encoder is freed without one. The flushed packets are not muxed.
+            for _packet in self._stream.encode(None):
+                pass
         with contextlib.suppress(Exception):
             self._container.close()
         if self._file is not None:

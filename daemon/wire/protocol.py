@@ -13,6 +13,10 @@ server, the client, the tests and the README describe the same bytes. Three chan
 - **remote leader** (PUSH -> PULL, port 5557): one JSON object ``{"v", "type": "leader", "seq",
   "action": [6 numbers]}`` in LeRobot units, joint order of :data:`hilrec.daemon.so101.POSITION_NAMES`.
 
+Within a version, messages only gain fields, and only optional ones (a client ignores what it does
+not know, and reads a missing optional field as unknown): :data:`TICK_OPTIONAL_FIELDS`. Removing,
+renaming or retyping a field, or making one required, is a new :data:`PROTOCOL_VERSION`.
+
 Everything that arrives is checked before it is used: size, frame count, UTF-8, JSON, object,
 version, command, argument names and types. A refusal is a :class:`ProtocolError` whose message
 names the problem; the server turns it into an error reply and carries on.
@@ -46,6 +50,10 @@ DEFAULT_MAX_LEADER_BYTES: Final[int] = 4 * 1024
 MAX_ID_CHARS: Final[int] = 128
 
 TOPIC_TICK: Final[bytes] = b"tick"
+# Optional tick fields (present when the daemon can tell), name -> meaning.
+TICK_OPTIONAL_FIELDS: Final[dict[str, str]] = {
+    "video_backlog_s": "seconds of video handed to the encoder processes and not encoded yet",
+}
 TOPIC_PREVIEW: Final[bytes] = b"preview"
 TOPIC_EVENT: Final[bytes] = b"event"
 

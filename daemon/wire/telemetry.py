@@ -57,6 +57,9 @@ class Telemetry:
         self._seq = {TOPIC_TICK: 0, TOPIC_PREVIEW: 0, TOPIC_EVENT: 0}
         self.dropped = 0
         self.sent = 0
+        # Fields added to every tick when it is sent, read on this publisher's thread (not the
+        # loop's): the video backlog, which the loop has no business measuring.
+        self.tick_fields: Callable[[], Mapping[str, Any]] | None = None
         self._thread = threading.Thread(target=self._run, name="hilrec-telemetry", daemon=True)
         self._bound = threading.Event()
         self._bind_error: BaseException | None = None
@@ -131,6 +134,8 @@ class Telemetry:
         try:
             if topic == TOPIC_PREVIEW:
                 frames = self._encode_preview(seq, payload)
+            elif topic == TOPIC_TICK and self.tick_fields is not None:
+                frames = [topic, telemetry_header(topic, seq, **payload, **self._extra_tick_fields())]
             else:
                 frames = [topic, telemetry_header(topic, seq, **payload)]
         except (ValueError, TypeError) as exc:  # a non-finite or odd value: count it, keep serving
@@ -142,6 +147,14 @@ class Telemetry:
             self.sent += 1
         except zmq.Again:
             self.dropped += 1
+
+    def _extra_tick_fields(self) -> Mapping[str, Any]:
+        assert self.tick_fields is not None
+        try:
+            return self.tick_fields()
+        except Exception:  # a tick goes out without its extras rather than not at all
+            log.exception("telemetry: the extra tick fields could not be read")
+            return {}
 
     def _encode_preview(self, seq: int, payload: Mapping[str, Any]) -> list[bytes]:
         cameras: list[dict[str, Any]] = []

@@ -38,12 +38,14 @@ def sim_config(
     realtime: bool = True,
     size: tuple[int, int] = (48, 64),
     extra: str = "",
+    dataset_extra: str = "",
 ) -> str:
     return f"""
 mode = "sim"
 fps = 25
 [dataset]
 root = "{root}"
+{dataset_extra}
 [leader]
 source = "{leader}"
 watchdog_ms = 300

@@ -183,3 +183,32 @@ def test_root_stands_in_for_a_missing_dataset_root(tmp_path: Path) -> None:
         load_settings(path)
     assert missing.value.key == "dataset"
     assert load_settings(path, root=tmp_path / "given").dataset.root == tmp_path / "given"
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "fragment"),
+    [
+        ('video_encoder = "gpu"', "dataset.video_encoder", "one of"),
+        ("spill_bytes_limit = 0", "dataset.spill_bytes_limit", "positive"),
+    ],
+)
+def test_the_encoder_settings_are_checked_naming_the_key(
+    tmp_path: Path, line: str, key: str, fragment: str
+) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text(MINIMAL.replace('root = "data/x"', f'root = "data/x"\n{line}'))
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    assert refused.value.key == key and fragment in refused.value.problem
+
+
+def test_the_encoder_settings_load(tmp_path: Path) -> None:
+    path = tmp_path / "d.toml"
+    path.write_text(
+        MINIMAL.replace(
+            'root = "data/x"', 'root = "data/x"\nvideo_encoder = "thread"\nspill_bytes_limit = 1000'
+        )
+    )
+    dataset = load_settings(path).dataset
+    assert dataset.video_encoder == "thread" and dataset.spill_bytes_limit == 1000
+    assert load_settings(REPO / "configs" / "hil.toml").dataset.video_encoder is None

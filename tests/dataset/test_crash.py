@@ -8,10 +8,13 @@ parent kills it after a seeded random delay. Then: either the dataset checks out
 ``repair`` makes it check out; and every episode whose save_episode() returned is there,
 bit-equal, with exactly as many video frames as rows (decoded and counted).
 
-Video is encoded in worker processes (the writer's default). In the "pending" trials the child
-never waits for its encoder at save (``FINISH_WAIT_S = 0``): every episode is saved with its
-spill and encoded after, so the kills land while frames are spilled (``spill-synced``), while
+Video is encoded in line (the writer's default) or in worker processes. In the "pending" trials
+the child never waits for its encoder at save (``FINISH_WAIT_S = 0``): every episode is saved with
+its spill and encoded after, so the kills land while frames are spilled (``spill-synced``), while
 the catch-up encodes (after ``committed``, at random) and as it places an mp4 (``video-placed``).
+In the "behind" trials the encoder process is also frozen for the second part of every episode
+and its ring holds two frames: the frames spill only from there, each episode is cut where the
+encoder fell behind, and its mp4 is the part encoded before the cut joined with the rest.
 The spill is part of the journal: ``finish_spilled_encodes`` (which ``hilrec repair`` must call
 first, as ``DatasetWriter.open`` does) finishes the encode, and nothing saved is lost.
 """
@@ -32,6 +35,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hilrec.daemon.dataset.encoder_process import RING_ENV
 from hilrec.daemon.dataset.reader import column_to_numpy
 from hilrec.daemon.dataset.repair import repair
 from hilrec.daemon.dataset.spill import finish_spilled_encodes
@@ -69,7 +73,8 @@ def child_main(argv: list[str]) -> None:
     from hilrec.daemon.so101 import so101_features
 
     root, codec, stall_at = argv[0], argv[1], argv[2]
-    if len(argv) > 3 and argv[3] == "pending":
+    mode = argv[3] if len(argv) > 3 else "wait"
+    if mode in ("pending", "behind"):
         import hilrec.daemon.dataset.episode as episode_module
 
         episode_module.FINISH_WAIT_S = 0.0
@@ -101,10 +106,19 @@ def child_main(argv: list[str]) -> None:
         hook=hook,
     )
     for episode, length in enumerate(LENGTHS[:CHILD_EPISODES]):
+        worker = writer._workers.get(CAM) if mode == "behind" else None
         for i, frame in enumerate(episode_frames(episode, length)):
+            if worker is not None and i == length // 3:
+                # Caught up, then frozen from here to the save: the ring (two slots) fills, the
+                # frames spill, and the episode is cut here, where the encoder fell behind.
+                while worker.backlog_frames:
+                    time.sleep(0.005)
+                os.kill(worker.pid, signal.SIGSTOP)
             writer.add_frame(frame)
             if i == length // 2:
                 hook(f"mid-episode-{episode}")
+        if worker is not None:
+            os.kill(worker.pid, signal.SIGCONT)
         index = writer.save_episode(sidecar={"episode": episode})
         emit(f"SAVED {index}")
     writer.finalize()
@@ -120,8 +134,10 @@ def run_child(
 ) -> tuple[list[int], list[str]]:
     """Run the child until it stalls at ``stall_at`` (or ``kill_after_s`` passes); SIGKILL it."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if mode == "pending":  # spills and catch-up encodes exist only with the (opt-in) encoder processes
+    if mode in ("pending", "behind"):  # spills exist only with the encoder processes
         env["HILREC_VIDEO_ENCODER"] = "process"
+    if mode == "behind":
+        env[RING_ENV] = str(2 * H * W * 3)
     proc = subprocess.Popen(
         [sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at, mode],
         stdout=subprocess.PIPE,
@@ -232,6 +248,10 @@ SPILL_STEPS = [
     "video-placed#2",
 ]
 SPILL_RANDOM_TRIALS = 4
+# The same while the encoder is behind: cut episodes, whose mp4 is the frames encoded before the
+# cut joined with the rest from the spill ("behind" mode).
+BEHIND_STEPS = ["spill-synced#2", "committed#1", "video-placed#1", "video-placed#3"]
+BEHIND_RANDOM_TRIALS = 3
 
 
 def trials() -> list[tuple[str, str, float | None, str]]:
@@ -245,6 +265,10 @@ def trials() -> list[tuple[str, str, float | None, str]]:
         plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None, "pending"))
     for i in range(SPILL_RANDOM_TRIALS):
         plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0), "pending"))
+    for i, step in enumerate(BEHIND_STEPS):
+        plan.append((step, "libsvtav1" if i % 2 == 0 else "libx264", None, "behind"))
+    for i in range(BEHIND_RANDOM_TRIALS):
+        plan.append(("never", "libsvtav1" if i % 2 else "libx264", rng.uniform(0.9, 3.0), "behind"))
     return plan
 
 
@@ -282,7 +306,10 @@ def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
     assert any(o[1] == "loads as is" for o in outcomes)
 
 
-@pytest.mark.parametrize("step, mode", [("renamed meta/info.json#2", "wait"), ("video-placed#1", "pending")])
+@pytest.mark.parametrize(
+    "step, mode",
+    [("renamed meta/info.json#2", "wait"), ("video-placed#1", "pending"), ("spill-synced#2", "behind")],
+)
 def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: str, mode: str) -> None:
     from hilrec.daemon.dataset.writer import DatasetWriter
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 
 import hilrec.daemon.dataset.episode as episode_module
 from hilrec.daemon.dataset import journal
+from hilrec.daemon.dataset.checker import check_dataset
+from hilrec.daemon.dataset.encoder_process import RING_ENV
 from hilrec.daemon.dataset.reader import read_episode
 from hilrec.daemon.dataset.spill import SPILL_META, finish_spilled_encodes, pending_spills
 from hilrec.daemon.dataset.video import probe_video
@@ -77,23 +87,84 @@ def test_a_save_is_durable_with_its_spill_and_the_encode_catches_up(
     assert probe_video(video).frames == 50
 
 
-def test_the_spill_bound_refuses_a_frame_loudly_and_a_new_take(tmp_path: Path) -> None:
+def wait_caught_up(writer: DatasetWriter) -> None:
+    worker = writer._workers[CAM]
+    deadline = time.monotonic() + 60
+    while worker.backlog_frames:
+        assert time.monotonic() < deadline, "the encoder process never caught up"
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def stopped(writer: DatasetWriter) -> Iterator[None]:
+    """The encoder process frozen: behind for sure, whatever the machine's speed."""
+    pid = writer._workers[CAM].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_the_spill_bound_refuses_a_frame_loudly_and_the_take_saves_up_to_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
     root = tmp_path / "ds"
     rng = np.random.default_rng(1)
     writer = create(root, spill_bytes_limit=10 * FRAME_BYTES)
+    kept = []
     try:
-        for _ in range(10):
-            writer.add_frame(frame(rng))
-        assert writer.spill_bytes == 10 * FRAME_BYTES
-        assert writer.spill_problem() is not None  # one more take of 60 s cannot fit
-        with pytest.raises(SpillFullError, match="spill_bytes_limit"):
-            writer.add_frame(frame(rng))
+        with stopped(writer):
+            with pytest.raises(SpillFullError, match="spill_bytes_limit"):
+                for _ in range(100):
+                    f = frame(rng)
+                    writer.add_frame(f)
+                    kept.append(f)
+            # Two in the ring, the rest spilled up to the bound (whole pages on disk).
+            assert 2 + 8 <= len(kept) <= 2 + 10
+            assert writer.spill_problem() is not None  # one more take of 60 s cannot fit
         writer.save_episode()
         assert writer.wait_videos(timeout=120)
         assert writer.spill_bytes == 0
+        assert writer.spill_problem() is None
     finally:
         writer.finalize()
-    assert read_episode(root, 0)["action"].shape == (10, 6)
+    assert np.array_equal(read_episode(root, 0)["action"], np.stack([f["action"] for f in kept]))
+    video = next((root / "videos" / CAM).rglob("*.mp4"))
+    assert probe_video(video).frames == len(kept)
+
+
+def test_frames_spill_only_while_the_encoder_is_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take the encoder keeps up with writes no spill; one it falls behind in is cut where it
+    fell behind, saved durable with the frames from there in its spill, and joined after."""
+    monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)  # a save never waits for the mp4
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(5)
+    writer = create(root)
+    try:
+        for _ in range(10):
+            writer.add_frame(frame(rng))
+            wait_caught_up(writer)
+        assert writer.spill_bytes == 0  # never behind: nothing on disk
+        with stopped(writer):
+            for _ in range(20):
+                writer.add_frame(frame(rng))
+            assert writer.spill_bytes >= 18 * FRAME_BYTES  # two in the ring
+        writer.save_episode()
+        directory = journal.episode_dir(root, 0)
+        meta = json.loads((directory / SPILL_META).read_text())
+        assert meta["cuts"] == {CAM: 10}  # the 10 frames encoded before it fell behind
+        assert writer.wait_videos(timeout=120)
+        assert not (directory / SPILL_META).exists()
+    finally:
+        writer.finalize()
+    video = next((root / "videos" / CAM).rglob("*.mp4"))
+    assert probe_video(video).frames == 30
+    assert not check_dataset(root).failures
 
 
 def test_the_in_process_encoder_is_still_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,9 +184,6 @@ def test_the_in_process_encoder_is_still_there(tmp_path: Path, monkeypatch: pyte
 def test_a_dead_worker_costs_no_frame(tmp_path: Path) -> None:
     """The worker dies mid-take: frames go on into the spill, the save is durable, the writer
     encodes the episode from the spill, and no new take is allowed until it has a worker."""
-    import os
-    import signal
-
     root = tmp_path / "ds"
     rng = np.random.default_rng(3)
     writer = create(root)
@@ -145,3 +213,86 @@ def test_finish_spilled_encodes_is_a_no_op_on_a_clean_root(tmp_path: Path) -> No
             writer.add_frame(frame(rng))
         writer.save_episode()
     assert finish_spilled_encodes(root) == []
+
+
+def test_a_cut_episode_saved_with_its_spill_is_finished_after_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dataset as a SIGKILL would leave it once a cut episode is saved: its mp4 holds the
+    frames encoded before the cut, the spill the rest. Reopening joins them: nothing is lost."""
+    monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(6)
+    frozen: list[int] = []
+
+    def hook(name: str) -> None:
+        if name == "spill-synced":  # the cut is made; freeze the worker before it joins the parts
+            os.kill(writer._workers[CAM].pid, signal.SIGSTOP)
+            frozen.append(writer._workers[CAM].pid)
+
+    writer = create(root, hook=hook)
+    sent = [frame(rng) for _ in range(30)]
+    try:
+        for f in sent[:12]:
+            writer.add_frame(f)
+            wait_caught_up(writer)
+        with stopped(writer):
+            for f in sent[12:]:
+                writer.add_frame(f)
+        writer.save_episode()
+        assert frozen
+        snapshot = tmp_path / "crashed"
+        shutil.copytree(root, snapshot)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        writer.finalize()
+    assert pending_spills(snapshot) == [(0, CAM)]
+    meta = json.loads((journal.episode_dir(snapshot, 0) / SPILL_META).read_text())
+    assert meta["cuts"] == {CAM: 12}
+    assert probe_video(journal.episode_dir(snapshot, 0) / f"{CAM}.mp4").frames == 12
+    with DatasetWriter.open(snapshot, video_codec="libx264", video_encoder="thread"):
+        pass
+    assert pending_spills(snapshot) == []
+    assert not check_dataset(snapshot).failures
+    assert np.array_equal(read_episode(snapshot, 0)["action"], np.stack([f["action"] for f in sent]))
+    video = next((snapshot / "videos" / CAM).rglob("*.mp4"))
+    with av.open(str(video)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 30
+
+
+def test_finalize_waits_for_the_backlog_and_resumes_after_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C in finalize's wait for the encoder leaves everything saved; finalize again resumes."""
+    monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(8)
+    writer = create(root)
+    sent = [frame(rng) for _ in range(25)]
+    pid = writer._workers[CAM].pid
+    os.kill(pid, signal.SIGSTOP)  # the backlog cannot drain until it is thawed
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for f in sent:
+            writer.add_frame(f)
+        writer.save_episode()  # all 25 frames in the ring or the spill: durable without a cut
+        assert writer.video_backlog_s() > 0
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            writer.finalize()
+        assert "encoding video backlog" in capfd.readouterr().err  # the progress bar
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(pid, signal.SIGCONT)
+    writer.finalize()  # resumed
+    assert pending_spills(root) == []
+    assert not check_dataset(root).failures
+    assert np.array_equal(read_episode(root, 0)["action"], np.stack([f["action"] for f in sent]))

@@ -657,3 +657,31 @@ def test_a_failed_merge_keeps_lerobot_files_whole_and_is_retried(tmp_path: Path,
     assert np.array_equal(data["action"], np.stack([f["action"] for ep in episodes for f in ep]))
     with av.open(str(root / f"videos/{CAM}/chunk-000/file-000.mp4")) as container:
         assert container.streams.video[0].frames == 15
+
+
+@pytest.mark.parametrize("encoder", ["thread", "process"])
+def test_a_discard_under_libsvtav1_prints_nothing(
+    tmp_path: Path, encoder: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """SVT-AV1 writes "deinit called without sending EOS!" to fd 2 when an encoder is freed
+    unflushed; a discarded take (and the writer closed after it) must not. capfd captures fd 2,
+    which the encoder processes inherit."""
+    rng = np.random.default_rng(11)
+    capfd.readouterr()
+    with DatasetWriter.create(
+        tmp_path / "ds",
+        fps=FPS,
+        features=so101_features({"front": (H, W)}),
+        robot_type="so_follower",
+        video_encoder=encoder,
+    ) as writer:
+        for _ in range(3):
+            for _ in range(15):
+                writer.add_frame(make_frame(rng))
+            writer.discard_episode()
+        for _ in range(10):
+            writer.add_frame(make_frame(rng))
+        writer.save_episode()
+    _out, err = capfd.readouterr()
+    assert "Svt" not in err and "EOS" not in err, err
+    assert writer.num_episodes == 1
