@@ -51,14 +51,38 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-sounds", dest="sounds", action="store_false", help="no spoken prompts, no bell")
     parser.add_argument("--daemon-log", type=Path, help="the started daemon's log (default: ROOT.daemon.log)")
+    live = parser.add_argument_group(
+        "live view in rerun (needs rerun-sdk: pip install 'hilrec[rerun]')",
+        "A `hilrec display` child logs cameras, joints, leader, twin, divergence, faults and "
+        "verdicts; it replaces the config's [display] for the daemon collect starts.",
+    )
+    live.add_argument(
+        "--display",
+        choices=("rerun",),
+        help="log the session to rerun; the viewer: --display-rrd, --display-serve or, by default, "
+        "--display-spawn",
+    )
+    viewer = live.add_mutually_exclusive_group()
+    viewer.add_argument("--display-rrd", type=Path, metavar="OUT.rrd", help="write the view to this file")
+    viewer.add_argument("--display-spawn", action="store_true", help="open rerun's native viewer")
+    viewer.add_argument(
+        "--display-serve", action="store_true", help="serve rerun's web viewer on 127.0.0.1 only"
+    )
+    live.add_argument(
+        "--display-web-port",
+        type=int,
+        default=9090,
+        metavar="PORT",
+        help="--display-serve's HTTP port",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.collect.keys import KeyReader
-    from hilrec.daemon.collect.launch import DaemonProcess, Endpoints, default_log_path
+    from hilrec.daemon.collect.launch import DaemonProcess, Endpoints, LiveDisplay, default_log_path
     from hilrec.daemon.collect.monitor import Monitor
-    from hilrec.daemon.collect.panel import Panel
+    from hilrec.daemon.collect.panel import Panel, backlog_line
     from hilrec.daemon.collect.session import CollectSession, Summary
     from hilrec.daemon.collect.sounds import Speaker
     from hilrec.daemon.control.settings import load_settings
@@ -69,13 +93,20 @@ def run(args: argparse.Namespace) -> int:
     settings = load_settings(args.config, root=args.root)
     endpoints = Endpoints.from_settings(settings)
     task_list = _tasks(args)
+    display_argv = _display_argv(args, endpoints.telemetry)
     speaker = Speaker(enabled=args.sounds)
     out = sys.stdout
     daemon: DaemonProcess | None = None
+    display: LiveDisplay | None = None
     if not args.attach:
         log_path = args.daemon_log or default_log_path(Path(settings.dataset.root))
         daemon = DaemonProcess(
-            args.config, endpoints=endpoints, log_path=log_path, root=args.root, resume=args.resume
+            args.config,
+            endpoints=endpoints,
+            log_path=log_path,
+            root=args.root,
+            resume=args.resume,
+            display_off=display_argv is not None,
         )
         print(f"collect: starting the daemon ({settings.mode} mode); its log: {log_path}", file=out)
         out.flush()
@@ -94,8 +125,12 @@ def run(args: argparse.Namespace) -> int:
                 client.call("status")
             except DaemonUnreachableError as exc:
                 raise HilrecError(f"no daemon to attach to at {endpoints.control}: {exc}") from None
+        if display_argv is not None:
+            display = LiveDisplay(display_argv, default_log_path(Path(settings.dataset.root), "display"))
+            display.start(out)
         monitor = Monitor(endpoints.telemetry).start()
         summary: Summary | None = None
+        backlog: str | None = None
         try:
             monitor.wait_connected(10.0)
             with KeyReader() as keys, Panel(monitor) as panel:
@@ -114,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
                     tasks=task_list,
                 )
                 summary = session.run()
+                backlog = backlog_line(monitor.snapshot())
         except DaemonUnreachableError as exc:
             tail = f"; its log ends:\n{daemon.log_tail()}" if daemon is not None else ""
             raise HilrecError(f"the daemon stopped answering: {exc}{tail}") from None
@@ -124,8 +160,12 @@ def run(args: argparse.Namespace) -> int:
                 code = daemon.shutdown(client)
                 if code != 0:
                     print(f"collect: the daemon exited with {code}; see {daemon.log_path}", file=out)
+            if display is not None:
+                display.stop(out)  # after the daemon: the view holds the session's very end
     assert summary is not None
     print(format_summary(summary), file=out, flush=True)
+    if backlog is not None:
+        print(f"collect: {backlog}", file=out, flush=True)
     return 0
 
 
@@ -147,6 +187,36 @@ def format_summary(summary: Any) -> str:
         )
     lines.append(f"dataset: {summary.root} ({'finalized' if summary.finalized else 'NOT finalized'})")
     return "\n".join(lines)
+
+
+def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
+    """``hilrec display``'s command line for ``--display rerun`` and its viewer flags (a viewer
+    flag alone implies ``--display rerun``); None without them."""
+    import os
+
+    from hilrec.daemon.control.display_child import display_argv
+    from hilrec.daemon.control.settings import RerunViewer
+    from hilrec.daemon.errors import FlagError
+
+    if args.display_rrd is not None:
+        if args.display_rrd.is_dir():
+            raise FlagError("--display-rrd", f"{args.display_rrd} is a folder; name the .rrd file to write")
+        return display_argv(telemetry, RerunViewer.RRD, rrd=args.display_rrd.resolve())
+    if args.display_serve:
+        if not 1 <= args.display_web_port <= 65535:
+            raise FlagError(
+                "--display-web-port", f"must be a TCP port in 1..65535, got {args.display_web_port}"
+            )
+        return display_argv(telemetry, RerunViewer.SERVE, web_port=args.display_web_port)
+    if args.display_spawn or args.display == "rerun":
+        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            raise FlagError(
+                "--display-spawn" if args.display_spawn else "--display",
+                "no screen for rerun's viewer here (neither DISPLAY nor WAYLAND_DISPLAY is set): "
+                "add --display-rrd OUT.rrd to write the view to a file, or --display-serve",
+            )
+        return display_argv(telemetry, RerunViewer.SPAWN)
+    return None
 
 
 def _tasks(args: argparse.Namespace) -> list[str]:

@@ -19,14 +19,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
+from hilrec.daemon.control.display_child import DisplayChild
 from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
 from hilrec.daemon.wire.client import ControlClient
 
 START_TIMEOUT_S: Final[float] = 120.0
 STOP_TIMEOUT_S: Final[float] = 180.0
 LOG_TAIL_CHARS: Final[int] = 3000
+DISPLAY_READY_TIMEOUT_S: Final[float] = 60.0
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,14 @@ class DaemonProcess:
     """A ``hilrec daemon`` child. ``start()`` returns once it serves control requests."""
 
     def __init__(
-        self, config: Path, *, endpoints: Endpoints, log_path: Path, root: Path | None, resume: bool
+        self,
+        config: Path,
+        *,
+        endpoints: Endpoints,
+        log_path: Path,
+        root: Path | None,
+        resume: bool,
+        display_off: bool = False,
     ) -> None:
         self.config = config
         self.endpoints = endpoints
@@ -64,6 +73,8 @@ class DaemonProcess:
             self.argv += ["--root", str(root)]
         if resume:
             self.argv.append("--resume")
+        if display_off:  # collect runs the display itself: not the config's [display] too
+            self.argv.append("--no-display")
         self.process: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:
@@ -156,7 +167,48 @@ def _die_with_parent() -> Callable[[], None] | None:
     return hook
 
 
-def default_log_path(root: Path) -> Path:
+def default_log_path(root: Path, what: str = "daemon") -> Path:
     """Beside the dataset, never in it: a new root must stay empty until the daemon creates it."""
     root = root.resolve()
-    return root.parent / f"{root.name}.daemon.log"
+    return root.parent / f"{root.name}.{what}.log"
+
+
+class LiveDisplay:
+    """collect's ``hilrec display`` child (``--display rerun``), its output in a log file. It is
+    waited for (bounded) until it receives telemetry, so a take's first frames are in the view;
+    one that fails is reported on the terminal and the session goes on without it."""
+
+    def __init__(self, argv: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._argv = argv
+        self._log: IO[str] | None = None
+        self.child: DisplayChild | None = None
+
+    def start(self, out: IO[str], ready_timeout_s: float = DISPLAY_READY_TIMEOUT_S) -> bool:
+        """Start it and wait until it receives; True when it does."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("a", encoding="utf-8")
+        self.child = DisplayChild(self._argv, output=self._log).start()
+        print(f"collect: starting the rerun display; its log: {self.log_path}", file=out, flush=True)
+        deadline = time.monotonic() + ready_timeout_s
+        while not self.child.wait_receiving(min(0.5, max(0.0, deadline - time.monotonic()))):
+            if self.child.returncode is not None or time.monotonic() >= deadline:
+                problem = self.child.problem or (
+                    f"the rerun display receives nothing after {ready_timeout_s:.0f} s; it goes on trying"
+                )
+                print(f"collect: {problem}; the session goes on without it", file=out, flush=True)
+                return False
+        return True
+
+    def stop(self, out: IO[str]) -> None:
+        """SIGINT, and up to 30 s for the view to be flushed (then killed); what went wrong, said."""
+        if self.child is None:
+            return
+        code = self.child.stop()
+        problem = self.child.problem
+        if problem is not None:
+            print(f"collect: {problem}", file=out, flush=True)
+        elif code is None:
+            print("collect: the rerun display did not stop in time and was killed", file=out, flush=True)
+        if self._log is not None:
+            self._log.close()

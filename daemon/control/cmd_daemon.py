@@ -46,6 +46,12 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="let the verdict worker run through the loop's ticks too (bench/bench_verdict.py compares)",
     )
+    parser.add_argument(
+        "--no-display",
+        dest="display",
+        action="store_false",
+        help="do not start the config's [display] (hilrec collect --display runs its own)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -57,4 +63,11 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.control.settings import load_settings
 
     settings = load_settings(args.config, root=args.root)
-    return Daemon(settings, resume=args.resume, verdicts=args.verdicts, verdict_gate=args.verdict_gate).run()
+    daemon = Daemon(
+        settings,
+        resume=args.resume,
+        verdicts=args.verdicts,
+        verdict_gate=args.verdict_gate,
+        display=args.display,
+    )
+    return daemon.run()

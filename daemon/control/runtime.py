@@ -28,6 +28,7 @@ from typing import Any
 import zmq
 
 from hilrec.daemon.control.clock import TickPacer
+from hilrec.daemon.control.display_child import DisplayChild, settings_argv
 from hilrec.daemon.control.loop import ControlLoop
 from hilrec.daemon.control.priority import set_thread_priority
 from hilrec.daemon.control.recorder import Recorder
@@ -122,8 +123,10 @@ class Daemon:
         resume: bool = False,
         verdicts: bool = True,
         verdict_gate: bool = True,
+        display: bool = True,
     ) -> None:
         self.settings = settings
+        self.display = display
         self.resume = resume
         self.verdicts = verdicts
         self.verdict_gate = verdict_gate
@@ -164,6 +167,9 @@ class Daemon:
             )
             self.telemetry.start()
             stack.callback(self.telemetry.close)
+            # After the telemetry socket, before the rig: the display sees the first ticks. Its
+            # stop runs after the loop's, writer's and verdicts' (LIFO), so it hears their end.
+            self._start_display(stack)
             self.recorder = Recorder(
                 self._open_sink,
                 queue_frames=s.dataset.writer_queue_frames,
@@ -218,6 +224,28 @@ class Daemon:
             server.serve(self._stop)
             exit_code = self._shut_down()
         return exit_code
+
+    def _start_display(self, stack: contextlib.ExitStack) -> None:
+        s = self.settings
+        argv = settings_argv(endpoint("127.0.0.1", s.zmq.telemetry_port), s.display)
+        if argv is None:
+            return
+        if not self.display:
+            log.info("[display]: off (--no-display)")
+            return
+        child = DisplayChild(argv, output=lambda line: log.info("display: %s", line)).start()
+        pid = child.process.pid if child.process is not None else None
+        log.info("[display]: started hilrec display (pid %s, rerun %s)", pid, s.display.rerun)
+
+        def stop() -> None:
+            code = child.stop()
+            problem = child.problem
+            if problem is not None:
+                log.error("[display]: %s", problem)
+            elif code is None:
+                log.error("[display]: hilrec display did not stop in time and was killed")
+
+        stack.callback(stop)
 
     def _shut_down(self) -> int:
         log.info("shutting down (%s)", self._stop_reason)

@@ -10,6 +10,7 @@ needs a port, a non-loopback bind needs CURVE keys, sim cameras only in sim mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
@@ -254,6 +255,39 @@ class UiSettings:
             )
 
 
+class RerunViewer(StrEnum):
+    """Where ``hilrec display`` sends the live view (its ``--rrd``, ``--spawn`` or ``--serve``)."""
+
+    RRD = "rrd"  # an .rrd file, complete once the display child is stopped
+    SPAWN = "spawn"  # rerun's native viewer, on this machine's screen
+    SERVE = "serve"  # rerun's web viewer on 127.0.0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class DisplaySettings:
+    """A ``hilrec display`` child beside the daemon, logging its telemetry to rerun; off unless
+    ``rerun`` is set. ``hilrec collect --display`` replaces it for the daemon collect starts."""
+
+    rerun: RerunViewer | None = None
+    rrd: Path | None = None  # rerun = "rrd": the file (a relative path is from the daemon's cwd)
+    web_port: int = 9090  # rerun = "serve": the web viewer's HTTP port
+
+    def validate(self) -> None:
+        if self.rerun is RerunViewer.RRD:
+            if self.rrd is None:
+                raise ConfigError("rrd", 'rerun = "rrd" needs the file to write: rrd = "live.rrd"')
+            if self.rrd.is_dir():
+                raise ConfigError("rrd", f"{self.rrd} is a folder; name the .rrd file to write")
+        elif self.rrd is not None:
+            raise ConfigError("rrd", f'a file is written only with rerun = "rrd", not {self._viewer}')
+        if not 1 <= self.web_port <= 65535:
+            raise ConfigError("web_port", f"must be a TCP port in 1..65535, got {self.web_port}")
+
+    @property
+    def _viewer(self) -> str:
+        return "no rerun" if self.rerun is None else f'rerun = "{self.rerun}"'
+
+
 @dataclass(frozen=True, kw_only=True)
 class DaemonSettings:
     mode: Mode
@@ -270,6 +304,7 @@ class DaemonSettings:
     sim: SimSettings = field(default_factory=SimSettings)
     emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
     ui: UiSettings = field(default_factory=UiSettings)
+    display: DisplaySettings = field(default_factory=DisplaySettings)
 
     @property
     def period_s(self) -> float:
@@ -329,6 +364,12 @@ class DaemonSettings:
             )
         if self.mode != "sim" and not self.sim.realtime:
             raise ConfigError("sim.realtime", "only sim mode may run faster than real time")
+        if self.display.rerun is not None and self.zmq.curve is not None:
+            raise ConfigError(
+                "display.rerun",
+                "the daemon's sockets use CURVE ([zmq.curve]); run `hilrec display --config FILE "
+                "--client-key KEY` beside it instead of a [display] child",
+            )
 
     def _check_twin_rate(self) -> None:
         """The twins step whole physics steps per frame (emulated mode's follower, one step at a

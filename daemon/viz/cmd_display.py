@@ -2,8 +2,10 @@
 daemon's telemetry, live, in rerun (:mod:`hilrec.daemon.viz.display`).
 
 A subscriber of the daemon's telemetry socket only (the ports come from the daemon's config, as
-for ``hilrec ui``): it never slows the loop, it can only miss messages. SIGINT or SIGTERM (or
-``--duration``) ends it; the recording is flushed first, so an ``.rrd`` is complete.
+for ``hilrec ui``, or ``--telemetry`` names the socket): it never slows the loop, it can only miss
+messages. SIGINT or SIGTERM (or ``--duration``) ends it; the recording is flushed first, so an
+``.rrd`` is complete. The daemon's ``[display]`` and ``hilrec collect --display rerun`` run it as
+a child (:mod:`hilrec.daemon.control.display_child`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.errors import FlagError
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +27,11 @@ def register(subparsers: Any) -> None:
         help="log a running daemon's telemetry to rerun: cameras, joints, twin, faults, verdicts",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
-    parser.add_argument("--config", required=True, type=Path, help="the daemon's TOML config")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="the daemon's TOML config (gives the telemetry port)")
+    source.add_argument(
+        "--telemetry", metavar="ENDPOINT", help="the telemetry socket itself, e.g. tcp://127.0.0.1:5556"
+    )
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: at SIGINT)")
     parser.add_argument(
         "--client-key", type=Path, help="CURVE: this client's secret certificate, when the daemon uses CURVE"
@@ -41,17 +47,24 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.wire.security import endpoint
 
     if args.duration is not None and args.duration <= 0:
-        raise ConfigError("--duration", f"must be positive, got {args.duration}")
-    rr = import_rerun()
-    settings = load_settings(args.config)
-    zmq = settings.zmq
-    host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
-    keys = _client_keys(zmq.curve, args.client_key)
+        raise FlagError("--duration", f"must be positive, got {args.duration}")
+    # First: a stop asked for while rerun still imports (seconds) ends the display cleanly too.
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    out = open_output(args, f"display-{Path(args.config).stem}")
-    display = Display(rr, out.recording, endpoint(host, zmq.telemetry_port), keys=keys)
+    rr = import_rerun()
+    if args.config is not None:
+        zmq = load_settings(args.config).zmq
+        host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
+        keys = _client_keys(zmq.curve, args.client_key)
+        telemetry, name = endpoint(host, zmq.telemetry_port), Path(args.config).stem
+    else:
+        if args.client_key is not None:
+            raise FlagError("--client-key", "goes with --config, which names the server's CURVE key")
+        keys, telemetry = None, args.telemetry
+        name = telemetry.rsplit(":", 1)[-1]
+    out = open_output(args, f"display-{name}")
+    display = Display(rr, out.recording, telemetry, keys=keys)
     print(f"hilrec display: {display.endpoint} -> {out.rrd or out.url or 'viewer'}", flush=True)
     try:
         summary = display.run(stop, args.duration)
@@ -72,7 +85,7 @@ def _client_keys(curve: Any, client_key: Path | None) -> Any:
     if curve is None:
         return None
     if client_key is None:
-        raise ConfigError(
+        raise FlagError(
             "--client-key",
             "the daemon's sockets use CURVE ([zmq.curve]); give this client's secret certificate",
         )

@@ -75,9 +75,10 @@ class Display:
                     continue
                 if message is None:
                     continue
-                if not sum(self.summary.received.values()):
-                    print("hilrec display: receiving", flush=True)
+                first_tick = message[0] == "tick" and not self.summary.received["tick"]
                 self.handle(*message)
+                if first_tick:  # what waits for this line wants the joints logged, not an event
+                    print("hilrec display: receiving", flush=True)
         finally:
             client.close()
         return self.summary

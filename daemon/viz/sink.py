@@ -57,6 +57,16 @@ def _free_port() -> int:
 
 
 def _viewer_binary() -> str:
+    """The viewer binary the wheel ships, itself: the ``rerun`` script on PATH is a Python wrapper
+    that runs it as a child, which would outlive a stopped wrapper."""
+    try:
+        import rerun_cli
+
+        shipped = Path(rerun_cli.__file__).with_name("rerun")
+        if shipped.is_file():
+            return str(shipped)
+    except ImportError:
+        pass
     found = shutil.which("rerun") or str(Path(sys.executable).with_name("rerun"))
     if not Path(found).exists():
         raise ConfigError("--serve", "the rerun viewer binary (from rerun-sdk) is not on PATH")
@@ -81,7 +91,12 @@ class Output:
             self.recording.flush()
         finally:
             self.recording.disconnect()
-        if self.server is not None:
+        if self.server is not None and not sys.stdin.isatty():
+            # Run as a child (the daemon's [display], collect --display): nobody is there to
+            # end a lingering viewer, so it ends with the display.
+            self.server.terminate()
+            self.server.wait(10)
+        elif self.server is not None:
             print(
                 f"rerun web viewer still serving at {self.url}; Ctrl-C to stop it",
                 file=sys.stderr,
@@ -99,6 +114,8 @@ class Output:
 
 def open_output(args: argparse.Namespace, recording_name: str) -> Output:
     """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``)."""
+    from hilrec.daemon.control.display_child import die_with_parent_hook
+
     rr = import_rerun()
     recording = rr.new_recording(APPLICATION_ID, recording_id=recording_name)
     if args.rrd is not None:
@@ -122,6 +139,7 @@ def open_output(args: argparse.Namespace, recording_name: str) -> Output:
             str(args.web_port),
         ],
         stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - a prctl() only, before exec
     )
     _wait_listening(server, grpc_port)
     recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{grpc_port}/proxy")

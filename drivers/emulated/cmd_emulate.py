@@ -3,8 +3,9 @@
 Prints the pty's device path on the first line of stdout (``--link`` also makes a symlink to it),
 so any Feetech client can open it: ``hilrec daemon``, ``hilrec calibrate``, LeRobot, the raw SDK.
 
-It runs with the scheduling the daemon gives its emulator children (nice -10, see
-:mod:`hilrec.drivers.emulated.priority`), and warns when it cannot. ``--new-servos`` is an arm
+It runs with the scheduling the daemon's emulator children get (nice -10, and real-time priority
+1 for the thread that answers the bus; see :mod:`hilrec.drivers.emulated.priority`), and warns
+when it cannot. ``--new-servos`` is an arm
 being put together for ``hilrec setup-motors``: only the gripper's new servo (id 1) is connected;
 each Enter on this command's stdin (or a SIGUSR1) connects the next one alone, in LeRobot's
 order, and after shoulder_pan the whole chain.
@@ -18,13 +19,14 @@ import os
 import select
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import get_args
 
 from hilrec.drivers.calibration import save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig, MotionKind
 from hilrec.drivers.emulated.faults import describe, parse_fault
-from hilrec.drivers.emulated.priority import raise_emulator_priority
+from hilrec.drivers.emulated.priority import raise_emulator_priority, raise_serving_thread
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
     arm = EmulatedArm(config)
     if args.write_calibration is not None:
         save_calibration(arm.frame.calibration, args.write_calibration)
+    before = set(threading.enumerate())
     with arm:
+        for thread in set(threading.enumerate()) - before:  # the thread that answers the bus
+            problem = raise_serving_thread(thread.native_id) if thread.native_id is not None else None
+            if problem is not None:
+                log.warning("emulated %s: %s", args.role, problem)
         print(arm.device_path, flush=True)
         log.info(
             "emulated %s: %s%s; faults: %s",

@@ -186,6 +186,48 @@ def test_root_stands_in_for_a_missing_dataset_root(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("display", "key", "words"),
+    [
+        ('rerun = "window"', "display.rerun", "must be one of 'rrd', 'spawn', 'serve'"),
+        ('rerun = "rrd"', "display.rrd", "needs the file to write"),
+        ('rerun = "spawn"\nrrd = "live.rrd"', "display.rrd", 'only with rerun = "rrd"'),
+        ('rerun = "rrd"\nrrd = "{tmp}"', "display.rrd", "is a folder"),
+        ('rerun = "serve"\nweb_port = 0', "display.web_port", "1..65535"),
+        ('rerun = "rrd"\nrrd = "x.rrd"\nviewer = "yes"', "display.viewer", "unknown"),
+    ],
+)
+def test_a_bad_display_section_is_refused_naming_the_key(
+    tmp_path: Path, display: str, key: str, words: str
+) -> None:
+    path = tmp_path / "display.toml"
+    path.write_text(MINIMAL + "[display]\n" + display.replace("{tmp}", str(tmp_path)) + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    assert refused.value.key == key and words in refused.value.problem, refused.value
+
+
+def test_a_display_section_loads_and_the_daemon_refuses_a_bad_one_at_start(tmp_path: Path) -> None:
+    from hilrec.daemon.control.settings import RerunViewer
+
+    path = tmp_path / "display.toml"
+    path.write_text(MINIMAL + f'[display]\nrerun = "rrd"\nrrd = "{tmp_path / "live.rrd"}"\n')
+    display = load_settings(path).display
+    assert display.rerun is RerunViewer.RRD and display.rrd == tmp_path / "live.rrd"
+    assert load_settings(REPO / "configs" / "emulated.toml").display.rerun is None  # off by default
+    path.write_text(MINIMAL.replace("data/x", str(tmp_path / "ds")) + '[display]\nrerun = "rrd"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "config key 'display.rrd'" in done.stderr and "needs the file to write" in done.stderr
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.parametrize(
     ("line", "key", "fragment"),
     [
         ('video_encoder = "gpu"', "dataset.video_encoder", "one of"),
