@@ -1,10 +1,10 @@
 """Benchmark of `hilrec check`: frames checked per second, serial against parallel decoding.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_check.py [--root DIR] [--episodes 20]
-         [--size 240x320] [--repeats 3] [--doctor-path DIR]
+         [--size 320x240] [--repeats 3] [--doctor-path DIR]
 
-A 20-episode sim dataset with one 240x320 camera is recorded first (`hilrec record --sim --root R
---episodes 20 --seed 0 --cameras front --size 240x320`, unless --root names one already there).
+A 20-episode sim dataset with one 320x240 (WxH) camera is recorded first (`hilrec record --sim --root R
+--episodes 20 --seed 0 --cameras front --size 320x240`, unless --root names one already there).
 Then the whole check (every rule, every video frame decoded) runs with workers=1 and workers=2,
 ``repeats`` times each, in this process; the table gives the median wall time, frames/s (the
 dataset's frames over the wall time), and the 1-minute load average before and after, since the
@@ -100,7 +100,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, help="dataset to check (recorded there if absent)")
     parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--size", default="240x320", help="camera HxW (default 240x320)")
+    parser.add_argument("--size", default="320x240", help="camera WxH (default 320x240)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--doctor-path", type=Path, help="directory holding an unpacked lerobot_doctor")
     args = parser.parse_args()

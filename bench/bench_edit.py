@@ -1,10 +1,10 @@
 """Benchmark of `hilrec edit delete-episodes`: delete one episode of 50, against LeRobot's own.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_edit.py [--root DIR] [--episodes 50]
-         [--size 96x128] [--delete 25] [--repeats 3]
+         [--size 128x96] [--delete 25] [--repeats 3]
 
 A sim dataset is recorded first (`hilrec record --sim --root R --episodes 50 --seed 0 --cameras
-front --size 96x128`, libsvtav1 as LeRobot encodes, unless --root names one already there). Then,
+front --size 128x96`, libsvtav1 as LeRobot encodes, unless --root names one already there). Then,
 ``repeats`` times each, on a fresh copy of it:
 
 - hilrec, to a new folder (``--out``, as LeRobot writes one) and in place: the whole edit, root
@@ -84,7 +84,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("build/bench-edit/sim50"))
     parser.add_argument("--episodes", type=int, default=50)
-    parser.add_argument("--size", default="96x128")
+    parser.add_argument("--size", default="128x96", help="camera WxH (default 128x96)")
     parser.add_argument("--delete", type=int, default=25, help="the episode to delete")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -209,3 +209,10 @@ class WriterStalledError(DatasetStateError):
 
 class ReplayError(HilrecError):
     """An episode cannot be replayed (missing start state, units or calibration)."""
+
+
+# --- fan-out -----------------------------------------------------------------------------------
+
+
+class FanoutError(HilrecError):
+    """Per-episode tasks cannot be handed out: Ray missing or unreachable, a bad worker count."""

@@ -1,12 +1,16 @@
 """``hilrec record --sim``: record episodes in the MuJoCo twin with the scripted operator.
 
 Ends with a finalized LeRobot v3.0 dataset at ``--root`` and a one-line summary (episodes,
-successes, frames, time). Runs as fast as it can unless ``--realtime`` paces it to the wall clock.
+successes, frames, image shape, time). Runs as fast as it can unless ``--realtime`` paces it to
+the wall clock. ``--workers N`` records N seeds at once in N processes and ``--ray ADDRESS`` on a
+Ray cluster (:mod:`hilrec.sim.record_workers`); the dataset's rows and sidecars are the same bytes
+either way. Ctrl-C keeps the episodes saved so far, finalizes and exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--cameras", default="front", help="comma-separated cameras (front, wrist) or 'none' (default front)"
     )
     parser.add_argument(
-        "--size", default="480x640", metavar="HxW", help="camera image size (default 480x640)"
+        "--size",
+        default="640x480",
+        metavar="WxH",
+        help="camera image size, width x height as video tools write it (default 640x480: "
+        "480 rows of 640 pixels; 480x640 is portrait)",
     )
     parser.add_argument(
         "--pushes",
@@ -72,6 +80,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--realtime", action="store_true", help="pace frames to the wall clock")
     parser.add_argument("--video-codec", default="libsvtav1", help="video encoder (default libsvtav1)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record N seeds at once, one twin per process, videos encoded there (default 1)",
+    )
+    parser.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="record the seeds as Ray tasks on the cluster at ADDRESS (host:port, or 'auto'); "
+        "needs pip install hilrec[ray] on every node",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
@@ -88,21 +110,38 @@ def parse_cameras(text: str) -> tuple[str, ...]:
 
 
 def parse_size(text: str, key: str = "size") -> tuple[int, int]:
+    """``WxH`` as video tools write it (``640x480``: 640 wide) -> the image shape (height, width)."""
     try:
-        height, width = (int(part) for part in text.lower().split("x"))
+        width, height = (int(part) for part in text.lower().split("x"))
     except ValueError:
-        raise ConfigError(key, f"expected HxW such as 480x640, got {text!r}") from None
+        raise ConfigError(key, f"expected WxH (width x height) such as 640x480, got {text!r}") from None
     if height <= 0 or width <= 0:
-        raise ConfigError(key, f"height and width must be positive, got {text!r}")
+        raise ConfigError(key, f"width and height must be positive, got {text!r}")
     return height, width
 
 
-_FLAGS = {"push_rate": "--pushes", "image_size": "--size", "scene": "--timestep", "realtime": "--realtime"}
+def describe_shape(shape: tuple[int, int]) -> str:
+    """An image shape in both spellings, so neither can be misread."""
+    height, width = shape
+    return f"{width}x{height} (WxH), {height} rows of {width} pixels"
+
+
+_FLAGS = {
+    "push_rate": "--pushes",
+    "image_size": "--size",
+    "size": "--size",
+    "scene": "--timestep",
+    "realtime": "--realtime",
+}
 
 
 def run(args: argparse.Namespace) -> int:
     # Every value here came from a flag: an error names the flag, not a config key.
     with flag_errors(_FLAGS):
+        if args.workers < 1:
+            raise ConfigError("workers", f"must be at least 1, got {args.workers}")
+        if args.ray is not None and args.workers != 1:
+            raise ConfigError("ray", "Ray chooses how many tasks run at once; give --ray or --workers")
         # record() refuses a non-empty root without --resume, and a mismatching one with it.
         config = RecordConfig(
             root=args.root,
@@ -118,16 +157,103 @@ def run(args: argparse.Namespace) -> int:
             realtime=args.realtime,
             video_codec=args.video_codec,
         )
-        summary = record(config, progress=args.progress)
-    print(summary.line(), file=sys.stdout)
+        if args.workers == 1 and args.ray is None:
+            return _record_here(config, progress=args.progress)
+        return _record_fanned(config, workers=args.workers, ray_address=args.ray, progress=args.progress)
+
+
+def _record_here(config: RecordConfig, *, progress: bool) -> int:
+    before = _saved_episodes(config.root)
+    try:
+        summary = record(config, progress=progress)
+    except KeyboardInterrupt:
+        # record() has discarded the open episode and finalized the saved ones on its way out.
+        kept = _saved_episodes(config.root) - before
+        print(f"interrupted: {kept} episodes kept in {config.root}, finalized", file=sys.stderr)
+        return 130
+    print(f"{summary.line()}; images {_shape_of(config)}", file=sys.stdout)
     return 0
 
 
-def _first_seed(root: Path, resume: bool) -> int:
-    """0 for a new dataset; with --resume, the episodes it already has (so no seed repeats)."""
-    if not resume:
+def _record_fanned(config: RecordConfig, *, workers: int, ray_address: str | None, progress: bool) -> int:
+    from hilrec.sim.record_workers import record_many
+
+    summary = record_many(config, workers=workers, ray_address=ray_address, progress=progress)
+    if summary.interrupted:
+        print(
+            f"interrupted: {len(summary.episodes)} episodes kept in {config.root}, finalized; "
+            f"not recorded: seeds {_seed_list(summary.not_recorded)}",
+            file=sys.stderr,
+        )
+        return 130
+    print(f"{summary.line()}; images {_shape_of(config)}", file=sys.stdout)
+    if not summary.failed:
         return 0
+    for seed, why in sorted(summary.failed.items()):
+        print(f"seed {seed} not recorded: {why}", file=sys.stderr)
+    print(
+        f"{len(summary.failed)} seeds failed, the other episodes are saved in {config.root}; "
+        f"record them again with: {_rerun_hint(config, sorted(summary.failed))}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _shape_of(config: RecordConfig) -> str:
+    return describe_shape(config.image_size) if config.cameras else "none (no camera)"
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """``0, 3-7, 9``: runs of consecutive seeds as ranges."""
+    if not seeds:
+        return "none"
+    runs: list[list[int]] = []
+    for seed in sorted(seeds):
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _rerun_hint(config: RecordConfig, seeds: list[int]) -> str:
+    """The command(s) that record ``seeds`` into the same dataset: one per run of consecutive
+    seeds, with every flag that shapes an episode, so --resume finds the same world."""
+    runs: list[list[int]] = []
+    for seed in seeds:
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    height, width = config.image_size
+    shared = [
+        f"--cameras={','.join(config.cameras) or 'none'}",
+        f"--size={width}x{height}",
+        f"--pushes={config.push_rate:g}",
+        f"--fps={config.fps}",
+        f"--task={config.task}",
+        f"--video-codec={config.video_codec}",
+    ]
+    if config.scene.timestep is not None:
+        shared.append(f"--timestep={config.scene.timestep!r}")
+    return "; ".join(
+        shlex.join(
+            [
+                *("hilrec", "record", "--sim", f"--root={config.root}", "--resume"),
+                *(f"--seed={run[0]}", f"--episodes={len(run)}", *shared),
+            ]
+        )
+        for run in runs
+    )
+
+
+def _saved_episodes(root: Path) -> int:
     from hilrec.daemon.atomic import read_json
 
     info = read_json(root / "meta" / "info.json", if_missing=None)
     return int(info.get("total_episodes", 0)) if isinstance(info, dict) else 0
+
+
+def _first_seed(root: Path, resume: bool) -> int:
+    """0 for a new dataset; with --resume, the episodes it already has (so no seed repeats)."""
+    return _saved_episodes(root) if resume else 0

@@ -1,4 +1,4 @@
-"""``hilrec render ROOT --out NEWROOT --camera NAME --size HxW``: regenerate sim pixels.
+"""``hilrec render ROOT --out NEWROOT --camera NAME --size WxH``: regenerate sim pixels.
 
 A sim episode's camera frames are a function of its start state and its actions, so they can be
 rebuilt at any resolution, from any camera in the scene, long after recording. Each episode is
@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from hilrec.daemon.config import flag_errors
 from hilrec.daemon.dataset.reader import load_episodes, load_info, load_tasks, read_episode
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.dataset.sink import FrameSink
 from hilrec.daemon.errors import ReplayError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
-from hilrec.sim.cmd_record import parse_cameras, parse_size
+from hilrec.sim.cmd_record import describe_shape, parse_cameras, parse_size
 from hilrec.sim.episode import Push
 from hilrec.sim.features import sim_features
 from hilrec.sim.provenance import SIDECAR_KEY, scene_from_sidecar
@@ -46,7 +47,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--camera", required=True, help="camera(s) of the scene, comma-separated (e.g. front or front,wrist)"
     )
-    parser.add_argument("--size", required=True, metavar="HxW", help="image size, e.g. 240x320")
+    parser.add_argument(
+        "--size",
+        required=True,
+        metavar="WxH",
+        help="image size, width x height as video tools write it, e.g. 320x240 (240 rows of 320 "
+        "pixels; 240x320 is portrait)",
+    )
     parser.add_argument(
         "--quality",
         choices=("fast", "full"),
@@ -59,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    cameras = parse_cameras(args.camera)
+    with flag_errors({"size": "--size", "cameras": "--camera"}):
+        cameras = parse_cameras(args.camera)
+        size = parse_size(args.size)
     if not cameras:
         raise ReplayError("render needs at least one camera")
     began = time.perf_counter()
@@ -67,12 +76,13 @@ def run(args: argparse.Namespace) -> int:
         args.root,
         args.out,
         cameras=cameras,
-        size=parse_size(args.size),
+        size=size,
         quality=args.quality,
         video_codec=args.video_codec,
     )
     print(
-        f"rendered {episodes} episodes, {frames} frames ({', '.join(cameras)} at {args.size}) "
+        f"rendered {episodes} episodes, {frames} frames ({', '.join(cameras)}, images "
+        f"{describe_shape(size)}) "
         f"in {time.perf_counter() - began:.1f} s -> {args.out}",
         file=sys.stdout,
     )

@@ -8,6 +8,7 @@ initial state (npz), success and its criterion, disturbances, final cube pose, c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections import deque
@@ -270,9 +271,16 @@ def episode_sidecar(
 
 
 def record(
-    config: RecordConfig, *, sink_factory: Callable[..., ManagedSink] | None = None, progress: bool = True
+    config: RecordConfig,
+    *,
+    sink_factory: Callable[..., ManagedSink] | None = None,
+    progress: bool = True,
+    twin: Twin | None = None,
 ) -> RecordSummary:
     """Record ``config.episodes`` episodes (seeds ``seed, seed + 1, ...``) and finalize.
+
+    ``twin`` (left open) is one built for ``config`` (:func:`twin_for`) that a worker recording
+    seed after seed keeps: every episode starts from a full reset, so it changes no byte.
 
     An episode is counted (summary, progress bar) once its save is durable. With the native
     writer the save's file writes and fsyncs run on the writer's commit thread while the next
@@ -284,7 +292,7 @@ def record(
 
     cameras = dict.fromkeys(config.cameras, config.image_size)
     features = sim_features(cameras)
-    resuming = _check_root(config, features)
+    resuming = check_root(config, features)
     if sink_factory is None or resuming:
         from hilrec.daemon.dataset.writer import DatasetWriter
 
@@ -297,13 +305,10 @@ def record(
         )
     summary = RecordSummary(root=config.root, fps=config.fps)
     began = time.perf_counter()
-    with Twin(
-        fps=config.fps,
-        cameras=config.cameras,
-        image_size=config.image_size,
-        scene=config.scene,
-        render_quality=config.render_quality,
-    ) as twin:
+    held: contextlib.AbstractContextManager[Twin] = (
+        contextlib.nullcontext(twin) if twin is not None else twin_for(config)
+    )
+    with held as live:
         sink = sink_factory(
             config.root,
             fps=config.fps,
@@ -316,20 +321,31 @@ def record(
                 config.root,
                 dataset_provenance(
                     scene=config.scene,
-                    physics=twin.physics_info(),
+                    physics=live.physics_info(),
                     operator_config=config.operator,
                     cameras=cameras,
                     render_quality=config.render_quality,
                     push_rate=config.push_rate,
                 ),
             )
-            bar = _progress(config.episodes, enabled=progress)
+            bar = progress_bar(config.episodes, enabled=progress)
             try:
-                _record_episodes(config, twin, sink, summary, bar)
+                _record_episodes(config, live, sink, summary, bar)
             finally:
                 bar.close()
     summary.wall_seconds = time.perf_counter() - began
     return summary
+
+
+def twin_for(config: RecordConfig) -> Twin:
+    """The twin ``config`` records with."""
+    return Twin(
+        fps=config.fps,
+        cameras=config.cameras,
+        image_size=config.image_size,
+        scene=config.scene,
+        render_quality=config.render_quality,
+    )
 
 
 def resume_mismatch(
@@ -367,7 +383,7 @@ def resume_mismatch(
     return problems
 
 
-def _check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) -> bool:
+def check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) -> bool:
     """True to resume the dataset at ``config.root``, False to create it; ConfigError if neither."""
     root = config.root
     if holds_nothing(root):  # missing, empty, or only a leftover lock file
@@ -427,7 +443,7 @@ def _record_episodes(
         count(saving[0][0], saving.popleft()[1].result())
 
 
-def _progress(total: int, *, enabled: bool) -> Progress:
+def progress_bar(total: int, *, enabled: bool) -> Progress:
     if not enabled:
         return _NoProgress()
     from tqdm import tqdm  # importing it costs 10-40 ms: not paid without a bar

@@ -23,7 +23,7 @@ from hilrec.daemon.control.verdict import BAD, NOT_CHECKED, SOUND, VerdictWorker
 @pytest.fixture(scope="module")
 def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("verdict") / "sim"
-    argv = ["record", "--sim", "--root", str(root), "--episodes", "2", "--size", "48x64", "--no-progress"]
+    argv = ["record", "--sim", "--root", str(root), "--episodes", "2", "--size", "64x48", "--no-progress"]
     assert main(argv) == 0
     return root
 

@@ -38,7 +38,7 @@ def write_all(out: Path) -> list[Path]:
     subprocess.run(
         [
             *(str(hilrec), "record", "--sim", "--root", str(sim), "--episodes", "2"),
-            *("--cameras", "front", "--size", f"{SIZE[0]}x{SIZE[1]}", "--no-progress"),
+            *("--cameras", "front", "--size", f"{SIZE[1]}x{SIZE[0]}", "--no-progress"),
         ],
         check=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -81,7 +81,7 @@ def test_record_sim_resumes_only_when_told_and_only_a_matching_dataset(
     capsys.readouterr()
     assert _record(root, "--cameras", "none") == 2
     assert "already exists and is not empty; pass --resume" in capsys.readouterr().err
-    assert _record(root, "--cameras", "front", "--size", "48x64", "--resume") == 2
+    assert _record(root, "--cameras", "front", "--size", "64x48", "--resume") == 2
     err = capsys.readouterr().err
     assert (
         "cannot resume" in err

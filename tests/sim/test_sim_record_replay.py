@@ -259,7 +259,7 @@ def test_replay_uses_the_recorded_timestep_not_a_default(tmp_path: Path) -> None
 
 def test_render_rebuilds_pixels_and_keeps_columns(recorded: Path, tmp_path: Path) -> None:
     out = tmp_path / "rendered"
-    assert main(["render", str(recorded), "--out", str(out), "--camera", "wrist", "--size", "48x64"]) == 0
+    assert main(["render", str(recorded), "--out", str(out), "--camera", "wrist", "--size", "64x48"]) == 0
     info = load_info(out)
     assert info["features"]["observation.images.wrist"]["shape"] == [48, 64, 3]
     assert "observation.images.front" not in info["features"]

@@ -1,0 +1,218 @@
+"""Episodes recorded elsewhere, appended to a dataset as its next journal entries.
+
+``record --sim --workers N`` (and ``--ray``) records each episode in a worker, into a one-episode
+dataset of its own made by the ordinary writer (rows, stats, video encoded there). The worker
+hands it back as an :class:`EpisodeBundle` (bytes only, so it travels through a pipe or Ray's
+object store from another machine), and :class:`Adopter` appends bundles to the destination in
+the order given: each becomes the next committed journal entry, as the writer's own save would
+make it, and the journal is merged into LeRobot's files as the writer merges it
+(:class:`~.consolidate.BackgroundMerger`).
+
+Only what depends on the episode's place changes: ``episode_index``, the dataset-wide ``index``
+and ``task_index`` columns with their stats, and the sidecar's file names. Everything else
+(rows, stats, mp4 packets, sidecar content) is the worker's bytes, so the result does not depend
+on how many workers recorded it or in what order they finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hilrec.daemon.atomic import fsync_dir
+from hilrec.daemon.dataset import journal
+from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState
+from hilrec.daemon.dataset.encode import Numbering
+from hilrec.daemon.dataset.features import video_keys
+from hilrec.daemon.dataset.layout import PARQUET_OPTIONS, data_schema, episode_data_table
+from hilrec.daemon.dataset.paths import video_path, video_ref
+from hilrec.daemon.dataset.reader import column_to_numpy
+from hilrec.daemon.dataset.rootlock import RootLock
+from hilrec.daemon.dataset.sidecar import episode_sidecar_files, load_episode_sidecar
+from hilrec.daemon.dataset.stats import compute_episode_stats, stats_to_json
+from hilrec.daemon.errors import DatasetError, DatasetStateError
+
+log = logging.getLogger(__name__)
+
+# The columns whose values depend on where the episode lands in the dataset.
+PLACED_COLUMNS: Final[tuple[str, ...]] = ("episode_index", "index", "task_index")
+# Keys episode_sidecar_files() sets itself (at the end of the JSON): dropped before it re-adds them.
+_SIDECAR_OWN: Final[tuple[str, ...]] = ("episode_index", "has_arrays")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeBundle:
+    """One saved episode of a one-episode dataset, as bytes and plain values."""
+
+    data: bytes  # the journal's data.parquet
+    meta: dict[str, Any]  # the journal's episode.json
+    tasks: list[str]  # the source dataset's task list: task_index -> task
+    fps: int
+    features: dict[str, Any]
+    videos: dict[str, bytes] = field(default_factory=dict)  # video key -> mp4 of this episode alone
+    sidecar: dict[str, Any] | None = None
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def bundle_episode(root: Path) -> EpisodeBundle:
+    """The only episode of the finalized dataset at ``root``, as an :class:`EpisodeBundle`."""
+    state = ConsolidatedState.load(root)
+    if len(state.episodes) != 1:
+        raise DatasetError(f"{root}: holds {len(state.episodes)} episodes, a bundle is of exactly one")
+    row = state.episodes[0]
+    entry = journal.read_entry(root, 0)
+    if not entry.intact or entry.meta is None:
+        problems = "; ".join(f"{path}: {why}" for path, why in entry.problems)
+        raise DatasetError(f"{root}: journal entry of episode 0 is damaged: {problems}")
+    features = state.info["features"]
+    videos = {}
+    for key in video_keys(features):
+        if row[f"videos/{key}/from_timestamp"] != 0.0:
+            raise DatasetError(f"{root}: episode 0 of '{key}' does not start its video file")
+        videos[key] = video_path(root, key, video_ref(row, key)).read_bytes()
+    sidecar, arrays = load_episode_sidecar(root, 0)
+    return EpisodeBundle(
+        data=(entry.directory / journal.EPISODE_DATA).read_bytes(),
+        meta=entry.meta,
+        tasks=list(state.tasks),
+        fps=int(state.info["fps"]),
+        features=features,
+        videos=videos,
+        sidecar=sidecar,
+        arrays=arrays,
+    )
+
+
+class Adopter:
+    """Appends :class:`EpisodeBundle` s to the dataset at ``root``, holding its lock throughout.
+
+    The dataset must exist (made by :class:`~.writer.DatasetWriter`, which also recovers a crashed
+    one on ``open``); a bundle of other features or fps is refused.
+    """
+
+    def __init__(self, root: Path, *, lock_command: str | None = None, merge_interval_s: float = 0.0) -> None:
+        self.root = Path(root)
+        self._lock = RootLock(self.root, lock_command).acquire()
+        try:
+            state = ConsolidatedState.load(self.root)
+            leftovers = journal.committed_episodes(self.root)[len(state.episodes) :]
+            if leftovers or journal.open_episodes(self.root):
+                raise DatasetStateError(
+                    f"{self.root}: journal entries {leftovers} wait to be merged; open it with the "
+                    "writer (or run hilrec repair) first"
+                )
+        except BaseException:
+            self._lock.release()
+            raise
+        self._info = state.info
+        self._numbering = Numbering(
+            episodes=len(state.episodes), frames=state.total_frames, tasks=state.tasks
+        )
+        self._merger = BackgroundMerger(state, interval_s=merge_interval_s)
+        self._closed = False
+
+    @property
+    def num_episodes(self) -> int:
+        """Episodes in the dataset, merged or only committed so far."""
+        return self._numbering.next_index
+
+    def adopt(self, bundle: EpisodeBundle) -> int:
+        """Commit ``bundle`` as the next episode (durable on return) and return its episode_index."""
+        if self._closed:
+            raise DatasetStateError(f"{self.root}: adopt() after finalize()")
+        self._check_fits(bundle)
+        index = self._numbering.next_index
+        first = self._numbering.next_frame
+        table = pq.read_table(pa.BufferReader(bundle.data))
+        length = table.num_rows
+        columns = {
+            name: column_to_numpy(table.column(name), name=name, path=self.root)
+            for name in table.column_names
+        }
+        task_index, new_tasks = self._numbering.task_indices(
+            [bundle.tasks[int(t)] for t in columns["task_index"]]
+        )
+        placed = {
+            "episode_index": np.full(length, index, dtype=np.int64),
+            "index": np.arange(first, first + length, dtype=np.int64),
+            "task_index": np.asarray(task_index, dtype=np.int64),
+        }
+        columns.update(placed)
+        # Built as the writer builds it (episode_data_table), so the bytes are the writer's.
+        data = _parquet_bytes(episode_data_table(columns, data_schema(bundle.features)))
+        stats = dict(bundle.meta["stats"])
+        stats.update(stats_to_json(compute_episode_stats(placed, bundle.features)))
+        meta = {
+            **bundle.meta,
+            "episode_index": index,
+            "new_tasks": new_tasks,
+            "dataset_from_index": first,
+            "data_bytes": len(data),
+            "stats": {key: stats[key] for key in bundle.meta["stats"]},
+        }
+        meta.pop("format", None)  # episode_meta_bytes() puts it back, last
+        staging = journal.open_episode_dir(self.root, index)
+        staging.mkdir(parents=True, exist_ok=True)
+        fsync_dir(staging.parent)
+        for key, mp4 in bundle.videos.items():
+            (staging / journal.video_file_name(key)).write_bytes(mp4)
+        sidecar = {k: v for k, v in (bundle.sidecar or {}).items() if k not in _SIDECAR_OWN}
+        beside = (
+            episode_sidecar_files(self.root, index, sidecar, bundle.arrays)
+            if bundle.sidecar is not None or bundle.arrays
+            else {}
+        )
+        files = {journal.EPISODE_DATA: data, journal.EPISODE_META: journal.episode_meta_bytes(meta)}
+        journal.commit_episode(self.root, index, files=files, beside=beside)
+        self._numbering.next_index = index + 1
+        self._numbering.next_frame = first + length
+        self._numbering.tasks.extend(new_tasks)
+        self._merger.add(index)
+        return index
+
+    def finalize(self) -> None:
+        """Merge every adopted episode into LeRobot's files and release the root."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._merger.wait()
+        finally:
+            self._merger.close()
+            self._lock.release()
+
+    def __enter__(self) -> Adopter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finalize()
+
+    def _check_fits(self, bundle: EpisodeBundle) -> None:
+        if bundle.fps != int(self._info["fps"]):
+            raise DatasetError(
+                f"{self.root}: episode at {bundle.fps} fps, the dataset is {self._info['fps']}"
+            )
+        ours, theirs = _shapes(self._info["features"]), _shapes(bundle.features)
+        if ours != theirs:
+            differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+            raise DatasetError(f"{self.root}: the episode's features differ from the dataset's: {differ}")
+        missing = [key for key in video_keys(bundle.features) if key not in bundle.videos]
+        if missing:
+            raise DatasetError(f"{self.root}: the episode has no video for {missing}")
+
+
+def _shapes(features: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[Any, ...]]:
+    return {k: (v.get("dtype"), tuple(v.get("shape") or ()), v.get("names")) for k, v in features.items()}
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    stream = pa.BufferOutputStream()
+    pq.write_table(table, stream, **PARQUET_OPTIONS)
+    return stream.getvalue().to_pybytes()
