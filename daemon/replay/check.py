@@ -6,6 +6,11 @@ actions (:mod:`hilrec.daemon.replay.engine`), and judge the two trajectories
 (:mod:`hilrec.daemon.replay.analysis`). Anything that stops an episode from being checked
 (unknown units, a frame rate the twin cannot step, missing columns, a twin that blew up) makes it
 ``not_replayable`` with the reason, never a pass.
+
+Episodes are independent (each starts the twin afresh from its own first state), so with
+``workers > 1`` or a Ray address they replay as tasks of :func:`hilrec.daemon.fanout.run_tasks`,
+one per episode, each on a twin of its own; the results are gathered in episode order, so the
+check is the same whichever way it ran.
 """
 
 from __future__ import annotations
@@ -136,6 +141,36 @@ def _column_order(info: dict[str, Any], key: str) -> list[int]:
     return [names.index(n) for n in POSITION_NAMES]
 
 
+@dataclass(frozen=True, kw_only=True)
+class EpisodeJob:
+    """One episode's replay check as a task another process (or a Ray node) can run alone."""
+
+    root: Path
+    index: int
+    length: int
+    fps: int
+    units: ColumnUnits
+    orders: tuple[list[int], list[int]]
+    settings: ReplaySettings
+    sidecar: Mapping[str, Any] | None
+
+
+def check_episode_job(job: EpisodeJob) -> EpisodeResult:
+    """Replay-check one episode on a twin of its own (the task of a parallel check)."""
+    with _default_engine(job.fps, job.sidecar, job.settings) as engine:
+        return _check_episode(
+            job.root,
+            job.index,
+            job.length,
+            fps=job.fps,
+            units=job.units,
+            engine=engine,
+            limits=engine.limits(),
+            orders=job.orders,
+            settings=job.settings,
+        )
+
+
 def check_dataset(
     root: str | Path,
     *,
@@ -145,14 +180,24 @@ def check_dataset(
     units_flag: str | None = None,
     calibration_flag: Path | None = None,
     engine_factory: EngineFactory | None = None,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> DatasetCheck:
-    """Replay-check the chosen episodes (all by default) of the dataset at ``root``."""
+    """Replay-check the chosen episodes (all by default) of the dataset at ``root``.
+
+    ``workers`` processes (or the Ray cluster at ``ray_address``) replay the episodes; one
+    replays them here, on one twin. A caller's ``engine_factory`` runs in this process only.
+    """
     root = Path(root)
+    if engine_factory is not None and (workers > 1 or ray_address is not None):
+        raise ReplayError("an engine factory replays in this process only: use workers=1 without Ray")
     started = time.perf_counter()
     info = reader.load_info(root)
     fps = int(info["fps"])
     available = {int(e["episode_index"]): int(e["length"]) for e in reader.load_episodes(root)}
     chosen = list(available) if episodes is None else list(episodes)
+    # One episode gains nothing from a worker process but the cost of starting it.
+    parallel = ray_address is not None or min(workers, len(chosen)) > 1
     missing = [i for i in chosen if i not in available]
     if missing:
         raise ReplayError(
@@ -186,6 +231,25 @@ def check_dataset(
     except HilrecError as exc:  # a FrameRateError, a CalibrationError...: still the dataset's fault
         return refuse_all(f"{type(exc).__name__}: {exc}")
     check.twin = engine.describe()
+    orders = (action_order, state_order)
+    if parallel:
+        engine.close()  # it was built to refuse what no task could replay, and to describe the twin
+        jobs = [
+            EpisodeJob(
+                root=root,
+                index=i,
+                length=available[i],
+                fps=fps,
+                units=check.units,
+                orders=orders,
+                settings=settings,
+                sidecar=sidecar,
+            )
+            for i in chosen
+        ]
+        check.results = _run_jobs(jobs, workers=workers, ray_address=ray_address)
+        check.seconds = time.perf_counter() - started
+        return check
     with engine:
         limits = engine.limits()
         for index in chosen:
@@ -198,12 +262,25 @@ def check_dataset(
                     units=check.units,
                     engine=engine,
                     limits=limits,
-                    orders=(action_order, state_order),
+                    orders=orders,
                     settings=settings,
                 )
             )
     check.seconds = time.perf_counter() - started
     return check
+
+
+def _run_jobs(jobs: list[EpisodeJob], *, workers: int, ray_address: str | None) -> list[EpisodeResult]:
+    from hilrec.daemon.fanout import run_tasks
+
+    outcomes = run_tasks(check_episode_job, jobs, workers=workers, ray_address=ray_address)
+    results = []
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        if outcome.result is None:
+            # In this process the same failure would have stopped the command: so it does here.
+            raise ReplayError(f"{job.root}: the replay of episode {job.index} failed: {outcome.error}")
+        results.append(outcome.result)
+    return results
 
 
 def _default_engine(fps: int, sidecar: Mapping[str, Any] | None, settings: ReplaySettings) -> ReplayEngine:

@@ -3,6 +3,8 @@
 Each episode is replayed on the MuJoCo twin from its first recorded state with its recorded
 actions, and compared with its recorded ``observation.state``: per joint RMS and max error, the
 lag between action and response, gripper behaviour, clamped or saturated commands, and a verdict.
+With --workers N the episodes replay in N processes, with --ray ADDRESS as tasks on a Ray
+cluster, one task per episode; the result is the same either way.
 
 Exit status (the worst verdict among the episodes checked):
   0  every episode consistent
@@ -19,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from hilrec.daemon.replay.results import EpisodeResult, Verdict
+from hilrec.daemon.replay.results import verdict_table
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -61,6 +63,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--config", type=Path, metavar="FILE", help="thresholds (default: configs/replay.toml)"
     )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="processes that replay the episodes, one episode each at a time (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="replay the episodes as tasks on the Ray cluster at ADDRESS (e.g. 127.0.0.1:6379, "
+        "or auto); every node must see ROOT at the same path",
+    )
     parser.set_defaults(func=run)
 
 
@@ -78,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         episodes=episodes,
         units_flag=args.units,
         calibration_flag=args.calibration,
+        workers=args.workers,
+        ray_address=args.ray,
     )
     document = check.to_document()
     if args.report is not None:
@@ -88,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(_table(check.results, check.fps))
+        print(verdict_table(check.results))
         for r in check.results:
             for note in r.notes:
                 print(f"  episode {r.episode_index}: {note}")
@@ -104,28 +121,9 @@ def run(args: argparse.Namespace) -> int:
     return check.exit_status
 
 
-def _table(results: list[EpisodeResult], fps: int) -> str:
-    rows = [("episode", "frames", "verdict", "lag", "worst joint", "reason")]
-    for r in results:
-        if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
-            rows.append((str(r.episode_index), str(r.frames), r.verdict.value, "", "", r.reason))
-            continue
-        lag = "n/a" if r.lag.frames is None else f"{r.lag.frames:+.2f} fr {r.ms(r.lag.frames):+.0f} ms"
-        wj = r.worst_joint()
-        assert wj is not None
-        rows.append(
-            (
-                str(r.episode_index),
-                str(r.frames),
-                r.verdict.value,
-                lag,
-                f"{wj.name} rms {wj.judged_rms_error:.2f} max {wj.judged_max_error:.2f}",
-                r.reason,
-            )
-        )
-    # The reason, last, is not padded: it is long, and nothing follows it.
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-        for row in rows
-    )
+def positive_int(text: str) -> int:
+    """argparse type of ``--workers``: a whole number of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -251,3 +251,31 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
             "replayed_grasp_frames": g.replayed_grasp_frames,
         }
     return out
+
+
+def verdict_table(results: list[EpisodeResult]) -> str:
+    """One line per episode: frames, verdict, lag, worst joint and the reason (as people read it)."""
+    rows = [("episode", "frames", "verdict", "lag", "worst joint", "reason")]
+    for r in results:
+        if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
+            rows.append((str(r.episode_index), str(r.frames), r.verdict.value, "", "", r.reason))
+            continue
+        lag = "n/a" if r.lag.frames is None else f"{r.lag.frames:+.2f} fr {r.ms(r.lag.frames):+.0f} ms"
+        wj = r.worst_joint()
+        assert wj is not None
+        rows.append(
+            (
+                str(r.episode_index),
+                str(r.frames),
+                r.verdict.value,
+                lag,
+                f"{wj.name} rms {wj.judged_rms_error:.2f} max {wj.judged_max_error:.2f}",
+                r.reason,
+            )
+        )
+    # The reason, last, is not padded: it is long, and nothing follows it.
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in rows
+    )
