@@ -35,6 +35,7 @@ import av
 import numpy as np
 
 from hilrec.daemon.dataset.avlog import open_av
+from hilrec.daemon.dataset.codec_threads import CodecThreads
 from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,11 @@ class VideoSettings:
         return cls(**{k: payload[k] for k in ("codec", "pix_fmt", "g", "crf", "preset") if k in payload})
 
 
+# The first frames, during which a codec starts its threads, are each followed by a look for new
+# real-time threads; after them, one frame a second is (a look costs ~0.1 ms).
+CODEC_WATCH_FRAMES: Final[int] = 32
+
+
 class StreamEncoder:
     """One mp4 being encoded: the one encode routine of the thread encoder, the encoder process
     and the finishing of a spilled encode, so all three write the same bytes."""
@@ -136,6 +142,7 @@ class StreamEncoder:
         # ``file``: an open binary file to write (FFmpeg opens a path only at the first packet,
         # which may be after the episode's directory was renamed); same muxer, same bytes.
         self._file = file
+        self._codec_threads = CodecThreads()  # on the thread that encodes, before the codec opens
         self._container = open_av(file if file is not None else str(path), "w", format="mp4")
         try:
             stream = self._container.add_stream(settings.codec, rate=fps, options=settings.options())
@@ -156,6 +163,10 @@ class StreamEncoder:
         frame.time_base = Fraction(1, self.fps)
         for packet in self._stream.encode(frame):
             self._container.mux(packet)
+        if self.frames < CODEC_WATCH_FRAMES or self.frames % self.fps == 0:
+            # The codec starts its threads from the first frame on, some lazily: keep them out of
+            # real-time scheduling (SVT-AV1 asks for FIFO 99 wherever it may; see codec_threads).
+            self._codec_threads.settle()
         self.frames += 1
 
     def close(self) -> int:
