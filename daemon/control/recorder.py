@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -31,9 +32,13 @@ import numpy as np
 
 from hilrec.daemon.control.clock import TIMING_ARRAYS
 from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.dataset.spill import finishing
 from hilrec.daemon.errors import DatasetStateError, SpillFullError, WriterStalledError
 
 log = logging.getLogger(__name__)
+
+# How often start() looks at what the opening writer thread is doing.
+START_POLL_S: Final[float] = 0.2
 
 # The sidecar arrays with one row per frame (see control/episode.py); the others (a sim
 # episode's start state) are the episode's whatever its length.
@@ -109,8 +114,20 @@ class Recorder:
     def start(self, timeout_s: float = 60.0) -> None:
         """Create the sink on the writer thread and wait until it is ready (or failed)."""
         self._thread.start()
-        if not self._ready.wait(timeout_s):
-            raise DatasetStateError(f"dataset writer did not open within {timeout_s:.0f} s")
+        deadline = time.monotonic() + timeout_s
+        noted: str | None = None
+        while not self._ready.wait(max(0.0, min(START_POLL_S, deadline - time.monotonic()))):
+            doing = finishing(self._thread.ident)
+            if doing is not None:
+                # Video a crash left, encoded before the open returns: its length is not the
+                # open's fault, so the timeout counts from when it is done.
+                if doing != noted:
+                    log.warning("dataset writer: %s before it opens", doing)
+                    noted = doing
+                deadline = time.monotonic() + timeout_s
+            elif time.monotonic() >= deadline:
+                after = f" (after {noted})" if noted is not None else ""
+                raise DatasetStateError(f"dataset writer did not open within {timeout_s:.0f} s{after}")
         if self._start_error is not None:
             raise self._start_error
 

@@ -12,12 +12,20 @@ Only what depends on the episode's place changes: ``episode_index``, the dataset
 and ``task_index`` columns with their stats, and the sidecar's file names. Everything else
 (rows, stats, mp4 packets, sidecar content) is the worker's bytes, so the result does not depend
 on how many workers recorded it or in what order they finished.
+
+One adopt is whole or absent: Ctrl-C waits until its episode is committed and counted
+(:func:`sigint_deferred`), and a failed write (a full disk) removes what it staged and fails that
+episode alone, as a DatasetError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+import shutil
+import signal
+import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -26,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from hilrec.daemon.atomic import fsync_dir
+from hilrec.daemon.atomic import fsync_dir, temp_path
 from hilrec.daemon.dataset import journal
 from hilrec.daemon.dataset.consolidate import BackgroundMerger, ConsolidatedState
 from hilrec.daemon.dataset.encode import Numbering
@@ -90,6 +98,21 @@ def bundle_episode(root: Path) -> EpisodeBundle:
     )
 
 
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """SIGINT held back while the block runs (on the main thread; elsewhere it never lands), and
+    delivered, as KeyboardInterrupt, once the block is done: what the block writes and counts
+    stays in step."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 class Adopter:
     """Appends :class:`EpisodeBundle` s to the dataset at ``root``, holding its lock throughout.
 
@@ -123,8 +146,12 @@ class Adopter:
         """Episodes in the dataset, merged or only committed so far."""
         return self._numbering.next_index
 
-    def adopt(self, bundle: EpisodeBundle) -> int:
-        """Commit ``bundle`` as the next episode (durable on return) and return its episode_index."""
+    def adopt(self, bundle: EpisodeBundle, *, origin: str | None = None) -> int:
+        """Commit ``bundle`` as the next episode (durable on return) and return its episode_index.
+
+        ``origin`` names the episode in errors (``seed 3``). A write that fails (OSError: a full
+        disk) leaves nothing of the episode and raises DatasetError; the next adopt takes its index.
+        """
         if self._closed:
             raise DatasetStateError(f"{self.root}: adopt() after finalize()")
         self._check_fits(bundle)
@@ -158,11 +185,6 @@ class Adopter:
             "stats": {key: stats[key] for key in bundle.meta["stats"]},
         }
         meta.pop("format", None)  # episode_meta_bytes() puts it back, last
-        staging = journal.open_episode_dir(self.root, index)
-        staging.mkdir(parents=True, exist_ok=True)
-        fsync_dir(staging.parent)
-        for key, mp4 in bundle.videos.items():
-            (staging / journal.video_file_name(key)).write_bytes(mp4)
         sidecar = {k: v for k, v in (bundle.sidecar or {}).items() if k not in _SIDECAR_OWN}
         beside = (
             episode_sidecar_files(self.root, index, sidecar, bundle.arrays)
@@ -170,12 +192,41 @@ class Adopter:
             else {}
         )
         files = {journal.EPISODE_DATA: data, journal.EPISODE_META: journal.episode_meta_bytes(meta)}
-        journal.commit_episode(self.root, index, files=files, beside=beside)
-        self._numbering.next_index = index + 1
-        self._numbering.next_frame = first + length
-        self._numbering.tasks.extend(new_tasks)
-        self._merger.add(index)
+        # An interrupt between the commit's rename and the numbering below would give this
+        # episode's index (and its sidecar's names) to the next one.
+        with sigint_deferred():
+            try:
+                self._commit(index, bundle.videos, files, beside)
+            except OSError as exc:
+                self._remove_episode(index, beside)
+                what = f"episode {index}" + (f" ({origin})" if origin else "")
+                raise DatasetError(
+                    f"{self.root}: {what} could not be written ({exc}); nothing of it is kept"
+                ) from exc
+            self._numbering.next_index = index + 1
+            self._numbering.next_frame = first + length
+            self._numbering.tasks.extend(new_tasks)
+            self._merger.add(index)
         return index
+
+    def _commit(
+        self, index: int, videos: Mapping[str, bytes], files: dict[str, bytes], beside: Mapping[Path, bytes]
+    ) -> None:
+        staging = journal.open_episode_dir(self.root, index)
+        staging.mkdir(parents=True, exist_ok=True)
+        fsync_dir(staging.parent)
+        for key, mp4 in videos.items():
+            (staging / journal.video_file_name(key)).write_bytes(mp4)
+        journal.commit_episode(self.root, index, files=files, beside=beside)
+
+    def _remove_episode(self, index: int, beside: Mapping[Path, bytes]) -> None:
+        """Undo a failed commit: not yet counted nor merged, the episode is not in the dataset."""
+        for directory in (journal.open_episode_dir(self.root, index), journal.episode_dir(self.root, index)):
+            shutil.rmtree(directory, ignore_errors=True)
+        for path in beside:
+            for leftover in (path, temp_path(path)):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
 
     def finalize(self) -> None:
         """Merge every adopted episode into LeRobot's files and release the root."""

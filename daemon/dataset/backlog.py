@@ -25,6 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -34,7 +35,7 @@ from hilrec.daemon.dataset.commit import PendingSave
 from hilrec.daemon.dataset.episode import OpenEpisode
 from hilrec.daemon.dataset.features import is_video
 from hilrec.daemon.dataset.journal import Hook
-from hilrec.daemon.dataset.space import DEFAULT_TAKE_S, size_text
+from hilrec.daemon.dataset.space import DEFAULT_TAKE_S, MIN_FREE_BYTES, size_text
 from hilrec.daemon.dataset.spill import encode_from_spill, release_spill
 from hilrec.daemon.dataset.video import VideoSettings
 from hilrec.daemon.errors import DatasetError, SpillFullError, VideoEncodingError
@@ -47,6 +48,11 @@ log = logging.getLogger(__name__)
 # The spill's disk bound by default (raw 640x480 frames: 0.9 MB each; 2 cameras at 25 Hz fill
 # this in about 6 minutes of backlog).
 DEFAULT_SPILL_BYTES_LIMIT: Final[int] = 16 * 1024**3
+# The longest one camera's mp4 of one episode may take to finish once saved (the encoder at
+# SCHED_IDLE on a busy machine is slow, not this slow: past it the worker is taken as hung and
+# the episode is left to its spill, which the next open or hilrec repair encodes).
+VIDEO_FINISH_TIMEOUT_S: Final[float] = 3600.0
+FINISHER_JOIN_S: Final[float] = 30.0  # a rename or two after the workers are closed
 
 
 class VideoEncoder(StrEnum):
@@ -129,6 +135,7 @@ class VideoBacklog:
         self._pending_videos: dict[int, int] = {}  # episode -> spill bytes still waiting
         self._finisher: threading.Thread | None = None
         self._finish_queue: deque[tuple[OpenEpisode, PendingSave]] = deque()
+        self._stopping = False
         self.errors: list[str] = []
 
     # --- the workers ---------------------------------------------------------------------------
@@ -149,9 +156,15 @@ class VideoBacklog:
         self._finisher.start()
 
     def stop(self) -> None:
+        """Close the workers and end the finisher; what is still encoding stays in its spill."""
+        with self._gate:
+            self._stopping = True
+            self._gate.notify_all()
         workers, self.workers = self.workers, {}
         for worker in workers.values():
             worker.close()
+        if self._finisher is not None:
+            self._finisher.join(FINISHER_JOIN_S)
 
     # --- commits and merges --------------------------------------------------------------------
 
@@ -181,8 +194,10 @@ class VideoBacklog:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while True:
             with self._gate:
-                while not self._finish_queue:
-                    self._gate.wait()
+                while not self._finish_queue and not self._stopping:
+                    self._gate.wait(FINISHER_JOIN_S)
+                if self._stopping:
+                    return  # the spills of what is queued stay: open or repair finishes them
                 episode, save = self._finish_queue[0]
             try:
                 self._finish_episode(episode, save)
@@ -191,6 +206,8 @@ class VideoBacklog:
                 log.error("%s", message)
                 self.errors.append(message)
             with self._gate:
+                if self._stopping:
+                    return  # unmerged, maybe unplaced: the next open or hilrec repair sees to it
                 self._finish_queue.popleft()
                 self._pending_videos.pop(episode.index, None)
                 self._release_merges()
@@ -200,9 +217,16 @@ class VideoBacklog:
         index = episode.index
         for key, (future, out) in episode.pending.items():
             try:
-                future.result()
+                future.result(VIDEO_FINISH_TIMEOUT_S)
                 ok = True
+            except FutureTimeout as exc:
+                raise VideoEncodingError(
+                    f"episode {index} '{key}': its encoder process did not finish the mp4 within "
+                    f"{VIDEO_FINISH_TIMEOUT_S:.0f} s; its spill stays for the next open or hilrec repair"
+                ) from exc
             except VideoEncodingError as exc:
+                if self._stopping:
+                    return  # closed under it: the spill stays for the next open or hilrec repair
                 log.error("%s: episode %d '%s': %s; encoding it from its spill", self.root, index, key, exc)
                 ok = False
             # The mp4 goes into the committed directory: wait for the commit.
@@ -263,7 +287,17 @@ class VideoBacklog:
         used = self.spill_bytes(episode)
         # An empty spill never refuses: frames spill only while the encoder is behind, and a
         # take that does reach the bound is stopped there (SpillFullError), not lost.
-        if used == 0 or used + take <= self.spill_bytes_limit:
+        if used == 0:
+            return None
+        room = self.disk_room()
+        if take > room:
+            return (
+                f"{self.root}: the video spill holds {size_text(used)} ({self.backlog_s():.0f} s of "
+                f"video not encoded yet); one more take of {frames} frames needs {size_text(take)} "
+                f"and the disk has {size_text(max(0, room))} left above the "
+                f"{size_text(MIN_FREE_BYTES)} kept free: wait for the encoder or free disk space"
+            )
+        if used + take <= self.spill_bytes_limit:
             return None
         return (
             f"{self.root}: the video spill holds {size_text(used)} ({self.backlog_s():.0f} s of "
@@ -271,10 +305,33 @@ class VideoBacklog:
             f"the bound (spill_bytes_limit) is {size_text(self.spill_bytes_limit)}: wait for the encoder"
         )
 
+    def disk_room(self) -> int:
+        """Bytes the spill may still take on the root's disk: free (``statvfs``) minus the
+        writer's :data:`~.space.MIN_FREE_BYTES`. Unreadable: no bound from the disk."""
+        try:
+            stat = os.statvfs(self.root)
+        except OSError:
+            return sys.maxsize
+        return stat.f_bavail * stat.f_frsize - MIN_FREE_BYTES
+
+    def pending_episodes(self) -> list[int]:
+        """The saved episodes whose mp4 is still being encoded or placed."""
+        with self._gate:
+            return sorted({episode.index for episode, _ in self._finish_queue} | set(self._pending_videos))
+
     def check_room(self, episode: OpenEpisode | None, next_index: int) -> None:
         """Raise :class:`SpillFullError` if one more frame could pass the spill's bound."""
         need = self.frame_bytes()
         used = self.spill_bytes(episode)
+        room = self.disk_room()
+        if need > room:
+            raise SpillFullError(
+                f"{self.root}: the disk is nearly full for the video spill ({size_text(max(0, room))} "
+                f"left above the {size_text(MIN_FREE_BYTES)} kept free; {self.backlog_s():.0f} s of "
+                f"video wait for the encoder): frame {episode.length if episode else 0} of episode "
+                f"{episode.index if episode else next_index} is refused, not dropped; "
+                "save or discard the take and free disk space or wait for the encoder"
+            )
         if used + need > self.spill_bytes_limit:
             raise SpillFullError(
                 f"{self.root}: the video spill is full ({size_text(used)} of spill_bytes_limit "

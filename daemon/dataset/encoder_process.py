@@ -65,12 +65,42 @@ DEFAULT_RING_BYTES: Final[int] = 64 * 1024 * 1024
 # Overrides the ring's size (bytes): for tests and benchmarks that want the encoder behind.
 RING_ENV: Final[str] = "HILREC_ENCODER_RING_BYTES"
 START_TIMEOUT_S: Final[float] = 60.0
+SHM_DIR: Final[str] = "/dev/shm"  # where Linux's shm_open puts the segments
 
 
 def _set_policy(threads: list[int], policy: int) -> None:
     for tid in threads:
         with contextlib.suppress(OSError):  # gone, or not permitted: it keeps its priority
             os.sched_setscheduler(tid, policy, os.sched_param(0))
+
+
+def _reserved_segment(key: str, size: int) -> shared_memory.SharedMemory:
+    """A new shared-memory segment of ``size`` bytes with every page reserved.
+
+    ``SharedMemory`` only ftruncates: on a small /dev/shm (Docker's 64 MB) the first write to a
+    page tmpfs cannot back is a SIGBUS that kills the daemon. Reserved now, a lack of room is an
+    error the writer can answer (with the thread encoder) before any frame is at stake."""
+    shm = shared_memory.SharedMemory(create=True, size=size)
+    try:
+        fd = os.open(f"{SHM_DIR}/{shm.name.lstrip('/')}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            shm.unlink()
+        try:
+            stat = os.statvfs(SHM_DIR)
+            free = f"{stat.f_bavail * stat.f_frsize / 1e6:.0f} MB free"
+        except OSError:
+            free = "free space unknown"
+        raise VideoEncodingError(
+            f"video '{key}': the encoder's shared-memory ring of {size / 1e6:.0f} MB cannot be "
+            f"reserved in {SHM_DIR} ({free}): {exc}"
+        ) from exc
+    return shm
 
 
 class EncoderProcess:
@@ -94,7 +124,7 @@ class EncoderProcess:
         self.width = width
         self.frame_bytes = height * width * 3
         self.slots = max(2, ring_bytes // self.frame_bytes)
-        self._shm = shared_memory.SharedMemory(create=True, size=HEADER_BYTES + self.slots * self.frame_bytes)
+        self._shm = _reserved_segment(key, HEADER_BYTES + self.slots * self.frame_bytes)
         self._header: np.ndarray[Any, Any] = np.ndarray(
             (HEADER_BYTES // 8,), dtype=np.int64, buffer=self._shm.buf
         )
@@ -115,34 +145,64 @@ class EncoderProcess:
         self._cuts: dict[int, int] = {}  # job -> the frame it was cut at
         self.error: str | None = None
         self.priority = "starting"
-        # A fresh interpreter (not fork: the daemon has threads; not multiprocessing's spawn: it
-        # re-runs the parent's main script), talking over a socket pair: small pickled tuples.
-        ours, theirs = socket.socketpair()
-        self._process = subprocess.Popen(
-            # The segment's name is on the command line too, for tools that watch the progress
-            # (bench_daemon reads frames encoded from the header); the worker reads the socket.
-            [
-                sys.executable,
-                "-m",
-                "hilrec.daemon.dataset.encoder_process",
-                str(theirs.fileno()),
-                self._shm.name,
-            ],
-            pass_fds=(theirs.fileno(),),
-            stdin=subprocess.DEVNULL,
-            close_fds=True,
-            # Out of the terminal's process group: Ctrl-C is the writer's to handle.
-            start_new_session=True,
-        )
-        theirs.close()
-        self._conn = Connection(ours.detach())
-        self._conn.send((self._shm.name, self.slots, height, width, fps, settings.to_json()))
+        try:
+            self._process, self._conn = self._spawn(settings)
+        except BaseException:
+            self._release_segment()
+            raise
         # The sender thread writes the socket, so put() never waits on the worker.
         self._commands: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_commands, name=f"encode-send-{key}", daemon=True)
         self._sender.start()
         self._reader = threading.Thread(target=self._read_events, name=f"encode-events-{key}", daemon=True)
         self._reader.start()
+
+    def _spawn(self, settings: Any) -> tuple[subprocess.Popen[bytes], Connection]:
+        # A fresh interpreter (not fork: the daemon has threads; not multiprocessing's spawn: it
+        # re-runs the parent's main script), talking over a socket pair: small pickled tuples.
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                # The segment's name is on the command line too, for tools that watch the progress
+                # (bench_daemon reads frames encoded from the header); the worker reads the socket.
+                [
+                    sys.executable,
+                    "-m",
+                    "hilrec.daemon.dataset.encoder_process",
+                    str(theirs.fileno()),
+                    self._shm.name,
+                ],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                # Out of the terminal's process group: Ctrl-C is the writer's to handle.
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        conn = Connection(ours.detach())
+        try:
+            conn.send((self._shm.name, self.slots, self.height, self.width, self.fps, settings.to_json()))
+        except BaseException:
+            conn.close()
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(5)
+            raise
+        return process, conn
+
+    def _release_segment(self) -> None:
+        # The numpy views hold exports of shm.buf: close() raises BufferError while they live.
+        # The header's last values stay readable (the loop's status may be reading it now).
+        self._header = self._header.copy()
+        self._ring = np.zeros((0, self.height, self.width, 3), dtype=np.uint8)
+        with contextlib.suppress(BufferError, OSError):
+            self._shm.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._shm.unlink()
 
     # --- the writer thread's side ------------------------------------------------------------------
 
@@ -183,22 +243,25 @@ class EncoderProcess:
         there. The first one of an episode cuts it (see the module docstring)."""
         self.frames_put += 1
         job = self._job_of[episode]
+        if self._closed:  # the segment is released
+            self._lost += 1
+            return
         self._header[HEADER_CUT_REQUEST] = job
-        if self.error is not None or self._closed:
+        if self.error is not None:
             self._lost += 1
             return
         self._commands.put(("frame", job, frame_index, -1))
 
     def ring_frame(self, sequence: int) -> np.ndarray | None:
         """The frame of ring sequence number ``sequence`` if its slot was not reused since."""
-        if sequence < 0 or sequence < self._slots_used - self.slots:
+        if self._closed or sequence < 0 or sequence < self._slots_used - self.slots:
             return None
         return self._ring[sequence % self.slots]
 
     def request_cut(self, episode: int) -> None:
         """Ask the worker to cut ``episode`` before its next frame (see the module docstring)."""
         job = self._job_of.get(episode)
-        if job is not None:
+        if job is not None and not self._closed:
             self._header[HEADER_CUT_REQUEST] = job
 
     @contextlib.contextmanager
@@ -272,7 +335,9 @@ class EncoderProcess:
             self._process.wait(timeout)
         except subprocess.TimeoutExpired:
             self._process.kill()
-            self._process.wait(5)
+            # Unkillable for now (stuck in the kernel): the other cameras' workers are still closed.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(5)
         self._reader.join(5)
         with self._lock:
             for future in self._futures.values():
@@ -281,9 +346,7 @@ class EncoderProcess:
             self._futures.clear()
         with contextlib.suppress(OSError):
             self._conn.close()
-        with contextlib.suppress(Exception):
-            self._shm.close()
-            self._shm.unlink()
+        self._release_segment()
 
     def _send_commands(self) -> None:
         while True:

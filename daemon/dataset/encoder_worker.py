@@ -27,6 +27,8 @@ HEADER_BYTES: Final[int] = 64  # int64 [slots released, frames encoded, cut requ
 HEADER_RELEASED: Final[int] = 0  # written by the worker
 HEADER_FRAMES_ENCODED: Final[int] = 1  # written by the worker
 HEADER_CUT_REQUEST: Final[int] = 2  # written by the writer: the job to cut now
+# Starts the error of a job whose spill lacks a frame from its cut on: its take cannot be saved.
+SPILL_HOLES: Final[str] = "frames missing from the spill"
 
 
 def lowest_priority() -> str:
@@ -84,6 +86,8 @@ class _Job:
         self.cut: int | None = None
         self.frames = 0  # encoded into the current part
         self.encoder: Any = None
+        # Why the encode failed after the cut (the spill still gets every frame), or None.
+        self.error: str | None = None
         try:
             self.journal_fd = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.dir_fd)
             self.spill_fd = os.open(self.spill_name, os.O_RDWR | os.O_CLOEXEC, dir_fd=self.dir_fd)
@@ -130,10 +134,14 @@ class _Job:
         self.encoder = self._encoder(self.beside(self.part_b))
         return cut
 
-    def encode(self, frame_index: int, image: np.ndarray, *, tee: bool) -> None:
-        if tee and self.cut is not None and self.spill_fd is not None:
-            # Every frame from the cut on is on disk before its slot is released.
-            pwrite_all(self.spill_fd, image, frame_index * self.frame_bytes)
+    def tee(self, frame_index: int, image: np.ndarray) -> None:
+        """Write a ring frame into the spill: from the cut on every frame is on disk before its
+        slot is released (a job that failed after its cut goes on teeing until its end)."""
+        if self.spill_fd is None:
+            raise VideoEncodingError("no spill")
+        pwrite_all(self.spill_fd, image, frame_index * self.frame_bytes)
+
+    def encode(self, image: np.ndarray) -> None:
         self.encoder.encode(image)
         self.frames += 1
 
@@ -227,28 +235,41 @@ def _serve(
             elif kind == "frame":
                 frame_index, slot = command[2], command[3]
                 job = jobs.get(number)
+                teeing = False
                 try:
                     if job is None:
                         raise VideoEncodingError(failed.get(number, "not begun"))
-                    if job.cut is None and (slot < 0 or int(header[HEADER_CUT_REQUEST]) == number):
+                    cut_asked = slot < 0 or int(header[HEADER_CUT_REQUEST]) == number
+                    if job.error is None and job.cut is None and cut_asked:
                         events.put(("cut", number, job.cut_now()))
-                    if slot >= 0:
-                        job.encode(frame_index, ring[slot], tee=True)
-                    else:
-                        job.encode(frame_index, job.read_spilled(frame_index), tee=False)
+                    if slot >= 0 and job.cut is not None:
+                        teeing = True
+                        job.tee(frame_index, ring[slot])
+                        teeing = False
+                    if job.error is None:
+                        job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
                 except Exception as exc:  # noqa: BLE001
+                    text = f"{type(exc).__name__}: {exc}"
                     if job is not None:
                         job.abort()
-                        job.close_files()
-                        jobs.pop(number, None)
-                    failed.setdefault(number, f"{type(exc).__name__}: {exc}")
+                        if job.cut is not None and not teeing:
+                            job.error = text  # the spill must still get every later frame
+                        else:
+                            job.close_files()
+                            jobs.pop(number, None)
+                    if teeing:
+                        failed[number] = f"{SPILL_HOLES} from frame {frame_index} on ({text})"
+                    else:
+                        failed.setdefault(number, text)
                 finally:
                     if slot >= 0:
                         header[HEADER_RELEASED] += 1  # encoded (and teed): the slot is free
                     header[HEADER_FRAMES_ENCODED] += 1
             elif kind == "end":
                 job = jobs.pop(number, None)
-                if job is None:
+                if job is None or job.error is not None:
+                    if job is not None:
+                        job.close_files()
                     events.put(("error", number, failed.pop(number, "not begun")))
                     continue
                 try:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import numpy as np
 
 from hilrec.daemon.dataset import journal
+from hilrec.daemon.dataset.encoder_worker import SPILL_HOLES
 from hilrec.daemon.dataset.features import video_keys
 from hilrec.daemon.dataset.spill import (
     SpillFile,
@@ -187,13 +188,16 @@ class OpenEpisode:
                         )
                     ) from exc
                 worker.send_spilled(self.index, frame_index)
+            else:
+                spill.refresh()  # the worker's tee of a cut episode
             self.sequences[key].append(sequence)
             self.samplers[key].add(image)
         self.tasks.append(task)
 
     @property
     def spill_bytes(self) -> int:
-        return sum(spill.bytes for spill in self.spills.values())
+        # A snapshot: the loop thread asks while the writer thread clears the spills.
+        return sum(spill.bytes for spill in tuple(self.spills.values()))
 
     def finish_videos(self) -> dict[str, VideoSummary]:
         """Close the encoders (once) and check each mp4 holds one frame per row."""
@@ -289,6 +293,13 @@ class OpenEpisode:
                     "cannot be saved; the episodes saved before are not affected"
                 )
             cut = found
+        failure = self.futures[key].exception() if self.futures[key].done() else None
+        if first_kept > 0 and failure is not None and SPILL_HOLES in str(failure):
+            # Saved, these frames would read back black: the take is refused instead.
+            raise VideoEncodingError(
+                f"video '{key}' episode {self.index}: {failure}: the episode cannot be saved; "
+                "the episodes saved before are not affected"
+            )
         for frame_index in range(cut, n):
             image = worker.ring_frame(sequences[frame_index])
             if image is not None:

@@ -136,7 +136,7 @@ def dir_bytes(directory: Path) -> int:
     total = 0
     try:
         for child in directory.iterdir():
-            total += child.stat().st_size
+            total += child.stat().st_blocks * 512  # on disk: a spill is sparse
     except OSError:
         pass
     return total

@@ -26,10 +26,12 @@ left to the recovery, which drops the episode.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,6 +42,31 @@ from hilrec.daemon.dataset import journal
 from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
 
 log = logging.getLogger(__name__)
+
+# What each thread is finishing from a spill right now (see finishing()): the thread that waits
+# for a writer to open tells a long open (a crash's backlog encoded) from a stuck one.
+_finishing: dict[int, str] = {}
+_finishing_lock = threading.Lock()
+
+
+def finishing(thread_ident: int | None) -> str | None:
+    """What thread ``thread_ident`` is finishing from a spill now ("finishing 4 s of video
+    from the spill of episode 3 'cam'"), or None."""
+    with _finishing_lock:
+        return _finishing.get(thread_ident) if thread_ident is not None else None
+
+
+@contextlib.contextmanager
+def _noted(what: str) -> Iterator[None]:
+    ident = threading.get_ident()
+    with _finishing_lock:
+        _finishing[ident] = what
+    try:
+        yield
+    finally:
+        with _finishing_lock:
+            _finishing.pop(ident, None)
+
 
 SPILL_META: Final[str] = "spill.json"
 SPILL_SUFFIX: Final[str] = ".spill"
@@ -72,15 +99,22 @@ class SpillFile:
         self.path = path
         self.frame_bytes = frame_bytes
         self.frames = 0  # written by this side (the encoder process tees more after a cut)
-        self._closed_bytes = 0
+        # Bytes on disk as of the last refresh: read from any thread (the loop's status), so
+        # it never touches the fd, which the writer thread closes.
+        self._bytes = 0
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
 
     @property
     def bytes(self) -> int:
-        """Bytes on disk (the file is sparse: only frames written count)."""
-        if self._fd is None:
-            return self._closed_bytes
-        return os.fstat(self._fd).st_blocks * 512
+        """Bytes on disk (the file is sparse: only frames written count), as of the last
+        :meth:`refresh` (the writer's own writes refresh it)."""
+        return self._bytes
+
+    def refresh(self) -> None:
+        """Count the bytes on disk again: the encoder process writes the spill too after a cut.
+        The writer thread's (as are :meth:`write_at` and :meth:`close`)."""
+        if self._fd is not None:
+            self._bytes = os.fstat(self._fd).st_blocks * 512
 
     def write_at(self, frame_index: int, image: np.ndarray) -> None:
         if self._fd is None:
@@ -91,6 +125,7 @@ class SpillFile:
             )
         pwrite_all(self._fd, image, frame_index * self.frame_bytes)
         self.frames += 1
+        self.refresh()
 
     def append(self, image: np.ndarray) -> None:
         """Write the next frame after the ones this side wrote (a spill of every frame)."""
@@ -102,7 +137,7 @@ class SpillFile:
 
     def close(self) -> None:
         if self._fd is not None:
-            self._closed_bytes = os.fstat(self._fd).st_blocks * 512
+            self.refresh()
             os.close(self._fd)
             self._fd = None
 
@@ -191,9 +226,23 @@ def finish_spilled_encodes(
             child.unlink()
             actions.append(f"removed interrupted encode {child.name}")
     for index, key in pending_spills(root):
-        length = encode_from_spill(root, index, key, progress=progress)
+        what = f"finishing {_spill_seconds(root, index)} of video from the spill of episode {index} '{key}'"
+        log.warning("%s: %s", root, what)
+        with _noted(what):
+            length = encode_from_spill(root, index, key, progress=progress)
         actions.append(f"finished the encode of episode {index} '{key}' from its spill ({length} frames)")
     return actions
+
+
+def _spill_seconds(root: Path, index: int) -> str:
+    """The length of committed episode ``index`` in seconds, as text ("? s" if unreadable:
+    encode_from_spill then says what is wrong)."""
+    try:
+        meta = read_json(journal.episode_dir(root, index) / SPILL_META, what="spill description")
+        length = int(journal.load_episode_meta(root, index)["length"])
+        return f"{length / int(meta['fps']):.1f} s"
+    except (CorruptDatasetError, OSError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return "? s"
 
 
 def encode_from_spill(

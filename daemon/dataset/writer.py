@@ -121,6 +121,9 @@ __all__ = [
 
 WRITER_NAME: Final[str] = "hilrec.native"
 EXIT_MERGE_TIMEOUT_S: Final[float] = 120.0
+# finalize()'s wait for the video backlog: hours of it at most (the spill's bound holds about
+# 6 minutes of two cameras' raw frames by default); past it the encoder is taken as hung.
+VIDEO_WAIT_S: Final[float] = 4 * 3600.0
 
 
 class DatasetWriter(WriterHealth):
@@ -178,7 +181,13 @@ class DatasetWriter(WriterHealth):
             spill_bytes_limit=spill_bytes_limit,
         )
         if video_encoder == "process" and self._backlog.video_keys:
-            self._backlog.start()
+            try:
+                self._backlog.start()
+            except VideoEncodingError as exc:
+                # A refusal (no room for the ring) must not stop the recording: the thread
+                # encoder needs no shared memory.
+                log.warning("%s: %s; encoding in threads of this process instead", root, exc)
+                self.video_encoder = "thread"
         self._committer = Committer(
             root,
             episodes=len(state.episodes),
@@ -281,7 +290,7 @@ class DatasetWriter(WriterHealth):
         mode = encoder_mode(video_encoder, root, settings.codec)
         lock = lock_dataset_root(root, lock_command)
         try:
-            settle_reopened_root(root, provenance(WRITER_NAME, settings))
+            settle_reopened_root(root, provenance(WRITER_NAME, settings), hook)
             return cls(
                 root,
                 ConsolidatedState.load(root),
@@ -386,7 +395,13 @@ class DatasetWriter(WriterHealth):
         self._committer.stop()  # commits what is queued, retries what is held
         # The encode backlog: a progress bar; Ctrl-C leaves it safe in the spills and this call
         # (or the next open, or hilrec repair) resumes it.
-        self.wait_videos(progress=True)
+        if not self.wait_videos(VIDEO_WAIT_S, progress=True):
+            waiting = self._backlog.pending_episodes()
+            self._backlog.errors.append(
+                f"{self.root}: episodes {waiting}: their video was not encoded within {VIDEO_WAIT_S:.0f} s "
+                "of the finalize; their spills stay in the journal and the next open or hilrec "
+                "repair finishes them"
+            )
         try:
             try:
                 self._merger.wait()  # retries a failed merge once more

@@ -10,9 +10,10 @@ import av
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.encoder_process import EncoderProcess
+from hilrec.daemon.dataset.encoder_process import RING_ENV, SHM_DIR, EncoderProcess
 from hilrec.daemon.dataset.spill import SpillFile
 from hilrec.daemon.dataset.video import EpisodeVideoEncoder, VideoSettings, probe_video
+from hilrec.daemon.errors import VideoEncodingError
 
 FPS = 25
 H, W = 48, 64
@@ -151,3 +152,128 @@ def test_ctrl_c_is_the_writers_the_worker_goes_on(tmp_path: Path, capfd: pytest.
     finally:
         worker.close()
     assert "Svt[error]" not in capfd.readouterr().err
+
+
+def shm_free_bytes() -> int:
+    stat = os.statvfs(SHM_DIR)
+    return stat.f_blocks * stat.f_frsize
+
+
+def segment_size(name: str) -> int:
+    try:
+        return (Path(SHM_DIR) / name).stat().st_size
+    except FileNotFoundError:  # another process's, gone meanwhile
+        return 0
+
+
+def test_a_ring_dev_shm_cannot_hold_is_refused_before_any_frame(tmp_path: Path) -> None:
+    """Only ftruncated, the ring SIGBUSed the daemon at the first frame tmpfs could not back."""
+    before = set(os.listdir(SHM_DIR))
+    # More than the whole of /dev/shm: tmpfs refuses the reservation at once, with nothing
+    # taken from the other users of the machine's shared memory meanwhile.
+    too_big = shm_free_bytes() + (64 << 20)
+    with pytest.raises(VideoEncodingError, match=r"cam.*shared-memory ring.*/dev/shm.*MB free"):
+        EncoderProcess(
+            "cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"), ring_bytes=too_big
+        )
+    # Other processes on the machine make segments too: the refused one is known by its size.
+    left = [n for n in set(os.listdir(SHM_DIR)) - before if segment_size(n) >= too_big]
+    assert left == [], "the refused segment is unlinked"
+
+
+def test_a_writer_with_no_room_for_the_ring_records_with_the_thread_encoder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hilrec.daemon.dataset.reader import read_episode
+    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.so101 import so101_features
+
+    monkeypatch.setenv(RING_ENV, str(shm_free_bytes() + (64 << 20)))
+    root = tmp_path / "ds"
+    with caplog.at_level("WARNING"):
+        writer = DatasetWriter.create(
+            root,
+            fps=FPS,
+            features=so101_features({"front": (H, W)}),
+            robot_type="so_follower",
+            video_codec="libx264",
+        )
+    assert writer.video_encoder == "thread"
+    assert "encoding in threads" in caplog.text and "/dev/shm" in caplog.text
+    rng = np.random.default_rng(0)
+    for image in frames(10):
+        writer.add_frame(
+            {
+                "action": rng.normal(size=6).astype(np.float32),
+                "observation.state": rng.normal(size=6).astype(np.float32),
+                "observation.images.front": image,
+                "task": "pick",
+            }
+        )
+    writer.save_episode()
+    writer.finalize()
+    assert len(read_episode(root, 0)["action"]) == 10
+    video = next((root / "videos" / "observation.images.front").rglob("*.mp4"))
+    assert probe_video(video).frames == 10
+
+
+def test_a_closed_worker_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
+    """The ring's numpy views made shm.close() raise, and the unlink after it never ran."""
+    worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
+    segment = Path(SHM_DIR) / worker._shm.name.lstrip("/")
+    try:
+        assert segment.exists()
+        spill = SpillFile(tmp_path / "cam.spill", H * W * 3)
+        future = worker.begin(0, tmp_path / "cam.mp4", spill.path)
+        for k, image in enumerate(frames(5)):
+            assert worker.offer(0, k, image) >= 0
+        worker.end(0, 5)
+        assert future.result(120) == 5
+        spill.close()
+    finally:
+        worker.close()
+    assert not segment.exists()
+
+
+def test_a_job_failing_after_its_cut_still_puts_every_later_frame_into_the_spill(tmp_path: Path) -> None:
+    """The ring frames after a failed job's cut were released untouched: its spill had holes
+    that a save would have read back as black frames."""
+    from hilrec.daemon.dataset.spill import read_spill_frame
+
+    images = frames(16)
+    worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
+    try:
+        (tmp_path / "episode").mkdir()
+        spill = SpillFile(tmp_path / "episode" / "cam.spill", H * W * 3)
+        future = worker.begin(0, tmp_path / "episode" / "cam.mp4", spill.path)
+        for k in range(5):
+            assert worker.offer(0, k, images[k]) >= 0
+        # Frame 5 said to be in the spill but never written there: the job is cut, then fails.
+        worker.send_spilled(0, 5)
+        for k in range(6, 16):
+            assert worker.offer(0, k, images[k]) >= 0
+        worker.end(0, 16)
+        with pytest.raises(VideoEncodingError, match="frame 5 is not in the spill"):
+            future.result(120)
+        cut = worker.cut_of(0)
+        assert cut is not None and cut <= 5  # the writer's request, in the header, may come first
+        for k in range(6, 16):
+            assert np.array_equal(read_spill_frame(spill.path, k, H * W * 3, (H, W, 3)), images[k]), k
+        spill.close()
+    finally:
+        worker.close()
+
+
+def test_a_worker_that_cannot_start_leaves_no_shared_memory_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The segment was made before the worker started, and kept when it could not start."""
+    import sys
+
+    ring_bytes = 7 * H * W * 3  # a size no other segment on the machine has, to know it by
+    size = 64 + ring_bytes
+    before = set(os.listdir(SHM_DIR))
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    with pytest.raises(FileNotFoundError):
+        EncoderProcess(
+            "cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"), ring_bytes=ring_bytes
+        )
+    assert [n for n in set(os.listdir(SHM_DIR)) - before if segment_size(n) == size] == []

@@ -130,6 +130,7 @@ def kill_mid_take(root: Path) -> list[int]:
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     worker: int | None = None
+    outlived = False
     try:
         assert ready.wait(120), f"the child never got mid-take: {lines[-5:]}"
     finally:  # never leave a child behind, even when the test fails
@@ -138,14 +139,16 @@ def kill_mid_take(root: Path) -> list[int]:
         thread.join(30)
         worker = next((int(x.split()[1]) for x in lines if x.startswith("WORKER")), None)
         if worker is not None:
-            # It dies with its parent (PR_SET_PDEATHSIG); this is for a system without that.
+            # It must die with its parent (PR_SET_PDEATHSIG), which only SIGKILLs it: asked
+            # before any kill of ours, so a worker that outlives the writer fails the test.
+            end = time.monotonic() + 30
+            while not gone(worker) and time.monotonic() < end:
+                time.sleep(0.05)  # polled: a process not ours to wait for
+            outlived = not gone(worker)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(worker, signal.SIGKILL)
+                os.kill(worker, signal.SIGKILL)  # the cleanup, once the verdict is in
     assert worker is not None
-    end = time.monotonic() + 30
-    while not gone(worker) and time.monotonic() < end:
-        time.sleep(0.05)  # polled: a process not ours to wait for
-    assert gone(worker), f"encoder process {worker} outlived the kill"
+    assert not outlived, f"encoder process {worker} outlived the writer's SIGKILL (PR_SET_PDEATHSIG)"
     return [int(x.split()[1]) for x in lines if x.startswith("SAVED")]
 
 

@@ -23,7 +23,7 @@ from hilrec.daemon.dataset.reader import read_episode
 from hilrec.daemon.dataset.spill import SPILL_META, finish_spilled_encodes, pending_spills
 from hilrec.daemon.dataset.video import probe_video
 from hilrec.daemon.dataset.writer import DatasetWriter
-from hilrec.daemon.errors import SpillFullError
+from hilrec.daemon.errors import SpillFullError, VideoEncodingError
 from hilrec.daemon.so101 import so101_features
 
 FPS = 25
@@ -64,16 +64,20 @@ def test_a_save_is_durable_with_its_spill_and_the_encode_catches_up(
     monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)  # never wait for the encoder
     root = tmp_path / "ds"
     rng = np.random.default_rng(0)
-    writer = create(root)
+    hooks: list[str] = []
+    writer = create(root, hook=hooks.append)
     assert writer.video_encoder == "process"
     sent = []
     for length in (30, 20):
         frames = [frame(rng) for _ in range(length)]
         sent.append(frames)
-        for f in frames:
-            writer.add_frame(f)
-        assert writer.video_backlog_s() >= 0.0
-        writer.save_episode()
+        with stopped(writer):  # behind for sure: the save cannot have its mp4 yet
+            for f in frames:
+                writer.add_frame(f)
+            assert writer.video_backlog_s() > 0.0
+            writer.save_episode()
+    # Both saves went through the spill (not the mp4 the worker had ready).
+    assert hooks.count("spill-synced") == 2
     assert writer.wait_videos(timeout=120)
     assert writer.video_backlog_s() == 0.0
     assert writer.spill_bytes == 0
@@ -295,4 +299,116 @@ def test_finalize_waits_for_the_backlog_and_resumes_after_an_interrupt(
     writer.finalize()  # resumed
     assert pending_spills(root) == []
     assert not check_dataset(root).failures
+    assert np.array_equal(read_episode(root, 0)["action"], np.stack([f["action"] for f in sent]))
+
+
+START_S = 2.0
+
+
+def test_the_writer_start_waits_while_a_crash_backlog_is_encoded_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The open encodes what a crash left in the spills before it returns; the daemon's start
+    gave up on it after its timeout, saying only that the writer did not open."""
+    from hilrec.daemon.control.recorder import Recorder
+
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(8)
+    writer = create(root)
+    sent = [frame(rng) for _ in range(25)]
+    with stopped(writer):  # nothing encoded: the save goes with its spill, the crash keeps it
+        for f in sent:
+            writer.add_frame(f)
+        writer.save_episode()
+        deadline = time.monotonic() + 60
+        while not journal.episode_dir(root, 0).is_dir():
+            assert time.monotonic() < deadline, "the save was never committed"
+            time.sleep(0.01)
+        snapshot = tmp_path / "crashed"
+        shutil.copytree(root, snapshot)
+    writer.finalize()
+    assert pending_spills(snapshot) == [(0, CAM)]
+    slowed: list[str] = []
+
+    def hook(name: str) -> None:
+        if name == "spill-frame" and not slowed:
+            slowed.append(name)
+            time.sleep(2 * START_S)  # a backlog longer than the start timeout, on any machine
+
+    recorder = Recorder(
+        lambda: DatasetWriter.open(snapshot, video_codec="libx264", video_encoder="thread", hook=hook),
+        queue_frames=4,
+        stall_s=5.0,
+    )
+    with caplog.at_level("WARNING"):
+        recorder.start(timeout_s=START_S)
+    try:
+        assert slowed
+        assert "finishing 1.0 s of video from the spill of episode 0" in caplog.text
+        assert pending_spills(snapshot) == []
+        recorder.finalize().result(120)
+    finally:
+        recorder.close(60)
+    assert np.array_equal(read_episode(snapshot, 0)["action"], np.stack([f["action"] for f in sent]))
+
+
+def test_the_spill_is_bounded_by_the_free_disk_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spill_bytes_limit alone (16 GiB by default) let the spill fill a smaller disk."""
+    import hilrec.daemon.dataset.backlog as backlog_module
+
+    stat = os.statvfs(tmp_path)
+    # As if the disk had less free than the writer keeps free: not one more frame may spill.
+    monkeypatch.setattr(backlog_module, "MIN_FREE_BYTES", stat.f_bavail * stat.f_frsize + FRAME_BYTES)
+    root = tmp_path / "ds"
+    writer = create(root)
+    try:
+        with pytest.raises(SpillFullError, match=r"disk is nearly full.*frame 0 of episode 0 is refused"):
+            writer.add_frame(frame(np.random.default_rng(9)))
+    finally:
+        writer.close()
+
+
+def test_the_space_taken_by_an_open_episode_counts_a_sparse_spill_by_its_blocks(tmp_path: Path) -> None:
+    from hilrec.daemon.dataset.space import dir_bytes
+
+    with open(tmp_path / "cam.spill", "wb") as f:
+        f.truncate(1 << 30)  # frame n written at n*H*W*3: the size says nothing of the disk used
+    assert dir_bytes(tmp_path) < 1 << 20
+
+
+def test_finalize_gives_up_on_a_hung_encoder_in_bounded_time_and_the_reopen_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """finalize() waited for the backlog with no bound: a hung encoder process hung it too."""
+    import threading
+
+    import hilrec.daemon.dataset.writer as writer_module
+
+    monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)
+    monkeypatch.setattr(writer_module, "VIDEO_WAIT_S", 1.0)
+    root = tmp_path / "ds"
+    rng = np.random.default_rng(10)
+    writer = create(root)
+    sent = [frame(rng) for _ in range(20)]
+    pid = writer._workers[CAM].pid
+    os.kill(pid, signal.SIGSTOP)  # hung, as far as finalize can tell
+    # Resumed later only so that the worker's close ends quickly: the verdict comes before.
+    resume = threading.Timer(4.0, os.kill, (pid, signal.SIGCONT))
+    try:
+        for f in sent:
+            writer.add_frame(f)
+        writer.save_episode()
+        resume.start()
+        began = time.monotonic()
+        not_encoded = r"episodes \[0\]: their video was not encoded within 1 s"
+        with pytest.raises(VideoEncodingError, match=not_encoded):
+            writer.finalize()
+        assert time.monotonic() - began < 60
+    finally:
+        resume.cancel()
+        with contextlib.suppress(ProcessLookupError):  # closed by finalize
+            os.kill(pid, signal.SIGCONT)
+    with DatasetWriter.open(root, video_codec="libx264", video_encoder="thread"):
+        pass
+    assert pending_spills(root) == []
     assert np.array_equal(read_episode(root, 0)["action"], np.stack([f["action"] for f in sent]))
