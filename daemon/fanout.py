@@ -15,17 +15,23 @@ place that hands the tasks out:
   the optional ``[ray]`` extra, imported only here and only then.
 
 A task's exception never escapes: its outcome carries it as text (``Type: message``), so one bad
-episode does not lose the others. Interrupting the parent (Ctrl-C) does escape, after the workers
-are stopped.
+episode does not lose the others; nor does a task that runs past ``timeout_s`` (its worker is
+killed). Interrupting the parent (Ctrl-C) does escape, after the workers are stopped. A pool
+worker dies with its parent (``PR_SET_PDEATHSIG``), so a killed ``hilrec`` leaves none behind.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import dataclasses
 import logging
 import multiprocessing
+import os
 import signal
 import socket
+import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -36,9 +42,12 @@ from hilrec.daemon.errors import FanoutError
 T = TypeVar("T")
 R = TypeVar("R")
 
-# A Ray task that has not finished after this long is cancelled and failed. It bounds a lost
-# node or a wedged worker, not the work: one sim episode with video takes seconds to a minute.
-RAY_TASK_TIMEOUT_S: Final[float] = 3600.0
+# A task that has not finished after this long is failed (its pool worker killed, its Ray task
+# cancelled). It bounds a lost node or a wedged worker, not the work: one sim episode with video
+# takes seconds to a minute.
+TASK_TIMEOUT_S: Final[float] = 3600.0
+# A pool worker told to stop that is still running after this long (its exit hooks wedged) is killed.
+EXIT_TIMEOUT_S: Final[float] = 30.0
 RAY_INSTALL_HINT: Final[str] = "pip install hilrec[ray]"
 RAY_CONNECT_TIMEOUT_S: Final[float] = 5.0
 
@@ -63,22 +72,30 @@ def run_tasks(
     workers: int = 1,
     ray_address: str | None = None,
     on_done: Callable[[TaskOutcome[R]], None] | None = None,
+    timeout_s: float = TASK_TIMEOUT_S,
 ) -> list[TaskOutcome[R]]:
     """Run ``func`` on every item; the outcomes in input order, ``on_done`` in completion order.
 
     ``func`` must be a module-level function (it is pickled by reference into the workers), and
     its argument and result picklable. With ``ray_address`` the tasks go to Ray and ``workers``
     is not used: the cluster's resources decide how many run at once.
+
+    With ``on_done`` the result is the callback's: the returned outcomes keep ``index`` and
+    ``error`` but their ``result`` is None, so results as big as a recording are not all held at
+    once. A task in a pool worker or on Ray that runs past ``timeout_s`` fails (its worker is
+    killed, its Ray task cancelled); in this process (``workers=1``) nothing can stop it.
     """
     if workers < 1:
         raise FanoutError(f"workers must be at least 1, got {workers}")
+    if not timeout_s > 0:
+        raise FanoutError(f"timeout_s must be positive, got {timeout_s}")
     if not items:
         return []
     if ray_address is not None:
-        return _run_ray(func, items, ray_address, on_done)
+        return _run_ray(func, items, ray_address, on_done, timeout_s)
     if workers == 1:
         return _run_here(func, items, on_done)
-    return _run_pool(func, items, min(workers, len(items)), on_done)
+    return _run_pool(func, items, min(workers, len(items)), on_done, timeout_s)
 
 
 def describe(exc: BaseException) -> str:
@@ -102,9 +119,13 @@ def _finish(
     outcome: TaskOutcome[R],
     on_done: Callable[[TaskOutcome[R]], None] | None,
 ) -> None:
-    outcomes[outcome.index] = outcome
-    if on_done is not None:
-        on_done(outcome)
+    if on_done is None:
+        outcomes[outcome.index] = outcome
+        return
+    # Stored without its result before the callback runs: the callback has it, and an
+    # exception from it must not leave a whole recording held here either.
+    outcomes[outcome.index] = dataclasses.replace(outcome, result=None)
+    on_done(outcome)
 
 
 def _gathered(outcomes: list[TaskOutcome[R] | None]) -> list[TaskOutcome[R]]:
@@ -127,28 +148,61 @@ def _run_here(
 # --- process pool ------------------------------------------------------------------------------
 
 
-def _ignore_sigint() -> None:
+def _worker_init(parent: int) -> None:
     # Ctrl-C reaches the whole foreground process group; only the parent decides what it means
     # (keep what is saved, stop the workers), so a worker must not die of it half-way.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this worker when its parent dies: else a killed ``hilrec`` leaves its workers
+    recording into a dataset nobody adopts, for good."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the prctl: no signal will come
+        os._exit(1)
 
 
 def _new_slot() -> cf.ProcessPoolExecutor:
+    # Workers are started by submit(), on the thread that calls run_tasks: PDEATHSIG follows
+    # that thread, which outlives them.
     return cf.ProcessPoolExecutor(
-        max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_ignore_sigint
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_worker_init,
+        initargs=(os.getpid(),),
     )
 
 
+def _slot_lost(slot: cf.ProcessPoolExecutor) -> bool:
+    """Whether the slot's worker died while it held no task (the pool may not know yet)."""
+    processes: dict[int, Any] = getattr(slot, "_processes", None) or {}
+    return any(not process.is_alive() for process in list(processes.values()))
+
+
 def _stop_slot(slot: cf.ProcessPoolExecutor, *, kill: bool) -> None:
+    """Stop the slot's worker: at once with ``kill``, else after its exit hooks, but killed all
+    the same once :data:`EXIT_TIMEOUT_S` has passed (a wedged exit must not hold the parent)."""
+    # Python 3.14 has ProcessPoolExecutor.kill_workers(); before it the only handle on the
+    # worker processes is the pool's own table (gone after shutdown()).
+    processes = list((getattr(slot, "_processes", None) or {}).values())
     if kill:
-        # Python 3.14 has ProcessPoolExecutor.kill_workers(); before it the only handle on the
-        # worker processes is the pool's own table, and a worker deep in an episode must not
-        # hold the parent's exit until its task is done.
-        processes: dict[int, Any] = getattr(slot, "_processes", None) or {}
-        for process in list(processes.values()):
+        for process in processes:
             if process.is_alive():
                 process.kill()
-    slot.shutdown(wait=not kill, cancel_futures=True)
+    slot.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + EXIT_TIMEOUT_S
+    while any(process.is_alive() for process in processes):
+        if time.monotonic() > deadline:
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+        time.sleep(0.02)  # polling the exit, bounded by the kill above
 
 
 def _run_pool(
@@ -156,25 +210,49 @@ def _run_pool(
     items: Sequence[T],
     workers: int,
     on_done: Callable[[TaskOutcome[R]], None] | None,
+    timeout_s: float,
 ) -> list[TaskOutcome[R]]:
     outcomes: list[TaskOutcome[R] | None] = [None] * len(items)
     queue = list(range(len(items)))[::-1]  # popped from the end: input order
     slots = [_new_slot() for _ in range(workers)]
     idle = list(range(workers))
-    running: dict[cf.Future[tuple[R | None, str | None]], tuple[int, int]] = {}  # -> (slot, item)
+    running: dict[cf.Future[tuple[R | None, str | None]], tuple[int, int, float]] = {}
+    # running: future -> (slot, item, deadline)
+
+    def replace_slot(slot: int) -> None:
+        _stop_slot(slots[slot], kill=True)
+        slots[slot] = _new_slot()
+
+    def submit(slot: int, index: int) -> cf.Future[tuple[R | None, str | None]]:
+        if _slot_lost(slots[slot]):
+            replace_slot(slot)
+        try:
+            return slots[slot].submit(_call, func, items[index])
+        except BrokenProcessPool:  # its worker died between tasks: the task has not run
+            replace_slot(slot)
+            return slots[slot].submit(_call, func, items[index])
+
     failed = True
     try:
         while queue or running:
             while queue and idle:
                 slot, index = idle.pop(), queue.pop()
-                running[slots[slot].submit(_call, func, items[index])] = (slot, index)
-            done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-            for future in sorted(done, key=lambda f: running[f][1]):
-                slot, index = running.pop(future)
-                outcome = _pool_outcome(future, index)
-                if isinstance(future.exception(), BrokenProcessPool):
-                    _stop_slot(slots[slot], kill=True)
-                    slots[slot] = _new_slot()
+                running[submit(slot, index)] = (slot, index, time.monotonic() + timeout_s)
+            first_deadline = min(deadline for _, _, deadline in running.values())
+            wait_s = max(0.0, first_deadline - time.monotonic())
+            done, _ = cf.wait(running, timeout=wait_s, return_when=cf.FIRST_COMPLETED)
+            now = time.monotonic()
+            expired = [f for f, (_, _, deadline) in running.items() if f not in done and deadline <= now]
+            for future in sorted([*done, *expired], key=lambda f: running[f][1]):
+                slot, index, _ = running.pop(future)
+                if future in done:
+                    outcome = _pool_outcome(future, index)
+                    if isinstance(future.exception(), BrokenProcessPool):
+                        replace_slot(slot)
+                else:
+                    replace_slot(slot)  # the only way to stop a task in a worker is its worker
+                    error = f"task {index} gave no result within {timeout_s:g} s (timeout_s): worker killed"
+                    outcome = TaskOutcome(index=index, result=None, error=error)
                 idle.append(slot)
                 _finish(outcomes, outcome, on_done)
         failed = False
@@ -225,6 +303,7 @@ def _run_ray(
     items: Sequence[T],
     address: str,
     on_done: Callable[[TaskOutcome[R]], None] | None,
+    timeout_s: float,
 ) -> list[TaskOutcome[R]]:
     check_ray_address(address)
     import ray
@@ -242,23 +321,26 @@ def _run_ray(
         index_of = {remote.remote(func, item): index for index, item in enumerate(items)}
         pending = list(index_of)
         while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=RAY_TASK_TIMEOUT_S)
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
             if not done:
                 for ref in pending:
                     ray.cancel(ref, force=True)
-                    error = f"no result from the Ray cluster at {address} within {RAY_TASK_TIMEOUT_S:.0f} s"
-                    _finish(outcomes, TaskOutcome(index=index_of[ref], result=None, error=error), on_done)
+                    error = f"no result from the Ray cluster at {address} within {timeout_s:g} s (timeout_s)"
+                    _finish(outcomes, TaskOutcome(index=index_of.pop(ref), result=None, error=error), on_done)
                 break
             for ref in done:
-                _finish(outcomes, _ray_outcome(ray, ref, index_of[ref]), on_done)
+                # Dropped from the table once read: the object store frees a result nobody refers to.
+                index = index_of.pop(ref)
+                _finish(outcomes, _ray_outcome(ray, ref, index, timeout_s), on_done)
+            del done
     finally:
         ray.shutdown()
     return _gathered(outcomes)
 
 
-def _ray_outcome(ray: Any, ref: Any, index: int) -> TaskOutcome[Any]:
+def _ray_outcome(ray: Any, ref: Any, index: int, timeout_s: float) -> TaskOutcome[Any]:
     try:
-        result, error = ray.get(ref, timeout=RAY_TASK_TIMEOUT_S)
+        result, error = ray.get(ref, timeout=timeout_s)
         return TaskOutcome(index=index, result=result, error=error)
     except ray.exceptions.RayError as exc:  # the worker died, the node was lost, a timeout
         return TaskOutcome(index=index, result=None, error=f"Ray task {index}: {describe(exc)}")

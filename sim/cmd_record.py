@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--seed",
         type=int,
         default=None,
-        help="seed of the first episode; episode k uses seed + k (default 0, or with --resume the "
-        "number of episodes already in the dataset, so no seed repeats)",
+        help="seed of the first episode; episode k uses seed + k (default 0, or with --resume one "
+        "past the highest seed already in the dataset, so no seed repeats)",
     )
     parser.add_argument(
         "--cameras", default="front", help="comma-separated cameras (front, wrist) or 'none' (default front)"
@@ -229,7 +229,7 @@ def _rerun_hint(config: RecordConfig, seeds: list[int]) -> str:
     shared = [
         f"--cameras={','.join(config.cameras) or 'none'}",
         f"--size={width}x{height}",
-        f"--pushes={config.push_rate:g}",
+        f"--pushes={config.push_rate!r}",  # repr: the rate itself, not a rounding of it
         f"--fps={config.fps}",
         f"--task={config.task}",
         f"--video-codec={config.video_codec}",
@@ -255,5 +255,23 @@ def _saved_episodes(root: Path) -> int:
 
 
 def _first_seed(root: Path, resume: bool) -> int:
-    """0 for a new dataset; with --resume, the episodes it already has (so no seed repeats)."""
-    return _saved_episodes(root) if resume else 0
+    """0 for a new dataset; with --resume, one past the highest seed its episodes were recorded
+    with (so no seed repeats, even after a run that lost some seeds), or the number of episodes
+    where no sidecar gives a seed."""
+    if not resume:
+        return 0
+    from hilrec.daemon.atomic import read_json
+    from hilrec.daemon.dataset.sidecar import stored_episode_sidecars
+    from hilrec.daemon.errors import HilrecError
+
+    seeds = []
+    for _, path in stored_episode_sidecars(root):
+        if path.suffix != ".json":
+            continue
+        try:
+            seed = read_json(path).get("sim", {}).get("seed")
+        except (HilrecError, AttributeError):  # unreadable: check and repair say so, not this
+            continue
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            seeds.append(seed)
+    return max(seeds) + 1 if seeds else _saved_episodes(root)

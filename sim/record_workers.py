@@ -8,26 +8,34 @@ pipe or Ray's object store alike. The parent appends the bundles to ``--root`` i
 :class:`~hilrec.daemon.dataset.adopt.Adopter`, as soon as every earlier seed is in (or failed).
 
 Every worker count runs the same code on the same bytes, so the dataset is byte-identical for
-any ``N`` and for Ray. A worker that dies costs its open episode only: the later seeds are still
-appended in order, and the summary names the seeds to record again.
+any ``N`` and for Ray. A worker that dies, a seed that cannot be appended (a full disk) or one
+recorded in another world (another node's MuJoCo) costs that seed only: the later seeds are
+still appended in order, and the summary names the seeds to record again.
+
+Scratch datasets live in a directory of this run (``mkdtemp``, named after the destination and
+this process's pid); a run finding one whose process is dead (killed) removes it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
+import hashlib
 import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.adopt import Adopter, EpisodeBundle, bundle_episode
+from hilrec.daemon.dataset.adopt import Adopter, EpisodeBundle, bundle_episode, sigint_deferred
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, update_dataset_sidecar
+from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.fanout import TaskOutcome, check_ray_address, run_tasks
 from hilrec.daemon.so101 import ROBOT_TYPE
 from hilrec.sim.features import sim_features
@@ -50,6 +58,9 @@ WRITER_FIELDS: Final[str] = "writer"  # the dataset sidecar's key the destinatio
 SHARED_MEMORY: Final[str] = "/dev/shm"
 # A container's /dev/shm can be 64 MB: below this free, the scratch goes beside the destination.
 SHARED_MEMORY_MIN: Final[int] = 1 << 30
+SCRATCH_MARK: Final[str] = ".hilrec-scratch-"
+# Provenance keys that say where a file is installed, not what it is: not compared across nodes.
+_INSTALL_KEYS: Final[frozenset[str]] = frozenset({"path"})
 _TWINS: dict[str, Twin] = {}
 _CLOSING: list[bool] = []  # close_twins is registered to run at exit
 
@@ -81,9 +92,13 @@ class FanoutSummary(RecordSummary):
 def record_seed(task: SeedTask) -> SeedRecording:
     """Record one seed into a scratch dataset and return it as bytes (runs in a worker)."""
     config = task.config
-    scratch = task.scratch if task.scratch and os.path.isdir(task.scratch) else None
-    with tempfile.TemporaryDirectory(prefix=f"seed-{config.seed}-", dir=scratch) as tmp:
-        root = Path(tmp) / "episode"
+    # On another host (Ray) the parent's scratch is not there: the system's temp dir, under a
+    # name that says what it is.
+    here = task.scratch if task.scratch and os.path.isdir(task.scratch) else None
+    prefix = f"seed-{config.seed}-" if here else f"hilrec{SCRATCH_MARK}seed-{config.seed}-"
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=here))
+    try:
+        root = tmp / "episode"
         one = replace(config, root=root, episodes=1, resume=False)
         summary = record(one, progress=False, sink_factory=_scratch_writer(config.seed), twin=_twin(one))
         if not _CLOSING:
@@ -93,6 +108,10 @@ def record_seed(task: SeedTask) -> SeedRecording:
             _CLOSING.append(True)
         bundle = bundle_episode(root)
         sidecar = load_dataset_sidecar(root) or {}
+    finally:
+        # The worker's own: the parent's removal of the whole scratch may come first (a
+        # cancelled Ray task still running), or never (another host).
+        shutil.rmtree(tmp, ignore_errors=True)
     episode = summary.episodes[0]
     return SeedRecording(
         seed=config.seed,
@@ -124,18 +143,65 @@ def record_many(
 ) -> FanoutSummary:
     """Record ``config.episodes`` seeds with ``workers`` processes (or on Ray) into ``config.root``.
 
-    Ctrl-C keeps every episode already recorded (in seed order) and finalizes; the summary says
-    it was ``interrupted`` and which seeds were not recorded.
+    Ctrl-C, wherever it comes, keeps every episode already recorded (in seed order) and
+    finalizes; the summary says it was ``interrupted`` and which seeds were not recorded.
     """
+    began = time.perf_counter()
+    seeds = [config.seed + k for k in range(config.episodes)]
+    summary = FanoutSummary(root=config.root, fps=config.fps, not_recorded=list(seeds))
+    adopter: Adopter | None = None
+    try:
+        if ray_address is not None:
+            check_ray_address(ray_address)  # before the destination is made
+        with sigint_deferred():  # the destination is made whole, and its lock held, or not at all
+            adopter = _open_destination(config)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        if adopter is None:
+            return summary
+    remove_dead_scratch(config.root)
+    scratch: Path | None = None
+    gather = _Gatherer(adopter, seeds, summary)
+    bar = progress_bar(config.episodes, enabled=progress)
+
+    def on_done(outcome: TaskOutcome[SeedRecording]) -> None:
+        gather.finished(outcome)
+        bar.update(1)
+        bar.set_postfix(successes=summary.successes, frames=summary.frames, failed=len(summary.failed))
+
+    try:
+        if not summary.interrupted:
+            scratch = new_scratch_dir(config.root)
+            tasks = [
+                SeedTask(config=replace(config, seed=s, episodes=1), scratch=str(scratch)) for s in seeds
+            ]
+            run_tasks(record_seed, tasks, workers=workers, ray_address=ray_address, on_done=on_done)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    finally:
+        # A second Ctrl-C waits for the end of this: it is what keeps the episodes recorded.
+        with _sigint_noted() as again:
+            try:
+                bar.close()
+                gather.flush()  # what finished behind a seed still running when interrupted
+            finally:
+                adopter.finalize()
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                close_twins()  # those of an in-process run (workers=1); a worker's go with it
+                summary.not_recorded = [s for s in seeds if s not in gather.adopted]
+                summary.wall_seconds = time.perf_counter() - began
+        summary.interrupted = summary.interrupted or bool(again)
+    return summary
+
+
+def _open_destination(config: RecordConfig) -> Adopter:
+    """The destination, made (or recovered) by the writer itself, so its files and provenance
+    are the ones a one-process recording has; the adopter then holds its lock."""
     from hilrec.daemon.dataset.writer import DatasetWriter
 
-    began = time.perf_counter()
-    if ray_address is not None:
-        check_ray_address(ray_address)  # before the destination is made
     features = sim_features(dict.fromkeys(config.cameras, config.image_size))
     resuming = check_root(config, features)
-    # The destination is made (or recovered) by the writer itself, so its files and provenance
-    # are the ones a one-process recording has; the adopter then holds its lock.
     writer = (
         DatasetWriter.open(config.root, video_codec=config.video_codec)
         if resuming
@@ -148,48 +214,81 @@ def record_many(
         )
     )
     writer.finalize()
-    adopter = Adopter(config.root, merge_interval_s=MERGE_INTERVAL_S)
-    scratch = scratch_dir(config.root)
-    seeds = [config.seed + k for k in range(config.episodes)]
-    tasks = [SeedTask(config=replace(config, seed=s, episodes=1), scratch=str(scratch)) for s in seeds]
-    summary = FanoutSummary(root=config.root, fps=config.fps)
-    gather = _Gatherer(adopter, seeds, summary)
-    bar = progress_bar(config.episodes, enabled=progress)
+    return Adopter(config.root, merge_interval_s=MERGE_INTERVAL_S)
 
-    def on_done(outcome: TaskOutcome[SeedRecording]) -> None:
-        gather.finished(outcome)
-        bar.update(1)
-        bar.set_postfix(successes=summary.successes, frames=summary.frames, failed=len(summary.failed))
 
+@contextlib.contextmanager
+def _sigint_noted() -> Iterator[list[int]]:
+    """SIGINT only noted (in the yielded list) while the block runs, on the main thread."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
     try:
-        scratch.mkdir(exist_ok=True)
-        run_tasks(record_seed, tasks, workers=workers, ray_address=ray_address, on_done=on_done)
-    except KeyboardInterrupt:
-        summary.interrupted = True
+        yield noted
     finally:
-        bar.close()
-        try:
-            gather.flush()  # what finished behind a seed still running when interrupted
-        finally:
-            adopter.finalize()
-            shutil.rmtree(scratch, ignore_errors=True)
-            close_twins()  # those of an in-process run (workers=1); a worker's go with it
-            summary.not_recorded = [s for s in seeds if s not in gather.adopted]
-            summary.wall_seconds = time.perf_counter() - began
-    return summary
+        signal.signal(signal.SIGINT, before)
 
 
-def scratch_dir(root: Path, pid: int | None = None) -> Path:
-    """Where the workers of this host put their one-episode datasets (``pid``: of the recording
-    process, by default this one): in shared memory where
+def scratch_base(root: Path) -> Path:
+    """Where the workers of this host put their one-episode datasets: in shared memory where
     there is some (a scratch dataset is thrown away, so the writer's fsyncs, a few per episode
     and each a wait on a busy disk, cost nothing there), else beside the destination."""
-    root = root.resolve()
-    name = f".{root.name}.hilrec-scratch-{os.getpid() if pid is None else pid}"
     shm = Path(SHARED_MEMORY)
     if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= SHARED_MEMORY_MIN:
-        return shm / name
-    return root.parent / name
+        return shm
+    return root.resolve().parent
+
+
+def _scratch_prefix(root: Path) -> str:
+    # The whole path's hash: two destinations of the same name never share a prefix.
+    resolved = root.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    return f".{resolved.name}-{digest}{SCRATCH_MARK}"
+
+
+def new_scratch_dir(root: Path) -> Path:
+    """A new scratch directory of this process for recordings into ``root`` (its own, never
+    another's: ``mkdtemp``)."""
+    return Path(tempfile.mkdtemp(prefix=f"{_scratch_prefix(root)}{os.getpid()}-", dir=scratch_base(root)))
+
+
+def scratch_dirs(root: Path) -> list[Path]:
+    """Every scratch directory of recordings into ``root`` on this host, wherever it may be."""
+    prefix = _scratch_prefix(root)
+    found: list[Path] = []
+    for base in {Path(SHARED_MEMORY), root.resolve().parent}:
+        with contextlib.suppress(OSError):
+            found.extend(p for p in base.iterdir() if p.name.startswith(prefix) and p.is_dir())
+    return sorted(found)
+
+
+def remove_dead_scratch(root: Path) -> list[Path]:
+    """Remove the scratch directories (of any destination) whose recording process is dead, as a
+    killed run leaves them; return what was removed."""
+    removed = []
+    for base in {Path(SHARED_MEMORY), root.resolve().parent}:
+        try:
+            entries = [p for p in base.iterdir() if SCRATCH_MARK in p.name and p.is_dir()]
+        except OSError:
+            continue
+        for path in entries:
+            owner = path.name.rpartition(SCRATCH_MARK)[2].partition("-")[0]
+            if owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 class _Gatherer:
@@ -202,33 +301,66 @@ class _Gatherer:
         self._done: dict[int, TaskOutcome[SeedRecording]] = {}
         self._next = 0
         self.adopted: set[int] = set()
-        self._provenance_written = False
+        self._provenance: tuple[int, dict[str, Any]] | None = None  # (seed, provenance) written
 
     def finished(self, outcome: TaskOutcome[SeedRecording]) -> None:
         self._done[outcome.index] = outcome
         while self._next in self._done:
-            self._take(self._done.pop(self._next))
-            self._next += 1
+            # Taken off the queue, appended and counted as one step: a Ctrl-C in between would
+            # lose the seed from the summary, or append it twice (flush).
+            with sigint_deferred():
+                self._take(self._done.pop(self._next))
+                self._next += 1
 
     def flush(self) -> None:
         for index in sorted(self._done):
-            self._take(self._done.pop(index))
+            with sigint_deferred():
+                self._take(self._done.pop(index))
 
     def _take(self, outcome: TaskOutcome[SeedRecording]) -> None:
+        seed = self._seeds[outcome.index]
         recording = outcome.result
         if recording is None:
-            self._summary.failed[self._seeds[outcome.index]] = outcome.error or "no result"
+            self._summary.failed[seed] = outcome.error or "no result"
             return
-        if not self._provenance_written:
-            update_dataset_sidecar(self._adopter.root, recording.provenance)
-            self._provenance_written = True
-        index = self._adopter.adopt(recording.bundle)
-        self.adopted.add(recording.seed)
+        differ = self._provenance_differs(recording)
+        if differ:
+            self._summary.failed[seed] = differ
+            return
+        try:
+            if self._provenance is None:
+                update_dataset_sidecar(self._adopter.root, recording.provenance)
+                self._provenance = (seed, recording.provenance)
+            index = self._adopter.adopt(recording.bundle, origin=f"seed {seed}")
+        except (DatasetError, OSError) as exc:  # a full disk: this seed is lost, not the others
+            self._summary.failed[seed] = str(exc)
+            return
+        self.adopted.add(seed)
         self._summary.episodes.append(
-            EpisodeSummary(
-                episode_index=index, seed=recording.seed, frames=recording.frames, success=recording.success
-            )
+            EpisodeSummary(episode_index=index, seed=seed, frames=recording.frames, success=recording.success)
         )
+
+    def _provenance_differs(self, recording: SeedRecording) -> str | None:
+        """Why the recording's world is not the dataset's (another node's MuJoCo, model), if so."""
+        if self._provenance is None:
+            return None
+        first_seed, first = self._provenance
+        paths = _differing_paths(first, recording.provenance)
+        if not paths:
+            return None
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        return f"recorded in another world than seed {first_seed} (on another node?): {shown} differ"
+
+
+def _differing_paths(a: Any, b: Any, where: str = "") -> list[str]:
+    """The dotted keys at which two provenances differ, but for where files were installed (a
+    node's venv is where it is; the files' hashes say whether they are the same)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        found: list[str] = []
+        for key in sorted((set(a) | set(b)) - _INSTALL_KEYS, key=str):
+            found += _differing_paths(a.get(key), b.get(key), f"{where}.{key}" if where else str(key))
+        return found
+    return [] if a == b else [where or "(all)"]
 
 
 def _scratch_writer(seed: int) -> Any:

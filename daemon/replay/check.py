@@ -236,7 +236,7 @@ def check_dataset(
         engine.close()  # it was built to refuse what no task could replay, and to describe the twin
         jobs = [
             EpisodeJob(
-                root=root,
+                root=root.resolve(),  # a Ray worker runs in a directory of its own
                 index=i,
                 length=available[i],
                 fps=fps,

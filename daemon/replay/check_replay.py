@@ -155,7 +155,8 @@ def replay_sim_job(job: SimJob) -> ReplayReport:
 def default_workers(root: Path) -> int:
     """The replay's processes when none are asked for: as many as the dataset repays."""
     frames = sum(int(e["length"]) for e in reader.load_episodes(root))
-    return max(1, min(os.cpu_count() or 1, frames // FRAMES_PER_WORKER))
+    # The CPUs this process may run on (a container's or taskset's share), not the machine's.
+    return max(1, min(len(os.sched_getaffinity(0)), frames // FRAMES_PER_WORKER))
 
 
 def replay_for_check(
@@ -205,7 +206,8 @@ def _sim_replay(root: Path, *, workers: int, ray_address: str | None) -> ReplayR
             f"--replay needs hilrec.sim.replay.replay_check, which is not "
             f"available in this installation ({exc})"
         ) from exc
-    jobs = [SimJob(root=root, index=int(e["episode_index"])) for e in reader.load_episodes(root)]
+    # Resolved: a Ray worker runs in a directory of its own, where a relative root is nothing.
+    jobs = [SimJob(root=root.resolve(), index=int(e["episode_index"])) for e in reader.load_episodes(root)]
     # One episode gains nothing from a worker process but the cost of starting it.
     if ray_address is None and min(workers, len(jobs)) <= 1:
         return replay_check(root)

@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 
 RAY = Path(sys.executable).with_name("ray")
+START_TIMEOUT_S = 120.0
 # SIGTERM first; what still runs after this (the GCS server ignores it while it flushes) is killed.
 STOP_TIMEOUT_S = 5.0
+# A process SIGKILLed is gone (or a zombie) within this: a member still running after it fails.
+KILL_TIMEOUT_S = 10.0
 
 
 def free_port() -> int:
@@ -31,13 +34,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie has ended (as _procs.running; this file is also loaded
+    by path from tests/replay, where _procs is not importable)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
 def group_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` still running."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if os.getpgid(int(entry.name)) == pgid:
+            if os.getpgid(int(entry.name)) == pgid and running(int(entry.name)):
                 members.append(int(entry.name))
         except ProcessLookupError:
             continue
@@ -94,41 +108,36 @@ def _cluster() -> Iterator[str]:
         f"--runtime-env-agent-port={free_port()}",
         f"--metrics-export-port={free_port()}",
     ]
-    # Its own process group: every daemon it leaves running is in it, and is stopped with it.
-    started = subprocess.run(
-        argv, env=env, capture_output=True, text=True, start_new_session=True, timeout=120, check=False
+    # Its own process group (its pid): every daemon it leaves running is in it, and is stopped
+    # with it, also when `ray start` itself times out half-way.
+    starter = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    pgid = _pgid_of_session(started, temp)
     try:
-        assert started.returncode == 0, started.stdout + started.stderr
+        try:
+            output, _ = starter.communicate(timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            starter.kill()
+            output, _ = starter.communicate()
+            raise AssertionError(f"ray start took over {START_TIMEOUT_S:.0f} s: {output}") from None
+        assert starter.returncode == 0, output
         yield f"127.0.0.1:{port}"
     finally:
-        _stop_group(pgid)
+        _stop_group(starter.pid)
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _pgid_of_session(started: subprocess.CompletedProcess[str], temp: Path) -> int:
-    """The process group ``ray start`` ran in (its pid, gone by now): found from a daemon of it."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if str(temp).encode() in cmdline:
-            return os.getpgid(int(entry.name))
-    raise AssertionError(f"no Ray process runs with {temp}: {started.stdout}{started.stderr}")
-
-
 def _stop_group(pgid: int) -> None:
+    """SIGTERM to the group, SIGKILL to what runs on after :data:`STOP_TIMEOUT_S`; an error if
+    anything still runs :data:`KILL_TIMEOUT_S` later."""
     with_signal = signal.SIGTERM
-    deadline = time.monotonic() + STOP_TIMEOUT_S
+    terminated = time.monotonic() + STOP_TIMEOUT_S
     while members := group_members(pgid):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > terminated:
             with_signal = signal.SIGKILL
+        assert now < terminated + KILL_TIMEOUT_S, f"Ray processes {members} survive SIGKILL"
         for pid in members:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, with_signal)
         time.sleep(0.2)  # polling the group until it is empty, not waiting for an outcome
-    assert not group_members(pgid)

@@ -102,13 +102,26 @@ def test_hardware_replay_is_the_same_for_any_workers(
 
 
 def test_ray_gives_the_reports_of_the_process_pool(
-    ray_address: str, sim_root: Path, mixed_hardware_root: Path, tmp_path: Path, run: Run
+    ray_address: str,
+    sim_root: Path,
+    mixed_hardware_root: Path,
+    tmp_path: Path,
+    run: Run,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim = run("check", str(sim_root), "--replay", "--workers", "1", "--json")
     assert run("check", str(sim_root), "--replay", "--ray", ray_address, "--json") == sim
     hardware = str(mixed_hardware_root)
     checked = run("check", hardware, "--replay", "--workers", "2", "--json")
     assert run("check", hardware, "--replay", "--ray", ray_address, "--json") == checked
+
+    # A relative root: the Ray workers run elsewhere, the same dataset is replayed all the same.
+    for root, expected in ((sim_root, sim), (mixed_hardware_root, checked)):
+        monkeypatch.chdir(root.parent)
+        assert run("check", root.name, "--replay", "--ray", ray_address, "--json") == (
+            expected[0],
+            expected[1].replace(str(root), root.name),
+        )
 
     pool = run("replay", hardware, "--workers", "2", "--json", "--report", str(tmp_path / "pool"))
     on_ray = run("replay", hardware, "--ray", ray_address, "--json", "--report", str(tmp_path / "ray"))

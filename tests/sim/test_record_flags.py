@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -13,7 +15,10 @@ import pytest
 from hilrec.daemon.cli import main
 from hilrec.daemon.dataset.journal import EPISODE_META, episode_dir
 from hilrec.daemon.dataset.reader import load_episodes, load_info, probe_video, video_file_path
-from hilrec.sim.record_workers import scratch_dir
+from hilrec.sim.cmd_record import _rerun_hint
+from hilrec.sim.record_workers import scratch_dirs
+from hilrec.sim.recorder import RecordConfig
+from hilrec.sim.scene import SceneConfig
 
 HILREC = str(Path(sys.executable).with_name("hilrec"))
 FRONT = "observation.images.front"
@@ -73,7 +78,7 @@ def test_ctrl_c_keeps_the_saved_episodes_and_finalizes(tmp_path: Path, workers: 
     assert 1 <= kept < 6
     assert load_info(root)["total_episodes"] == kept
     assert main(["check", str(root)]) == 0
-    assert not scratch_dir(root, child.pid).exists()  # killed workers leave no scratch
+    assert scratch_dirs(root) == []  # killed workers leave no scratch, wherever it was
 
 
 def _wait_for_saved_episode(root: Path, child: pexpect.spawn) -> None:
@@ -83,3 +88,26 @@ def _wait_for_saved_episode(root: Path, child: pexpect.spawn) -> None:
         assert child.isalive(), child.before
         assert time.monotonic() < deadline, f"no episode saved in {root} within {SAVED_WITHIN_S} s"
         time.sleep(0.05)  # a poll interval: the condition is checked, not assumed
+
+
+def _seeds(root: Path) -> list[int]:
+    paths = sorted((root / "hilrec" / "episodes").glob("episode-*.json"))
+    return [json.loads(p.read_bytes())["sim"]["seed"] for p in paths]
+
+
+def test_resume_goes_on_after_the_highest_seed(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    assert _record(root, "--cameras", "none", "--seed", "3") == 0
+    # One episode in the dataset, but seed 1 was never its next: 3 was used, 4 is.
+    assert _record(root, "--cameras", "none", "--resume") == 0
+    assert _seeds(root) == [3, 4]
+
+
+def test_the_rerun_hint_gives_the_push_rate_unrounded(tmp_path: Path) -> None:
+    config = RecordConfig(
+        root=tmp_path / "ds", episodes=1, push_rate=1 / 3, scene=SceneConfig(timestep=1 / 210)
+    )
+    argv = shlex.split(_rerun_hint(config, [2]))
+    flags = dict(arg.split("=", 1) for arg in argv if "=" in arg)
+    assert float(flags["--pushes"]) == 1 / 3
+    assert float(flags["--timestep"]) == 1 / 210
