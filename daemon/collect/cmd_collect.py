@@ -125,13 +125,14 @@ def run(args: argparse.Namespace) -> int:
                 client.call("status")
             except DaemonUnreachableError as exc:
                 raise HilrecError(f"no daemon to attach to at {endpoints.control}: {exc}") from None
-        if display_argv is not None:
-            display = LiveDisplay(display_argv, default_log_path(Path(settings.dataset.root), "display"))
-            display.start(out)
-        monitor = Monitor(endpoints.telemetry).start()
+        monitor: Monitor | None = None
         summary: Summary | None = None
         backlog: str | None = None
         try:
+            if display_argv is not None:
+                display = LiveDisplay(display_argv, default_log_path(Path(settings.dataset.root), "display"))
+                display.start(out)
+            monitor = Monitor(endpoints.telemetry).start()
             monitor.wait_connected(10.0)
             with KeyReader() as keys, Panel(monitor) as panel:
                 if not keys.interactive:
@@ -154,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
             tail = f"; its log ends:\n{daemon.log_tail()}" if daemon is not None else ""
             raise HilrecError(f"the daemon stopped answering: {exc}{tail}") from None
         finally:
-            monitor.close()
+            if monitor is not None:
+                monitor.close()
             speaker.close()
             if daemon is not None:
                 code = daemon.shutdown(client)

@@ -186,8 +186,12 @@ class LiveDisplay:
 
     def start(self, out: IO[str], ready_timeout_s: float = DISPLAY_READY_TIMEOUT_S) -> bool:
         """Start it and wait until it receives; True when it does."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("a", encoding="utf-8")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("a", encoding="utf-8")
+        except OSError as exc:
+            print(f"collect: cannot write the display's log: {exc}; the session goes on without it", file=out)
+            return False
         self.child = DisplayChild(self._argv, output=self._log).start()
         print(f"collect: starting the rerun display; its log: {self.log_path}", file=out, flush=True)
         deadline = time.monotonic() + ready_timeout_s
@@ -204,11 +208,8 @@ class LiveDisplay:
         """SIGINT, and up to 30 s for the view to be flushed (then killed); what went wrong, said."""
         if self.child is None:
             return
-        code = self.child.stop()
-        problem = self.child.problem
+        problem = self.child.stop()
         if problem is not None:
             print(f"collect: {problem}", file=out, flush=True)
-        elif code is None:
-            print("collect: the rerun display did not stop in time and was killed", file=out, flush=True)
         if self._log is not None:
             self._log.close()

@@ -14,6 +14,7 @@ the daemon or the session.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import logging
 import os
@@ -30,6 +31,7 @@ from hilrec.daemon.control.settings import DisplaySettings, RerunViewer
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S: Final[float] = 30.0
+KILL_WAIT_S: Final[float] = 10.0
 RECEIVING: Final[str] = "hilrec display: receiving"
 TAIL_LINES: Final[int] = 20
 _PR_SET_PDEATHSIG: Final[int] = 1
@@ -104,7 +106,8 @@ class DisplayChild:
 
     @property
     def returncode(self) -> int | None:
-        return None if self.process is None else self.process.poll()
+        """None while it runs; -1 when it could not be started."""
+        return -1 if self.process is None else self.process.poll()
 
     @property
     def problem(self) -> str | None:
@@ -119,25 +122,32 @@ class DisplayChild:
         tail = "\n".join(self._tail)
         return f"the rerun display {status}" + (f"; its output ends:\n{tail}" if tail else "")
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGINT, then up to ``timeout_s`` for the flush, then SIGKILL; the exit status (None
-        when it had to be killed)."""
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> str | None:
+        """SIGINT, then up to ``timeout_s`` for the flush, then SIGKILL. What went wrong (it
+        could not start, was killed with its view cut short, or exited with an error), or None."""
         process = self.process
         if process is None:
-            return None
-        code: int | None
+            return self.problem
         self._stopping = True
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
         try:
-            code = process.wait(timeout_s)
+            process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(10)
-            code = None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(KILL_WAIT_S)
+            return (
+                f"the rerun display did not stop within {timeout_s:.0f} s and was killed; "
+                "its view may lack the end"
+            )
         if self._reader is not None:
             self._reader.join(5.0)
-        return code
+        if not self.receiving.is_set() and process.returncode != 0:
+            # Stopped before it had received anything (a daemon that failed at once): its exit
+            # status is the interrupt's, not a fault of its own worth reporting.
+            return None
+        return self.problem
 
     def _read(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -168,7 +178,11 @@ def die_with_parent_hook() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
 
+    parent = os.getpid()
+
     def hook() -> None:
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the prctl: no signal will come
+            os._exit(1)
 
     return hook

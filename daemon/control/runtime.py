@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -34,7 +35,7 @@ from hilrec.daemon.control.priority import set_thread_priority
 from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
-from hilrec.daemon.control.settings import DaemonSettings
+from hilrec.daemon.control.settings import DaemonSettings, RerunViewer
 from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.dataset.rootlock import holds_nothing
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
@@ -233,17 +234,29 @@ class Daemon:
         if not self.display:
             log.info("[display]: off (--no-display)")
             return
+        # Refused at start, like a bad key: a display that cannot work would fail only in its log.
+        if importlib.util.find_spec("rerun") is None:
+            raise ConfigError(
+                "display.rerun", "needs rerun-sdk, which is not installed: pip install 'hilrec[rerun]'"
+            )
+        if s.display.rerun is RerunViewer.SPAWN and not (
+            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+        ):
+            raise ConfigError(
+                "display.rerun",
+                '"spawn" opens a window and there is no screen (DISPLAY and WAYLAND_DISPLAY unset); '
+                'use "rrd" or "serve"',
+            )
         child = DisplayChild(argv, output=lambda line: log.info("display: %s", line)).start()
-        pid = child.process.pid if child.process is not None else None
-        log.info("[display]: started hilrec display (pid %s, rerun %s)", pid, s.display.rerun)
+        if child.process is None:
+            log.error("[display]: %s; the daemon goes on without it", child.problem)
+            return
+        log.info("[display]: started hilrec display (pid %s, rerun %s)", child.process.pid, s.display.rerun)
 
         def stop() -> None:
-            code = child.stop()
-            problem = child.problem
+            problem = child.stop()
             if problem is not None:
                 log.error("[display]: %s", problem)
-            elif code is None:
-                log.error("[display]: hilrec display did not stop in time and was killed")
 
         stack.callback(stop)
 

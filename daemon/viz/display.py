@@ -37,6 +37,7 @@ DIVERGENCES = ("commanded_vs_measured", "measured_vs_twin", "commanded_vs_twin")
 JOINT_SERIES = ("state", "action", "leader", "twin")
 VERDICT_LEVELS = {"sound": "INFO", "warning": "WARN", "bad": "ERROR"}
 RECEIVE_TIMEOUT_MS = 200
+DRAIN_S = 2.0
 
 
 @dataclass
@@ -79,9 +80,24 @@ class Display:
                 self.handle(*message)
                 if first_tick:  # what waits for this line wants the joints logged, not an event
                     print("hilrec display: receiving", flush=True)
+            self._drain(client)
         finally:
             client.close()
         return self.summary
+
+    def _drain(self, client: TelemetryClient) -> None:
+        """What is already queued when the display is told to stop (the session's last ticks,
+        the saved take, its verdict) still goes into the view; at most :data:`DRAIN_S`."""
+        ends = time.monotonic() + DRAIN_S
+        while time.monotonic() < ends:
+            try:
+                message = client.receive(0)
+            except HilrecError:
+                self.summary.refused += 1
+                continue
+            if message is None:
+                return
+            self.handle(*message)
 
     # --- one message --------------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 APPLICATION_ID = "hilrec"
 SERVE_HOST = "127.0.0.1"
 SERVE_START_TIMEOUT_S = 20.0
+FLUSH_TIMEOUT_S = 20.0  # an .rrd of a long session flushes in well under this
+SERVER_STOP_S = 10.0
 
 
 def import_rerun() -> ModuleType:
@@ -88,14 +90,21 @@ class Output:
             return
         self._closed = True
         try:
-            self.recording.flush()
+            self.recording.flush(timeout_sec=FLUSH_TIMEOUT_S)  # a stuck viewer must not hang the exit
+        except Exception as exc:  # noqa: BLE001 - rerun raises its own types; said, never a traceback
+            print(
+                f"hilrec display: the view was not flushed within {FLUSH_TIMEOUT_S:.0f} s: {exc}", flush=True
+            )
         finally:
             self.recording.disconnect()
         if self.server is not None and not sys.stdin.isatty():
             # Run as a child (the daemon's [display], collect --display): nobody is there to
             # end a lingering viewer, so it ends with the display.
             self.server.terminate()
-            self.server.wait(10)
+            try:
+                self.server.wait(SERVER_STOP_S)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
         elif self.server is not None:
             print(
                 f"rerun web viewer still serving at {self.url}; Ctrl-C to stop it",
