@@ -61,6 +61,8 @@ FINISH_WAIT_S: float = 5.0
 # ... and at most this long for the worker to cut the episode (close the frames it has encoded)
 # when some of them are no longer in the ring: a frame of encode and a flush, at idle priority.
 CUT_WAIT_S: float = 120.0
+# Passes at removing a discarded episode's directory (see EpisodeBuffer.discard).
+DISCARD_ATTEMPTS: int = 4
 
 
 class VideoSummary(TypedDict):
@@ -336,7 +338,16 @@ class OpenEpisode:
                 future.add_done_callback(_unlink_when_done(out))
                 self.workers[key].abort(self.index)
         self.spills.clear()
-        journal.remove_dir(self.directory)
+        # An encoder process told to abort may still be creating its mp4 in the directory while
+        # it is removed (rmdir then meets ENOTEMPTY); it creates that file once, so a pass or two
+        # more removes what it left.
+        for attempt in range(DISCARD_ATTEMPTS):
+            try:
+                journal.remove_dir(self.directory)
+                return
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY or attempt == DISCARD_ATTEMPTS - 1:
+                    raise
 
 
 def _unlink_when_done(path: Path) -> Callable[[Future[int]], None]:

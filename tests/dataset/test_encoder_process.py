@@ -277,3 +277,36 @@ def test_a_worker_that_cannot_start_leaves_no_shared_memory_behind(monkeypatch: 
             "cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"), ring_bytes=ring_bytes
         )
     assert [n for n in set(os.listdir(SHM_DIR)) - before if segment_size(n) == size] == []
+
+
+def test_takes_discarded_as_they_start_never_fail_and_the_next_is_saved(tmp_path: Path) -> None:
+    """A discard races the worker creating its mp4 in the episode's directory (rmdir then met
+    ENOTEMPTY: 'Directory not empty .episode-000000.tmp'); every discard must succeed."""
+    from hilrec.daemon.dataset.reader import read_episode
+    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.so101 import so101_features
+
+    root = tmp_path / "ds"
+    writer = DatasetWriter.create(
+        root,
+        fps=FPS,
+        features=so101_features({"front": (H, W)}),
+        robot_type="so_follower",
+        video_codec="libx264",
+        video_encoder="process",
+    )
+    row = {
+        "action": np.zeros(6, dtype=np.float32),
+        "observation.state": np.zeros(6, dtype=np.float32),
+        "task": "pick",
+    }
+    for take in range(20):
+        for image in frames(1 + take % 3):
+            writer.add_frame({**row, "observation.images.front": image})
+        writer.discard_episode()
+    for image in frames(5):
+        writer.add_frame({**row, "observation.images.front": image})
+    writer.save_episode()
+    writer.finalize()
+    assert len(read_episode(root, 0)["action"]) == 5
+    assert not [p.name for p in root.rglob(".episode-*")]
