@@ -454,8 +454,10 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global FPS, PERIOD  # one rate for the whole run, read by every helper here
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=120.0, help="episode length in seconds")
+    parser.add_argument("--fps", type=int, choices=(25, 30), default=25, help="the loop's rate")
     parser.add_argument(
         "--priority",
         type=int,
@@ -507,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     args = parser.parse_args(argv)
+    FPS, PERIOD = args.fps, 1.0 / args.fps
 
     encoders = ["thread", "process"] if args.encoder == "both" else [args.encoder]
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
