@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from hilrec.daemon.atomic import fsync_file
 from hilrec.daemon.dataset.spill import ENCODE_PREFIX, pwrite_all
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -167,7 +168,7 @@ class _Job:
                 [Segment(self.here(self.name)), Segment(self.beside(self.part_b))],
                 fps=self.fps,
             )
-            _fsync(self.beside(self.joined))
+            fsync_file(self.beside(self.joined))
             os.replace(self.joined, self.name, src_dir_fd=self.journal_fd, dst_dir_fd=self.dir_fd)
             os.unlink(self.part_b, dir_fd=self.journal_fd)
         else:
@@ -327,11 +328,3 @@ class _Events:
 
     def put(self, event: tuple[Any, ...]) -> None:
         self._conn.send(event)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
