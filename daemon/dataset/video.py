@@ -170,6 +170,7 @@ class StreamEncoder:
         self.frames += 1
 
     def close(self) -> int:
+        self._codec_threads.settle()
         for packet in self._stream.encode(None):
             self._container.mux(packet)
         self._container.close()

@@ -98,6 +98,16 @@ def run(args: argparse.Namespace) -> int:
     # Before any thread: they inherit the signal mask and the nice value.
     signals = _STOP_SIGNALS | ({_NEXT_SIGNAL} if args.new_servos else set())
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    # Threads that imports started earlier (numpy's BLAS pool) do not block them, and a signal
+    # the kernel hands to one of those would kill the process by default (exit -15 instead of a
+    # clean stop). A handler that only sets a flag makes such a delivery a stop request too.
+    stop_requested = [False]
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stop_requested[0] = signum in _STOP_SIGNALS or stop_requested[0]
+
+    for signum in signals:
+        signal.signal(signum, request_stop)
     problem = raise_emulator_priority(all_threads=True)
     if problem is not None:
         log.warning("emulated %s: %s", args.role, problem)
@@ -132,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         if args.new_servos:
             log.info("emulated %s: only the gripper's servo is connected; Enter connects the next", args.role)
         stdin = sys.stdin.fileno() if args.new_servos and sys.stdin is not None else None
-        while not arm.vanished.is_set():
+        while not arm.vanished.is_set() and not stop_requested[0]:
             if stdin is not None:
                 readable, _, _ = select.select([stdin], [], [], 0.25)
                 data = os.read(stdin, 4096) if readable else b""
