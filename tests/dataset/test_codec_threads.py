@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 PROBE = """
-import os, sys, threading
+import os
+# A clean start whatever the parent runs at, before any import starts a thread: the test process's
+# thread may itself have been raised to FIFO 99 by LeRobot's own SVT-AV1 encodes in earlier
+# tests, and a child inherits that.
+os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+import sys, threading
 from pathlib import Path
 import numpy as np
 from hilrec.daemon.dataset.codec_threads import thread_ids
