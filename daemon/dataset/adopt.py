@@ -101,16 +101,24 @@ def bundle_episode(root: Path) -> EpisodeBundle:
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
     """SIGINT held back while the block runs (on the main thread; elsewhere it never lands), and
-    delivered, as KeyboardInterrupt, once the block is done: what the block writes and counts
-    stays in step."""
+    delivered to the handler it had once the block is done: what the block writes and counts
+    stays in step.
+
+    A handler, not a signal mask: a Ctrl-C is sent to the process, and with the main thread
+    masking it the kernel hands it to another thread, whose C handler still makes the main thread
+    raise KeyboardInterrupt at once (seen under load: a committed episode left out of the count).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    held: list[int] = []
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        signal.signal(signal.SIGINT, before)
+        if held:
+            signal.raise_signal(signal.SIGINT)
 
 
 class Adopter:
