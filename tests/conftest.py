@@ -1,8 +1,40 @@
-"""Suite-wide settings: offscreen MuJoCo on Mesa EGL, and no hub access for LeRobot."""
+"""Suite-wide settings: offscreen MuJoCo on Mesa EGL, no hub access for LeRobot, and no test
+leaving real-time threads behind for the next."""
 
+import contextlib
 import os
+from collections.abc import Iterator
+
+import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+REAL_TIME_POLICIES = (os.SCHED_FIFO, os.SCHED_RR)
+
+
+def put_back_real_time_threads() -> list[int]:
+    """Every thread of this process that runs real-time, put back to SCHED_OTHER; their ids.
+
+    SVT-AV1 raises the thread that opens it to SCHED_FIFO 99 where it may (root here), and a
+    child inherits its creator's policy: after a test that encodes AV1 in this process (LeRobot's
+    own writer does), every later test's children, the busy loops that load the machine among
+    them, started at FIFO 99, above the emulators they were to compete with (CI failed so).
+    """
+    moved = []
+    for name in os.listdir("/proc/self/task"):
+        tid = int(name)
+        with contextlib.suppress(OSError):  # a thread that has just ended
+            if os.sched_getscheduler(tid) in REAL_TIME_POLICIES:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                moved.append(tid)
+    return moved
+
+
+@pytest.fixture(autouse=True)
+def _no_real_time_left_behind() -> Iterator[None]:
+    put_back_real_time_threads()
+    yield
+    put_back_real_time_threads()
