@@ -86,8 +86,8 @@ class DisplayChild:
                 text=True,
                 env=env,
                 start_new_session=True,
-                # Only a prctl() through a libc handle loaded beforehand: no lock, no allocation
-                # between fork and exec, so another thread of the parent cannot deadlock it.
+                # Only system calls (one prctl() through a libc handle loaded beforehand): no
+                # lock, no allocation between fork and exec, so another thread cannot deadlock it.
                 preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
         except OSError as exc:
@@ -181,6 +181,10 @@ def die_with_parent_hook() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def hook() -> None:
+        # Never real-time, whatever the forking thread ran at: a viewer must not go before the
+        # loop (SVT-AV1 raises a thread that opens it to FIFO 99, and a child inherits that).
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the prctl: no signal will come
             os._exit(1)

@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,3 +65,23 @@ def test_a_spawned_viewer_without_a_screen_is_refused_at_start_naming_the_key(tm
     assert done.returncode == 2, done.stderr
     assert "display.rerun" in done.stderr and "no screen" in done.stderr
     assert not (tmp_path / "ds").exists() or not any((tmp_path / "ds").iterdir())
+
+
+def test_a_display_started_from_a_real_time_thread_runs_as_an_ordinary_process() -> None:
+    """A child inherits its creator's policy, and SVT-AV1 raises a thread that opens it to FIFO
+    99: a display must still never go before the loop."""
+    policies: list[int] = []
+
+    def from_real_time() -> None:  # lives as long as its child (the death signal is per thread)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        child = DisplayChild([sys.executable, "-c", STUBBORN], output=lambda _l: None).start()
+        try:
+            if child.wait_receiving(60.0) and child.process is not None:
+                policies.append(os.sched_getscheduler(child.process.pid))
+        finally:
+            child.stop(timeout_s=0.5)
+
+    thread = threading.Thread(target=from_real_time)
+    thread.start()
+    thread.join(90)
+    assert policies == [os.SCHED_OTHER]
