@@ -33,12 +33,19 @@ SPILL_HOLES: Final[str] = "frames missing from the spill"
 
 
 def lowest_priority() -> str:
-    """Put the calling process (all its future threads) at the lowest CPU priority; say which."""
+    """Put this process at the lowest CPU priority; say which.
+
+    Every thread of it, not only the caller: a policy belongs to a thread, and imports have
+    already started some (numpy's pool), which stayed SCHED_OTHER beside the idle encoder."""
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return "SCHED_IDLE"
     except (OSError, AttributeError):
         pass
+    else:
+        for name in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that has just ended
+                os.sched_setscheduler(int(name), os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
     try:
         os.nice(19 - os.nice(0))
     except OSError as exc:
