@@ -3,9 +3,9 @@
 ``hilrec daemon`` runs as a subprocess in emulated mode (two ``hilrec emulate`` children at 1 Mbps
 wire timing, the follower on MuJoCo physics, the leader's hand a smooth wave by default), records
 one episode of ``--duration`` seconds (default 120) with both cameras encoded (``--codec``,
-default libx264: LeRobot's default libsvtav1 costs ~32 ms of CPU per 640x480 frame on this
-machine, 1.6 cores for two cameras at 25 Hz, more than a 2-core machine has to spare), and is
-driven only over ZeroMQ. Reported, from the episode's own per-tick record (hilrec/episodes/*.npz)
+default libsvtav1 at LeRobot's settings: ~32 ms of CPU per 640x480 frame on this machine, 1.6
+cores for two cameras at 25 Hz, more than a 2-core machine has to spare; libx264 is the
+baseline), and is driven only over ZeroMQ. Reported, from the episode's own per-tick record (hilrec/episodes/*.npz)
 and from the outside:
 
 - missed deadlines: ticks whose work ran past the next deadline (overruns) plus slots with no
