@@ -53,6 +53,9 @@ DEFAULT_SPILL_BYTES_LIMIT: Final[int] = 16 * 1024**3
 # the episode is left to its spill, which the next open or hilrec repair encodes).
 VIDEO_FINISH_TIMEOUT_S: Final[float] = 3600.0
 FINISHER_JOIN_S: Final[float] = 30.0  # a rename or two after the workers are closed
+# A wait for the encoders shorter than this shows no progress bar.
+PROGRESS_AFTER_S: Final[float] = 0.5
+_WAIT_SLICE_S: Final[float] = 0.5  # between looks at the backlog, when nothing wakes the wait
 
 
 class VideoEncoder(StrEnum):
@@ -344,7 +347,8 @@ class VideoBacklog:
     def wait(self, timeout: float | None = None, *, progress: bool = False) -> bool:
         """Block until every saved episode's mp4 is encoded and placed; True if it happened
         within ``timeout``. ``progress``: a tqdm bar of the frames left (on stderr)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = None if timeout is None else began + timeout
         bar = None
         try:
             while True:
@@ -352,18 +356,21 @@ class VideoBacklog:
                     busy = bool(self._finish_queue) or bool(self._pending_videos)
                 if not busy:
                     return True
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return False
                 left = self.backlog_frames()
-                if progress and bar is None and left > 0:
+                # A bar only for a wait worth one: every `record --sim --workers` episode ends
+                # with a finalize whose last frame or two take milliseconds.
+                if progress and bar is None and left > 0 and now - began >= PROGRESS_AFTER_S:
                     from tqdm import tqdm
 
                     bar = tqdm(total=left, desc="encoding video backlog", unit="frame", file=sys.stderr)
                 if bar is not None:
                     bar.n = max(0, bar.total - left)
                     bar.refresh()
-                if deadline is not None and time.monotonic() >= deadline:
-                    return False
                 with self._gate:
-                    self._gate.wait(0.5)
+                    self._gate.wait(_WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - now))
         finally:
             if bar is not None:
                 bar.close()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import hilrec.daemon.dataset.episode as episode_module
-from hilrec.daemon.dataset import journal
+from hilrec.daemon.dataset import backlog, journal
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.dataset.encoder_process import RING_ENV
 from hilrec.daemon.dataset.reader import read_episode
@@ -264,6 +264,31 @@ def test_a_cut_episode_saved_with_its_spill_is_finished_after_a_crash(
     video = next((snapshot / "videos" / CAM).rglob("*.mp4"))
     with av.open(str(video)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 30
+
+
+def test_a_short_wait_for_the_encoder_shows_no_progress_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The bar is for a wait a person notices, not for the milliseconds every finalize of a
+    `record --sim --workers` episode waits (there it printed a bar per episode)."""
+    monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
+    writer = create(tmp_path / "ds")
+    rng = np.random.default_rng(9)
+    pid = writer._workers[CAM].pid
+    os.kill(pid, signal.SIGSTOP)  # a backlog that cannot drain: the wait runs its whole timeout
+    try:
+        for _ in range(5):
+            writer.add_frame(frame(rng))
+        writer.save_episode()
+        capfd.readouterr()
+        assert writer.wait_videos(0.25, progress=True) is False
+        assert "encoding video backlog" not in capfd.readouterr().err
+        assert backlog.PROGRESS_AFTER_S > 0.25  # the premise: a shorter wait than a bar is for
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    writer.finalize()
+    assert pending_spills(tmp_path / "ds") == []
 
 
 def test_finalize_waits_for_the_backlog_and_resumes_after_an_interrupt(
