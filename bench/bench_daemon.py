@@ -5,8 +5,8 @@ wire timing, the follower on MuJoCo physics, the leader's hand a smooth wave by 
 one episode of ``--duration`` seconds (default 120) with both cameras encoded (``--codec``,
 default libsvtav1 at LeRobot's settings: ~32 ms of CPU per 640x480 frame on this machine, 1.6
 cores for two cameras at 25 Hz, more than a 2-core machine has to spare; libx264 is the
-baseline), and is driven only over ZeroMQ. Reported, from the episode's own per-tick record (hilrec/episodes/*.npz)
-and from the outside:
+baseline), and is driven only over ZeroMQ. Reported, from the episode's own per-tick record
+(hilrec/episodes/*.npz) and from the outside:
 
 - missed deadlines: ticks whose work ran past the next deadline (overruns) plus slots with no
   tick at all (skipped); target 0;
