@@ -31,32 +31,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from _sim_dataset import record_sim_dataset
+
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.dataset.reader import load_info
-
-
-def record(root: Path, episodes: int, size: str) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "hilrec.daemon.cli",
-        "record",
-        "--sim",
-        "--root",
-        str(root),
-        "--episodes",
-        str(episodes),
-        "--seed",
-        "0",
-        "--cameras",
-        "front",
-        "--size",
-        size,
-        "--no-progress",
-    ]
-    started = time.perf_counter()
-    subprocess.run(command, check=True, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
-    print(f"recorded {root} in {time.perf_counter() - started:.1f} s")
 
 
 def time_in_process(root: Path, workers: int, repeats: int) -> tuple[float, float, float, list[dict]]:
@@ -108,7 +86,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
         root = args.root or Path(tmp) / "ds"
         if not (root / "meta" / "info.json").exists():
-            record(root, args.episodes, args.size)
+            record_sim_dataset(root, args.episodes, args.size)
         info = load_info(root)
         frames = int(info["total_frames"])
         print(

@@ -30,33 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from _sim_dataset import record_sim_dataset
+
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.dataset.reader import load_info
 from hilrec.daemon.tools import edit
-
-
-def record(root: Path, episodes: int, size: str) -> None:
-    import subprocess
-
-    command = [
-        sys.executable,
-        "-m",
-        "hilrec.daemon.cli",
-        "record",
-        "--sim",
-        "--root",
-        str(root),
-        "--episodes",
-        str(episodes),
-        "--seed",
-        "0",
-        "--cameras",
-        "front",
-        "--size",
-        size,
-        "--no-progress",
-    ]
-    subprocess.run(command, check=True)
 
 
 def timed(
@@ -90,7 +68,7 @@ def main() -> int:
     args = parser.parse_args()
     if not (args.root / "meta/info.json").exists():
         args.root.parent.mkdir(parents=True, exist_ok=True)
-        record(args.root, args.episodes, args.size)
+        record_sim_dataset(args.root, args.episodes, args.size)
     info = load_info(args.root)
     print(
         f"dataset {args.root}: {info['total_episodes']} episodes, {info['total_frames']} frames, "
