@@ -116,7 +116,8 @@ def sigint_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, before)
+        # None: a handler set outside Python, which cannot be put back; the default then.
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
         if held:
             signal.raise_signal(signal.SIGINT)
 
