@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hilrec.daemon.dataset.writer import DatasetWriter
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY, so101_features
 
 FPS = 25
@@ -113,3 +114,16 @@ def write_dataset(
 
 def stacked(frames: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
     return np.stack([np.asarray(f[key]) for f in frames])
+
+
+def front_camera_writer(root: Path, size: tuple[int, int], **options: Any) -> DatasetWriter:
+    """A new dataset at ``root`` of SO-101 rows and one ``front`` camera of ``size`` (H, W) at
+    25 fps, encoded with libx264 (fast): the one the crash and repair tests take apart."""
+    return DatasetWriter.create(
+        root,
+        fps=FPS,
+        features=so101_features({"front": size}),
+        robot_type="so_follower",
+        video_codec="libx264",
+        **options,
+    )

@@ -22,13 +22,12 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from _frames import front_camera_writer
 
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.dataset.reader import load_episodes, load_info, load_tasks, read_episode
 from hilrec.daemon.dataset.repair import EXIT_DROPPED, EXIT_OK, repair
 from hilrec.daemon.dataset.rootlock import LOCK_NAME
-from hilrec.daemon.dataset.writer import DatasetWriter
-from hilrec.daemon.so101 import so101_features
 
 FPS = 25
 H, W = 16, 24
@@ -55,13 +54,7 @@ def frames_of(episode: int, length: int) -> list[dict]:
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pristine") / "ds"
-    with DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-    ) as writer:
+    with front_camera_writer(root, (H, W)) as writer:
         for episode, length in enumerate(LENGTHS):
             for frame in frames_of(episode, length):
                 writer.add_frame(frame)

@@ -9,6 +9,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+from _frames import front_camera_writer
 
 from hilrec.daemon.dataset.encoder_process import RING_ENV, SHM_DIR, EncoderProcess
 from hilrec.daemon.dataset.spill import SpillFile
@@ -188,19 +189,11 @@ def test_a_writer_with_no_room_for_the_ring_records_with_the_thread_encoder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from hilrec.daemon.dataset.reader import read_episode
-    from hilrec.daemon.dataset.writer import DatasetWriter
-    from hilrec.daemon.so101 import so101_features
 
     monkeypatch.setenv(RING_ENV, str(shm_free_bytes() + (64 << 20)))
     root = tmp_path / "ds"
     with caplog.at_level("WARNING"):
-        writer = DatasetWriter.create(
-            root,
-            fps=FPS,
-            features=so101_features({"front": (H, W)}),
-            robot_type="so_follower",
-            video_codec="libx264",
-        )
+        writer = front_camera_writer(root, (H, W))
     assert writer.video_encoder == "thread"
     assert "encoding in threads" in caplog.text and "/dev/shm" in caplog.text
     rng = np.random.default_rng(0)
@@ -286,18 +279,9 @@ def test_takes_discarded_as_they_start_never_fail_and_the_next_is_saved(tmp_path
     """A discard races the worker creating its mp4 in the episode's directory (rmdir then met
     ENOTEMPTY: 'Directory not empty .episode-000000.tmp'); every discard must succeed."""
     from hilrec.daemon.dataset.reader import read_episode
-    from hilrec.daemon.dataset.writer import DatasetWriter
-    from hilrec.daemon.so101 import so101_features
 
     root = tmp_path / "ds"
-    writer = DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-        video_encoder="process",
-    )
+    writer = front_camera_writer(root, (H, W), video_encoder="process")
     row = {
         "action": np.zeros(6, dtype=np.float32),
         "observation.state": np.zeros(6, dtype=np.float32),

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _frames import front_camera_writer
 
 from hilrec.daemon.cli import main as cli_main
 from hilrec.daemon.dataset.checker import check_dataset
@@ -49,13 +50,7 @@ def frames_of(episode: int, length: int) -> list[dict]:
 @pytest.fixture()
 def dataset(tmp_path: Path) -> Path:
     root = tmp_path / "ds"
-    with DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-    ) as writer:
+    with front_camera_writer(root, (H, W)) as writer:
         for episode, length in enumerate(LENGTHS):
             for frame in frames_of(episode, length):
                 writer.add_frame(frame)
@@ -371,14 +366,7 @@ def test_garbage_in_the_intent_of_a_half_done_merge(
         if step == "renamed data/chunk-000/file-000.parquet" and old.exists() and not image.exists():
             shutil.copytree(root, image)
 
-    with DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-        hook=hook,
-    ) as writer:
+    with front_camera_writer(root, (H, W), hook=hook) as writer:
         for episode in range(2):
             for frame in frames_of(episode, LENGTHS[episode]):
                 writer.add_frame(frame)
@@ -446,13 +434,7 @@ def test_rows_damaged_only_in_the_data_file_are_restored_from_the_journal(datase
 @pytest.mark.parametrize("how", ["none recorded", "every take discarded"])
 def test_an_empty_dataset_is_valid_after_repair_and_takes_episodes(tmp_path: Path, how: str) -> None:
     root = tmp_path / "ds"
-    with DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-    ) as writer:
+    with front_camera_writer(root, (H, W)) as writer:
         if how == "every take discarded":
             for _take in range(2):
                 for frame in frames_of(0, 5):

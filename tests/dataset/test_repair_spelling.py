@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _frames import front_camera_writer
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.dataset.checker import check_dataset
 from hilrec.daemon.dataset.reader import load_info
 from hilrec.daemon.dataset.video import LeRobotInfo
-from hilrec.daemon.dataset.writer import DatasetWriter
-from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY, so101_features
+from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 
 FPS = 25
 H, W = 32, 48
@@ -36,13 +36,7 @@ INFO_PATH = "meta/info.json"
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("spelling") / "ds"
     rng = np.random.default_rng(7)
-    with DatasetWriter.create(
-        root,
-        fps=FPS,
-        features=so101_features({"front": (H, W)}),
-        robot_type="so_follower",
-        video_codec="libx264",
-    ) as writer:
+    with front_camera_writer(root, (H, W)) as writer:
         for episode, length in enumerate(LENGTHS):
             for i in range(length):
                 writer.add_frame(
