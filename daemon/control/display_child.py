@@ -86,8 +86,8 @@ class DisplayChild:
                 text=True,
                 env=env,
                 start_new_session=True,
-                # Only system calls (one prctl() through a libc handle loaded beforehand): no
-                # lock, no allocation between fork and exec, so another thread cannot deadlock it.
+                # Only system calls (the prctl() through a libc handle loaded beforehand): no
+                # lock is taken between fork and exec, so another thread cannot deadlock it.
                 preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
         except OSError as exc:

@@ -116,8 +116,9 @@ def sigint_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        # None: a handler set outside Python, which cannot be put back; the default then.
-        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
+        # None: a handler set outside Python, which cannot be put back; Python's own then, so
+        # a Ctrl-C still ends in KeyboardInterrupt (and the caller keeps what is saved).
+        signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
         if held:
             signal.raise_signal(signal.SIGINT)
 

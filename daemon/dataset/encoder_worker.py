@@ -42,9 +42,10 @@ def lowest_priority() -> str:
     except (OSError, AttributeError):
         pass
     else:
-        for name in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError):  # a thread that has just ended
-                os.sched_setscheduler(int(name), os.SCHED_IDLE, os.sched_param(0))
+        with contextlib.suppress(OSError):  # no /proc: the threads of imports stay as they are
+            for name in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError):  # a thread that has just ended
+                    os.sched_setscheduler(int(name), os.SCHED_IDLE, os.sched_param(0))
         return "SCHED_IDLE"
     try:
         os.nice(19 - os.nice(0))

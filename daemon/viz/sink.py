@@ -148,7 +148,7 @@ def open_output(args: argparse.Namespace, recording_name: str) -> Output:
             str(args.web_port),
         ],
         stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - a prctl() only, before exec
+        preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - system calls only (policy, prctl), before exec
     )
     _wait_listening(server, grpc_port)
     recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{grpc_port}/proxy")

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.writer import DatasetWriter
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY, so101_features
+
+if TYPE_CHECKING:
+    from hilrec.daemon.dataset.writer import DatasetWriter
 
 FPS = 25
 IMAGE_SIZE = (96, 128)  # (height, width): small keeps encoding fast, even sides suit yuv420p
@@ -119,6 +121,9 @@ def stacked(frames: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
 def front_camera_writer(root: Path, size: tuple[int, int], **options: Any) -> DatasetWriter:
     """A new dataset at ``root`` of SO-101 rows and one ``front`` camera of ``size`` (H, W) at
     25 fps, encoded with libx264 (fast): the one the crash and repair tests take apart."""
+    # Imported here: the compat-latest root imports this module for its frames alone.
+    from hilrec.daemon.dataset.writer import DatasetWriter
+
     return DatasetWriter.create(
         root,
         fps=FPS,
