@@ -318,6 +318,17 @@ class Twin:
         self._check_warnings("set_state")
         self.frame_index = 0
 
+    def commanded(self) -> np.ndarray:
+        """The six servo targets in LeRobot units, float32: what :meth:`command` last executed,
+        read back from the actuators (so a command that never reached them shows)."""
+        units = [
+            (rad - offset) * scale
+            for rad, offset, scale in zip(
+                self._ctrl[self._arm_ctrl].tolist(), self._offset_list, self._scale_list, strict=True
+            )
+        ]
+        return np.array(units, dtype=np.float32)
+
     def actuator_targets(self) -> np.ndarray:
         """The servo targets (ctrl, rad) of the six joints, as last commanded (a copy)."""
         return self._data.ctrl[self._actuator_ids].copy()

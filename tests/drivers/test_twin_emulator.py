@@ -25,6 +25,9 @@ from hilrec.sim import units
 from hilrec.sim.operator import ScriptedOperator
 
 HALF_TICK_DEG = 0.5 * 360 / MAX_TICK
+# The twin's servos are position-controlled against gravity: the elbow rests 2.0 deg short of
+# (or past) a goal in some poses, the same every run (the physics is deterministic).
+STEADY_ERROR_DEG = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +78,15 @@ def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             arm.send_action(goal)
-            if np.all(np.abs(arm.read().values[:5] - goal[:5]) < 2.0):
+            if np.all(np.abs(arm.read().values[:5] - goal[:5]) < STEADY_ERROR_DEG):
                 break
         with twin_follower.paused():
-            moved = twin.observe()
-        assert np.all(np.abs(moved[:5] - goal[:5]) < 2.0), (moved, goal)
+            moved, commanded = twin.observe(), twin.commanded()
+        # The goal reached the twin's actuators (to within the tick it was written in, and the
+        # tick's way back to degrees), and the joints went there, within what position control
+        # leaves under gravity.
+        assert np.all(np.abs(commanded[:5] - goal[:5]) <= 2 * HALF_TICK_DEG + 1e-4), (commanded, goal)
+        assert np.all(np.abs(moved[:5] - goal[:5]) < STEADY_ERROR_DEG), (moved, goal)
 
 
 def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
