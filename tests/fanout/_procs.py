@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
@@ -36,3 +37,18 @@ def cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def spawn_workers(parent: int) -> list[int]:
+    """The children of ``parent`` that multiprocessing's spawn started (its pool's workers)."""
+    return [pid for pid in children(parent) if b"spawn_main" in cmdline(pid)]
+
+
+def still_running_after(pids: list[int], timeout_s: float) -> list[int]:
+    """Those of ``pids`` still running once ``timeout_s`` has passed; [] as soon as all ended."""
+    deadline = time.monotonic() + timeout_s
+    while alive := [pid for pid in pids if running(pid)]:
+        if time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)  # polling another process's end, bounded
+    return []

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _procs import children, cmdline, running
+from _procs import spawn_workers, still_running_after
 from _tasks import square_or_fail
 
 from hilrec.daemon.cli import main
@@ -118,10 +118,7 @@ def test_a_worker_dead_between_tasks_costs_no_task() -> None:
         if outcome.index == 0 and outcome.result is not None:
             pid = outcome.result[1]
             os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + DEATH_WITHIN_S
-            while running(pid):
-                assert time.monotonic() < deadline, f"worker {pid} survives SIGKILL"
-                time.sleep(0.01)  # polling its end, bounded
+            assert not still_running_after([pid], DEATH_WITHIN_S), f"worker {pid} survives SIGKILL"
             killed.append(pid)
 
     outcomes = run_tasks(square_or_fail, [1, 2, 3, 4, 5], workers=2, on_done=kill_the_worker)
@@ -143,12 +140,10 @@ def test_pool_workers_die_with_their_parent(tmp_path: Path) -> None:
         deadline = time.monotonic() + START_WITHIN_S
         while len(workers) < 2:
             assert parent.poll() is None and time.monotonic() < deadline, "no two workers started"
-            workers = [pid for pid in children(parent.pid) if b"spawn_main" in cmdline(pid)]
+            workers = spawn_workers(parent.pid)
             time.sleep(0.05)  # polling for the workers, bounded
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + DEATH_WITHIN_S
-    while alive := [pid for pid in workers if running(pid)]:
-        assert time.monotonic() < deadline, f"workers {alive} outlive their parent"
-        time.sleep(0.05)  # polling their end, bounded
+    alive = still_running_after(workers, DEATH_WITHIN_S)
+    assert not alive, f"workers {alive} outlive their parent"

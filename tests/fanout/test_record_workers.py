@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _procs import children, cmdline, running
+from _procs import spawn_workers, still_running_after
 from _snapshot import differences, record, seeds_of, snapshot
 
 from hilrec.daemon.cli import main
@@ -197,15 +197,13 @@ def test_killing_the_recorder_leaves_no_worker_and_the_next_run_removes_its_scra
         deadline = time.monotonic() + WITHIN_S
         while len(workers) < 2 or not scratch_dirs(root):
             assert parent.poll() is None and time.monotonic() < deadline, "no two workers recording"
-            workers = [pid for pid in children(parent.pid) if b"spawn_main" in cmdline(pid)]
+            workers = spawn_workers(parent.pid)
             time.sleep(0.05)  # polling for the workers, bounded
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + WITHIN_S
-    while alive := [pid for pid in workers if running(pid)]:
-        assert time.monotonic() < deadline, f"workers {alive} outlive the killed recorder"
-        time.sleep(0.05)  # polling their end, bounded
+    alive = still_running_after(workers, WITHIN_S)
+    assert not alive, f"workers {alive} outlive the killed recorder"
     left = scratch_dirs(root)
     assert left  # nobody was there to remove it
     assert record(root, "--resume", "--episodes", "1", "--workers", "2", "--cameras", "none") == 0
