@@ -26,14 +26,19 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.adopt import Adopter, EpisodeBundle, bundle_episode, sigint_deferred
+from hilrec.daemon.dataset.adopt import (
+    Adopter,
+    EpisodeBundle,
+    bundle_episode,
+    sigint_deferred,
+    sigint_noted,
+)
 from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, update_dataset_sidecar
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.fanout import TaskOutcome, check_ray_address, run_tasks
@@ -180,7 +185,7 @@ def record_many(
         summary.interrupted = True
     finally:
         # A second Ctrl-C waits for the end of this: it is what keeps the episodes recorded.
-        with _sigint_noted() as again:
+        with sigint_noted() as again:
             try:
                 bar.close()
                 gather.flush()  # what finished behind a seed still running when interrupted
@@ -215,20 +220,6 @@ def _open_destination(config: RecordConfig) -> Adopter:
     )
     writer.finalize()
     return Adopter(config.root, merge_interval_s=MERGE_INTERVAL_S)
-
-
-@contextlib.contextmanager
-def _sigint_noted() -> Iterator[list[int]]:
-    """SIGINT only noted (in the yielded list) while the block runs, on the main thread."""
-    noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
-    try:
-        yield noted
-    finally:
-        signal.signal(signal.SIGINT, before)
 
 
 def scratch_base(root: Path) -> Path:

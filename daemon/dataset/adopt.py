@@ -99,26 +99,37 @@ def bundle_episode(root: Path) -> EpisodeBundle:
 
 
 @contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """SIGINT held back while the block runs (on the main thread; elsewhere it never lands), and
-    delivered to the handler it had once the block is done: what the block writes and counts
-    stays in step.
+def sigint_noted() -> Iterator[list[int]]:
+    """SIGINT only noted (in the yielded list) while the block runs, on the main thread; the
+    handler it had is put back after.
 
     A handler, not a signal mask: a Ctrl-C is sent to the process, and with the main thread
     masking it the kernel hands it to another thread, whose C handler still makes the main thread
     raise KeyboardInterrupt at once (seen under load: a committed episode left out of the count).
     """
+    noted: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield noted
         return
-    held: list[int] = []
-    before = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    before = signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
     try:
-        yield
+        yield noted
     finally:
         # None: a handler set outside Python, which cannot be put back; Python's own then, so
         # a Ctrl-C still ends in KeyboardInterrupt (and the caller keeps what is saved).
         signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """SIGINT held back while the block runs (:func:`sigint_noted`; off the main thread it never
+    lands), and delivered to the handler it had once the block is done: what the block writes
+    and counts stays in step."""
+    held: list[int] = []
+    try:
+        with sigint_noted() as held:
+            yield
+    finally:  # also when the block raises: the Ctrl-C is not lost behind its error
         if held:
             signal.raise_signal(signal.SIGINT)
 
