@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from hilrec.daemon.dataset.codec_threads import thread_ids
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,8 +26,7 @@ def put_back_real_time_threads() -> list[int]:
     them, started at FIFO 99, above the emulators they were to compete with (CI failed so).
     """
     moved = []
-    for name in os.listdir("/proc/self/task"):
-        tid = int(name)
+    for tid in thread_ids():
         with contextlib.suppress(OSError):  # a thread that has just ended
             if os.sched_getscheduler(tid) in REAL_TIME_POLICIES:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))

@@ -21,6 +21,7 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.atomic import fsync_file
+from hilrec.daemon.dataset.codec_threads import thread_ids
 from hilrec.daemon.dataset.spill import ENCODE_PREFIX, pwrite_all
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -42,10 +43,9 @@ def lowest_priority() -> str:
     except (OSError, AttributeError):
         pass
     else:
-        with contextlib.suppress(OSError):  # no /proc: the threads of imports stay as they are
-            for name in os.listdir("/proc/self/task"):
-                with contextlib.suppress(OSError):  # a thread that has just ended
-                    os.sched_setscheduler(int(name), os.SCHED_IDLE, os.sched_param(0))
+        for tid in thread_ids():  # none without /proc: the threads of imports stay as they are
+            with contextlib.suppress(OSError):  # a thread that has just ended
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         return "SCHED_IDLE"
     try:
         os.nice(19 - os.nice(0))
