@@ -33,8 +33,8 @@ from pathlib import Path
 
 from _sim_dataset import record_sim_dataset
 
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_info
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_info
 
 
 def time_in_process(root: Path, workers: int, repeats: int) -> tuple[float, float, float, list[dict]]:

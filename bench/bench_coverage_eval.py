@@ -42,8 +42,8 @@ from typing import Any
 import av
 import numpy as np
 
-from hilrec.daemon.dataset.reader import load_episodes, read_episode, read_episode_frames
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode, read_episode_frames
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from hilrec.daemon.tools.coverage import dataset_states, measure, rollout_states
 from hilrec.daemon.tools.evaluate import EvalConfig, evaluate

@@ -57,7 +57,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hilrec.daemon.control.clock import TickPacer
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient
 
@@ -159,7 +159,7 @@ def encoder_counters(daemon_pid: int) -> list[Path]:
             stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(stat[1]) == daemon_pid and b"hilrec.daemon.dataset.encoder_process" in argv:
+        if int(stat[1]) == daemon_pid and b"hilrec.daemon.dataset.video.encoder_process" in argv:
             found.append(Path("/dev/shm") / [arg for arg in argv if arg][-1].decode())
     return found
 
@@ -173,7 +173,7 @@ def encoder_pids_of(daemon_pid: int) -> list[int]:
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except OSError:
                 continue
-            if ppid == daemon_pid and b"hilrec.daemon.dataset.encoder_process" in argv:
+            if ppid == daemon_pid and b"hilrec.daemon.dataset.video.encoder_process" in argv:
                 pids.append(int(entry.name))
     return pids
 

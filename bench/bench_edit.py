@@ -32,8 +32,8 @@ from pathlib import Path
 
 from _sim_dataset import record_sim_dataset
 
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_info
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_info
 from hilrec.daemon.tools import edit
 
 

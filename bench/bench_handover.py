@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hilrec.daemon.dataset.encoder_process import EncoderProcess
-from hilrec.daemon.dataset.spill import SpillFile
-from hilrec.daemon.dataset.video import EpisodeVideoEncoder, VideoSettings
+from hilrec.daemon.dataset.video.codec import EpisodeVideoEncoder, VideoSettings
+from hilrec.daemon.dataset.video.encoder_process import EncoderProcess
+from hilrec.daemon.dataset.video.spill import SpillFile
 
 H, W = 480, 640
 

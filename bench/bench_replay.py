@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "replay")
 
 from _recordings import RecordingSpec, make_twin, record, record_emulated, write_native
 
-from hilrec.daemon.dataset import reader
+from hilrec.daemon.dataset.format import reader
 from hilrec.daemon.errors import BusError
 from hilrec.daemon.replay.analysis import Trajectories, Verdict, analyse
 from hilrec.daemon.replay.check import check_dataset

@@ -128,7 +128,7 @@ def bench_record_process(workdir: Path, episodes: int) -> tuple[float, int]:
 
 def bench_writer_alone(workdir: Path, lengths: list[int]) -> tuple[float, float]:
     """(wall s, CPU s) of the native writer taking the same episodes' rows, nothing else."""
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
     from hilrec.daemon.so101 import ROBOT_TYPE
     from hilrec.sim.features import sim_features
 

@@ -40,7 +40,7 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient, TelemetryClient
 from hilrec.daemon.wire.protocol import TOPIC_EVENT, TOPIC_TICK

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "daemon")
 
 from _daemon import Daemon, free_ports
 
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
 FPS = 25
 PERIOD_S = 1.0 / FPS

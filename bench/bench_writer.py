@@ -34,7 +34,7 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.so101 import so101_features
 
 FPS = 25

@@ -261,7 +261,7 @@ def _first_seed(root: Path, resume: bool) -> int:
     if not resume:
         return 0
     from hilrec.daemon.atomic import read_json
-    from hilrec.daemon.dataset.sidecar import stored_episode_sidecars
+    from hilrec.daemon.dataset import stored_episode_sidecars
     from hilrec.daemon.errors import HilrecError
 
     seeds = []

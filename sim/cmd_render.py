@@ -21,9 +21,15 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.config import flag_errors
-from hilrec.daemon.dataset.reader import load_episodes, load_info, load_tasks, read_episode
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.dataset import (
+    FrameSink,
+    load_dataset_sidecar,
+    load_episode_sidecar,
+    load_episodes,
+    load_info,
+    load_tasks,
+    read_episode,
+)
 from hilrec.daemon.errors import ReplayError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
 from hilrec.sim.cmd_record import describe_shape, parse_cameras, parse_size
@@ -99,8 +105,7 @@ def render_dataset(
     video_codec: str = "libsvtav1",
 ) -> tuple[int, int]:
     """Write a copy of the sim dataset at ``root`` to ``out`` with new camera videos."""
-    from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset import DatasetWriter, update_dataset_sidecar
 
     root, out = Path(root), Path(out)
     info = load_info(root)

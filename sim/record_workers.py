@@ -3,9 +3,9 @@
 Each seed is one task (:func:`record_seed`, run by :func:`hilrec.daemon.fanout.run_tasks` in this
 process, in spawned worker processes or as Ray tasks): it records that one episode with the
 ordinary recorder into a private one-episode dataset (its own twin; the video encoded there) and
-returns it as an :class:`~hilrec.daemon.dataset.adopt.EpisodeBundle`, bytes that travel through a
+returns it as an :class:`~hilrec.daemon.dataset.writer.adopt.EpisodeBundle`, bytes that travel through a
 pipe or Ray's object store alike. The parent appends the bundles to ``--root`` in seed order with
-:class:`~hilrec.daemon.dataset.adopt.Adopter`, as soon as every earlier seed is in (or failed).
+:class:`~hilrec.daemon.dataset.writer.adopt.Adopter`, as soon as every earlier seed is in (or failed).
 
 Every worker count runs the same code on the same bytes, so the dataset is byte-identical for
 any ``N`` and for Ray. A worker that dies, a seed that cannot be appended (a full disk) or one
@@ -32,14 +32,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.adopt import (
+from hilrec.daemon.dataset import (
     Adopter,
     EpisodeBundle,
     bundle_episode,
+    load_dataset_sidecar,
     sigint_deferred,
     sigint_noted,
+    update_dataset_sidecar,
 )
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, update_dataset_sidecar
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.fanout import TaskOutcome, check_ray_address, run_tasks
 from hilrec.daemon.so101 import ROBOT_TYPE
@@ -203,7 +204,7 @@ def record_many(
 def _open_destination(config: RecordConfig) -> Adopter:
     """The destination, made (or recovered) by the writer itself, so its files and provenance
     are the ones a one-process recording has; the adopter then holds its lock."""
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset import DatasetWriter
 
     features = sim_features(dict.fromkeys(config.cameras, config.image_size))
     resuming = check_root(config, features)
@@ -358,7 +359,7 @@ def _scratch_writer(seed: int) -> Any:
     """The writer of a seed's scratch dataset: the native one, encoding video on a thread of the
     worker (the worker is the unit that runs beside others; an encoder process per episode would
     cost a spawn each), or the test's kill switch around it for this seed (see :data:`KILL_ENV`)."""
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset import DatasetWriter
 
     create = functools.partial(
         DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S, video_encoder="thread"

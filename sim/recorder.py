@@ -21,8 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hilrec.daemon.dataset.rootlock import holds_nothing
-from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.dataset import FrameSink, holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
 from hilrec.daemon.text import task_problem
@@ -288,13 +287,13 @@ def record(
     LeRobot's files every few seconds, not after each one. Planning stays in line: on a thread
     it measured slower, the GIL changing hands at every MuJoCo call of the IK.
     """
-    from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+    from hilrec.daemon.dataset import update_dataset_sidecar
 
     cameras = dict.fromkeys(config.cameras, config.image_size)
     features = sim_features(cameras)
     resuming = check_root(config, features)
     if sink_factory is None or resuming:
-        from hilrec.daemon.dataset.writer import DatasetWriter
+        from hilrec.daemon.dataset import DatasetWriter
 
         if resuming and sink_factory is not None:
             raise ConfigError("resume", "resuming writes through the native writer; no other sink")
@@ -353,8 +352,7 @@ def resume_mismatch(
 ) -> list[str]:
     """What keeps a recording of ``features`` at ``fps`` from adding episodes to the dataset at
     ``root``: one sentence per difference (empty when they match)."""
-    from hilrec.daemon.dataset.features import DEFAULT_FEATURES
-    from hilrec.daemon.dataset.reader import load_info
+    from hilrec.daemon.dataset import DEFAULT_FEATURES, load_info
     from hilrec.daemon.errors import CorruptDatasetError
 
     try:
@@ -396,7 +394,7 @@ def check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) 
         )
     problems = resume_mismatch(root, fps=config.fps, features=features, robot_type=ROBOT_TYPE)
     if not problems:
-        from hilrec.daemon.dataset.sidecar import load_dataset_sidecar
+        from hilrec.daemon.dataset import load_dataset_sidecar
         from hilrec.sim.provenance import check_same_world
 
         problems = [
@@ -408,7 +406,7 @@ def check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) 
 
 
 def _reopen(root: Path, *, merge_interval_s: float, video_codec: str, **_same: Any) -> ManagedSink:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset import DatasetWriter
 
     return DatasetWriter.open(root, video_codec=video_codec, merge_interval_s=merge_interval_s)
 

@@ -26,8 +26,13 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from hilrec.daemon.dataset.reader import load_episodes, load_info, read_episode
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset import (
+    load_dataset_sidecar,
+    load_episode_sidecar,
+    load_episodes,
+    load_info,
+    read_episode,
+)
 from hilrec.daemon.errors import HilrecError, ReplayError
 from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY
 from hilrec.sim.episode import Outcome, Push, act_and_step, outcome_of, pushes_by_frame

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hilrec.daemon.dataset.codec_threads import thread_ids
+from hilrec.daemon.dataset.video.codec_threads import thread_ids
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")

@@ -1,6 +1,6 @@
 """The writer thread: the loop hands frames over without waiting for the disk or the encoder.
 
-Every call on the :class:`~hilrec.daemon.dataset.sink.FrameSink` happens on one thread, in the
+Every call on the :class:`~hilrec.daemon.dataset.format.sink.FrameSink` happens on one thread, in the
 order the loop asked for it, so the sink needs no locking and a save can never overtake the frames
 it saves. The loop side never drops anything: :meth:`Recorder.add_frame` puts into a bounded queue
 and, if the writer has fallen that far behind, waits (the tick is then recorded as late) up to
@@ -31,8 +31,7 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.control.clock import TIMING_ARRAYS
-from hilrec.daemon.dataset.sink import FrameSink
-from hilrec.daemon.dataset.spill import finishing
+from hilrec.daemon.dataset import FrameSink, finishing
 from hilrec.daemon.errors import DatasetStateError, SpillFullError, WriterStalledError
 
 log = logging.getLogger(__name__)
@@ -357,7 +356,7 @@ class Recorder:
                 self._stats.episodes_discarded += 1
             return None
         if op.kind == WriterOp.SIDECAR:
-            from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+            from hilrec.daemon.dataset import update_dataset_sidecar
 
             update_dataset_sidecar(sink.root, dict(op.sidecar or {}))
             return None
@@ -397,7 +396,7 @@ def _cut(
 def _merge_episode_sidecar(root: Path, episode_index: int, fields: dict[str, Any]) -> None:
     # Not write_episode_sidecar: that rewrites the arrays' flag too. This keeps every other key.
     from hilrec.daemon.atomic import atomic_write_bytes, json_bytes, read_json
-    from hilrec.daemon.dataset.sidecar import episode_json_path
+    from hilrec.daemon.dataset import episode_json_path
 
     path = episode_json_path(root, episode_index)
     payload = read_json(path, what="episode sidecar")

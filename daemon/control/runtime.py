@@ -37,7 +37,7 @@ from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.settings import DaemonSettings, RerunViewer
 from hilrec.daemon.control.verdict import VerdictWorker
-from hilrec.daemon.dataset.rootlock import holds_nothing
+from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
 from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
@@ -304,8 +304,7 @@ class Daemon:
         return so101_features({name: (cam.height, cam.width) for name, cam in self.settings.cameras.items()})
 
     def _open_sink(self) -> Any:
-        from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
-        from hilrec.daemon.dataset.writer import DatasetWriter
+        from hilrec.daemon.dataset import DatasetWriter, update_dataset_sidecar
 
         s = self.settings
         root = Path(s.dataset.root)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from hilrec.daemon.config import from_mapping, load_toml, read_toml
-from hilrec.daemon.dataset.backlog import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
+from hilrec.daemon.dataset import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback

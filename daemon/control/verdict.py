@@ -115,9 +115,15 @@ def episode_data_problems(root: Path, episode_index: int) -> tuple[list[str], li
     video), each as the checker words it."""
     import dataclasses
 
-    from hilrec.daemon.dataset import checks_data, checks_rows, checks_stats, checks_video
-    from hilrec.daemon.dataset.checker import classified
-    from hilrec.daemon.dataset.checks_common import Findings, Severity
+    from hilrec.daemon.dataset import (
+        Findings,
+        Severity,
+        checks_data,
+        checks_rows,
+        checks_stats,
+        checks_video,
+        classified,
+    )
 
     findings = Findings(root)
     contents = checks_data.load_contents(root, findings)
@@ -142,7 +148,7 @@ def episode_data_problems(root: Path, episode_index: int) -> tuple[list[str], li
 
 
 def _judge(root: Path, index: int, mode: str) -> tuple[str, str, dict[str, Any]]:
-    from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+    from hilrec.daemon.dataset import load_episode_sidecar
 
     problems, harmless = episode_data_problems(root, index)
     meta, _ = load_episode_sidecar(root, index)
@@ -354,7 +360,10 @@ def _preload() -> None:
     """Import what a verdict needs now, not while the first take waits for its verdict."""
     import importlib
 
-    for name in ("hilrec.daemon.dataset.checker", "hilrec.daemon.replay.check", "hilrec.sim.replay"):
+    from hilrec.daemon.dataset import check_dataset
+
+    del check_dataset
+    for name in ("hilrec.daemon.replay.check", "hilrec.sim.replay"):
         importlib.import_module(name)
 
 

@@ -29,8 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar
+from hilrec.daemon.dataset import load_dataset_sidecar, reader
 from hilrec.daemon.errors import FlagError, ReplayError
 from hilrec.daemon.replay.check import DatasetCheck, check_dataset
 from hilrec.daemon.replay.results import Verdict, verdict_table

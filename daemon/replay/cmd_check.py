@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from hilrec.daemon.dataset.checker import check_dataset
+from hilrec.daemon.dataset import check_dataset
 from hilrec.daemon.errors import FlagError
 from hilrec.daemon.replay.check_replay import FRAMES_PER_WORKER
 from hilrec.daemon.replay.cmd_replay import positive_int

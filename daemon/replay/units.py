@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.dataset.joint_units import recorded_body_mode
+from hilrec.daemon.dataset import recorded_body_mode
 from hilrec.daemon.errors import DatasetError, ReplayError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode
 from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
@@ -87,7 +87,8 @@ class ColumnUnits:
 
 
 def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyMode | None:
-    """The body joints' mode from a hilrec dataset sidecar (see :mod:`hilrec.daemon.dataset.joint_units`)."""
+    """The body joints' mode from a hilrec dataset sidecar (see
+    :mod:`hilrec.daemon.dataset.format.joint_units`)."""
     try:
         return recorded_body_mode(sidecar)
     except DatasetError as exc:

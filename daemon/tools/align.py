@@ -22,9 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.joint_units import recorded_body_mode
-from hilrec.daemon.dataset.reader import load_info, load_stats
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar
+from hilrec.daemon.dataset import load_dataset_sidecar, load_info, load_stats, recorded_body_mode
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, JOINT_NAMES, MOTORS, STATE_KEY, BodyMode, NormMode
 

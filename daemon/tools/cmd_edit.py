@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset.video import LeRobotInfo
+from hilrec.daemon.dataset import LeRobotInfo
 from hilrec.daemon.so101 import BodyMode
 from hilrec.daemon.tools.cmd_export import parse_episodes
 

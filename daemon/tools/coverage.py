@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial import cKDTree
 
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset import load_episode_sidecar, load_episodes, read_episode
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import JOINT_NAMES, STATE_KEY
 

@@ -3,7 +3,7 @@
 Every edit writes a whole new dataset and never touches the source until that result has passed
 the checker; then the result takes the source's place in one atomic step:
 
-1. The source's root lock is taken (:class:`~hilrec.daemon.dataset.rootlock.RootLock`, ``hilrec
+1. The source's root lock is taken (:class:`~hilrec.daemon.dataset.store.rootlock.RootLock`, ``hilrec
    edit <sub-command>``), and the lock of ``--out``, for the whole edit. Leftovers of an edit
    killed earlier (sibling folders ``.<name>.hilrec-edit-*`` whose owner is gone) are removed,
    and an interrupted fallback swap is finished (below).
@@ -11,7 +11,7 @@ the checker; then the result takes the source's place in one atomic step:
    target (same file system), locked too. Files the edit leaves as they were (videos, data, a
    sidecar's arrays) are hard-linked, not copied: no writer of a dataset ever writes a file in
    place, so sharing them cannot change the source. The result is fsynced.
-3. :func:`hilrec.daemon.dataset.checker.check_dataset` checks the result: no error and no
+3. :func:`hilrec.daemon.dataset.check.checker.check_dataset` checks the result: no error and no
    warning, or the edit stops, the folder is removed and the source is as it was.
 4. The result and the target are exchanged by ``renameat2(RENAME_EXCHANGE)``: one rename that
    swaps two directory entries, so at every instant the target path holds either the source or
@@ -39,8 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset.features import DEFAULT_FEATURES
-from hilrec.daemon.dataset.video import LeRobotInfo
+from hilrec.daemon.dataset import DEFAULT_FEATURES, LeRobotInfo
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.text import task_problem
 from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit

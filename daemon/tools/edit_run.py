@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hilrec.daemon.atomic import fsync_dir
-from hilrec.daemon.dataset.checker import CheckReport, check_dataset
-from hilrec.daemon.dataset.paths import INFO_PATH
-from hilrec.daemon.dataset.rootlock import LOCK_NAME, RootLock
+from hilrec.daemon.dataset import INFO_PATH, LOCK_NAME, CheckReport, RootLock, check_dataset
 from hilrec.daemon.errors import DatasetError, DatasetStateError
 from hilrec.daemon.tools.edit_source import EditReport, Source
 from hilrec.daemon.tools.edit_swap import (

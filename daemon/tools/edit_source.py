@@ -10,10 +10,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hilrec.daemon.atomic import read_json
-from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.paths import INFO_PATH, data_file_path
-from hilrec.daemon.dataset.reader import load_episodes, load_info, load_task_list, read_parquet
-from hilrec.daemon.dataset.sidecar import episode_json_path, load_dataset_sidecar
+from hilrec.daemon.dataset import (
+    INFO_PATH,
+    data_file_path,
+    episode_json_path,
+    journal,
+    load_dataset_sidecar,
+    load_episodes,
+    load_info,
+    load_task_list,
+    read_parquet,
+)
 from hilrec.daemon.errors import DatasetError, DatasetStateError
 
 # --- the report ----------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 LeRobot merges (``aggregate_datasets``) only datasets whose features agree, ``info`` included:
 0.4.4 compares the whole feature, 0.6.1 all of it but the encoder settings
 (``VIDEO_ENCODER_INFO_KEYS``: ``video.g``, ``video.crf``, ...). They spell the depth flag
-differently (:class:`~hilrec.daemon.dataset.video.LeRobotInfo`): 0.4.4 ``video.is_depth_map``,
+differently (:class:`~hilrec.daemon.dataset.video.codec.LeRobotInfo`): 0.4.4 ``video.is_depth_map``,
 0.6.1 ``is_depth_map``. So a dataset merges with the datasets of one LeRobot or the other, never
 both, and the user, who merges hilrec's recordings with datasets of the LeRobot they use, picks:
 hilrec writes 0.4.4's spelling (the LeRobot it is built against), ``hilrec edit for-lerobot ROOT
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.video import LeRobotInfo
+from hilrec.daemon.dataset import LeRobotInfo
 from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source
 from hilrec.daemon.tools.edit_write import write_dataset

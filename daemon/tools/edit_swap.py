@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from hilrec.daemon.atomic import fsync_dir, json_bytes, read_json, write_synced
-from hilrec.daemon.dataset.rootlock import RootLock
+from hilrec.daemon.dataset import RootLock
 from hilrec.daemon.errors import DatasetStateError
 
 Hook = Callable[[str], None] | None

@@ -18,7 +18,7 @@ reading: give ``--leader-calibration``); the report says so.
 ``--leader-calibration`` (default: the same file). Only body joints change; the gripper stays
 RANGE_0_100, as LeRobot's ``use_degrees=True`` records it. The stats are recomputed from the
 converted rows (:func:`hilrec.daemon.tools.edit_write.write_dataset`), and ``hilrec/dataset.json``
-records the new units (``units.joints``, read by :mod:`hilrec.daemon.dataset.joint_units`) with
+records the new units (``units.joints``, read by :mod:`hilrec.daemon.dataset.format.joint_units`) with
 the calibrations used, so ``hilrec align`` and ``hilrec replay`` read degrees from it.
 
 Refused, naming what and where: a dataset already in degrees (its hilrec metadata says so, or a
@@ -36,8 +36,7 @@ from typing import Any, Final
 import numpy as np
 import pyarrow as pa
 
-from hilrec.daemon.dataset.joint_units import recorded_body_mode
-from hilrec.daemon.dataset.reader import column_to_numpy
+from hilrec.daemon.dataset import column_to_numpy, recorded_body_mode
 from hilrec.daemon.errors import CalibrationError, DatasetError, FlagError
 from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, MOTORS, STATE_KEY, BodyMode, NormMode
 from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit

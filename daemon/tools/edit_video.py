@@ -3,7 +3,7 @@
 An edit keeps or drops whole episodes, and every episode of a LeRobot v3.0 video file starts on a
 key frame when the file was made the way both writers make it (each episode encoded on its own,
 then the files concatenated by copying packets). So an edited file is made of the kept
-episodes' packets, copied (:func:`hilrec.daemon.dataset.video.concat_segments`): no frame is
+episodes' packets, copied (:func:`hilrec.daemon.dataset.video.codec.concat_segments`): no frame is
 decoded or re-encoded, and the frames LeRobot reads are bit for bit the source's.
 
 Where a span does not start on a key frame (a file LeRobot's own ``delete_episodes`` re-encoded
@@ -25,9 +25,14 @@ from pathlib import Path
 
 import av
 
-from hilrec.daemon.dataset.avlog import open_av
-from hilrec.daemon.dataset.reader import decoded_frames
-from hilrec.daemon.dataset.video import Segment, StreamEncoder, VideoSettings, concat_segments
+from hilrec.daemon.dataset import (
+    Segment,
+    StreamEncoder,
+    VideoSettings,
+    concat_segments,
+    decoded_frames,
+    open_av,
+)
 from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
 
 # The stream's codec -> the encoder a re-encoded file is written with.
@@ -66,7 +71,7 @@ def cut_spans(output: Path, segments: Sequence[Segment], *, fps: int) -> list[tu
 
     Segments of one file in time order (what an edit's run is) take two demux passes of that
     file, whatever their number: one to count each segment's packets, one to copy them, shifted
-    as :func:`~hilrec.daemon.dataset.video.concat_segments` shifts them (which reads its input
+    as :func:`~hilrec.daemon.dataset.video.codec.concat_segments` shifts them (which reads its input
     once per segment; it does everything else).
     """
     path = segments[0].path

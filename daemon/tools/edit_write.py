@@ -3,9 +3,9 @@
 The episodes chosen, renumbered 0..N-1 in order, their rows with ``episode_index``, ``index`` and
 ``task_index`` rewritten (tasks renumbered in order of first use, unused ones dropped), every
 numeric feature's per-episode stats recomputed from the rows with the writer's own code
-(:mod:`hilrec.daemon.dataset.stats`), image and video stats carried over (the frames are the same
+(:mod:`hilrec.daemon.dataset.format.stats`), image and video stats carried over (the frames are the same
 packets) or, for ``recompute-stats``, recomputed from the decoded frames with the writer's
-:class:`~hilrec.daemon.dataset.stats.ImageSampler`; ``stats.json`` the aggregate. The sidecars
+:class:`~hilrec.daemon.dataset.format.stats.ImageSampler`; ``stats.json`` the aggregate. The sidecars
 follow their episodes: ``episode-NNNNNN.{json,npz}`` under the new number (the JSON gets
 ``episode_index`` and ``edited_from``), ``dataset.json`` copied with the edit appended to its
 ``edits`` list. The journal (``hilrec/journal``) is not carried over: it describes the source's
@@ -31,37 +31,38 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.atomic import fsync_dir, fsync_file, json_bytes, write_synced
-from hilrec.daemon.dataset.features import data_keys, video_keys
-from hilrec.daemon.dataset.layout import (
-    PARQUET_OPTIONS,
-    data_schema,
-    episodes_table,
-    meta_json_bytes,
-    tasks_table,
-)
-from hilrec.daemon.dataset.paths import (
+from hilrec.daemon.dataset import (
     INFO_PATH,
+    LOCK_NAME,
+    PARQUET_OPTIONS,
     STATS_PATH,
     TASKS_PATH,
+    DatasetStats,
     FileRef,
+    ImageSampler,
+    Segment,
+    VideoSettings,
+    aggregate_stats,
+    column_to_numpy,
+    compute_episode_stats,
     data_file_path,
+    data_keys,
     data_path,
+    data_schema,
+    decoded_frames,
+    episode_json_path,
+    episode_npz_path,
     episodes_path,
+    episodes_table,
+    flatten_episode_stats,
+    meta_json_bytes,
+    sidecar_dir,
+    stats_to_json,
+    tasks_table,
     video_file_path,
+    video_keys,
     video_path,
 )
-from hilrec.daemon.dataset.reader import column_to_numpy, decoded_frames
-from hilrec.daemon.dataset.rootlock import LOCK_NAME
-from hilrec.daemon.dataset.sidecar import episode_json_path, episode_npz_path, sidecar_dir
-from hilrec.daemon.dataset.stats import (
-    DatasetStats,
-    ImageSampler,
-    aggregate_stats,
-    compute_episode_stats,
-    flatten_episode_stats,
-    stats_to_json,
-)
-from hilrec.daemon.dataset.video import Segment, VideoSettings
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError, VideoEncodingError
 from hilrec.daemon.tools import edit_video
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source

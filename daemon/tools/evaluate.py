@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset.sink import FrameSink
+from hilrec.daemon.dataset import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY, so101_features
 from hilrec.daemon.text import task_problem
@@ -364,8 +364,7 @@ def _checked_action(action: Any, name: str, seed: int, frame: int) -> np.ndarray
 
 
 def _open_sink(config: EvalConfig, twin: Twin, policy: EvalPolicy) -> Any:
-    from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset import DatasetWriter, update_dataset_sidecar
     from hilrec.sim.provenance import dataset_provenance
 
     assert config.record_root is not None

@@ -36,8 +36,14 @@ import h5py
 import numpy as np
 
 from hilrec.daemon.atomic import temp_path
-from hilrec.daemon.dataset.reader import load_episodes, load_info, read_episode, read_episode_frames
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset import (
+    load_dataset_sidecar,
+    load_episode_sidecar,
+    load_episodes,
+    load_info,
+    read_episode,
+    read_episode_frames,
+)
 from hilrec.daemon.errors import DatasetError, HilrecError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset.sidecar import episode_json_path, sidecar_dir
+from hilrec.daemon.dataset import episode_json_path, sidecar_dir
 from hilrec.daemon.replay.report import plot_name
 
 log = logging.getLogger(__name__)

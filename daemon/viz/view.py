@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset import load_dataset_sidecar, load_episode_sidecar, reader
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
 from hilrec.daemon.wire.protocol import flag_names

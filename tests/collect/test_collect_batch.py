@@ -10,8 +10,8 @@ from pathlib import Path
 
 from _daemon import Daemon, check_passes, sim_config
 
-from hilrec.daemon.dataset.reader import load_episodes, load_tasks
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, load_tasks
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
 
 def collect(config: Path, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
@@ -90,6 +90,6 @@ def test_attach_drives_a_running_daemon_and_leaves_it_running(tmp_path: Path) ->
 
 
 def _task_indices(root: Path, episode: dict) -> list[int]:
-    from hilrec.daemon.dataset.reader import read_episode
+    from hilrec.daemon.dataset.format.reader import read_episode
 
     return sorted(set(read_episode(root, episode["episode_index"], ["task_index"])["task_index"].tolist()))

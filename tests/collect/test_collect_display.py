@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _daemon import Daemon, check_passes, emulated_config
 
-from hilrec.daemon.dataset.reader import load_episodes
+from hilrec.daemon.dataset.format.reader import load_episodes
 
 dataframe = pytest.importorskip("rerun.dataframe")
 

@@ -14,8 +14,8 @@ from typing import Any
 from _daemon import Daemon, check_passes, emulated_config, run_cli, sim_config
 from _terminal import Terminal
 
-from hilrec.daemon.dataset.reader import load_episodes
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.wire.client import ControlClient
 
 FPS = 25

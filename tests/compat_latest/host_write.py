@@ -2,7 +2,7 @@
 
 Runs on the host venv (the Python hilrec is developed on). For every dataset it writes
 ``<name>/`` and ``<name>.expected.npz``: the numeric columns of every episode as
-``hilrec.daemon.dataset.reader.read_episode`` returns them, every video frame as
+``hilrec.daemon.dataset.format.reader.read_episode`` returns them, every video frame as
 ``read_episode_frames`` decodes it, and the metadata LeRobot should report. ``root_load.py``
 (inside the Python 3.13 root) then loads each dataset with LeRobot 0.6.1 and compares.
 
@@ -23,8 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dataset"))
 from _frames import write_dataset
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.format import reader
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
 LENGTHS = [14, 9, 11]
 SIZE = (48, 64)  # (height, width)

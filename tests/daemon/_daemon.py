@@ -195,7 +195,7 @@ class Daemon:
 
 def check_passes(root: Path) -> None:
     """``hilrec check``'s checks, in this process (the CLI adds only printing and the exit code)."""
-    from hilrec.daemon.dataset.checker import check_dataset
+    from hilrec.daemon.dataset.check.checker import check_dataset
 
     report = check_dataset(root)
     assert report.passed, report.format_text()

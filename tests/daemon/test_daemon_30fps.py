@@ -15,8 +15,8 @@ import pytest
 from _daemon import Daemon, check_passes, emulated_config, run_cli, sim_config
 
 from hilrec.daemon.control.settings import DaemonSettings, load_settings
-from hilrec.daemon.dataset.reader import load_episodes, load_info
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import ConfigError
 
 STEP_30 = 1 / 210

@@ -10,8 +10,8 @@ import pytest
 from _daemon import Daemon, check_passes, sim_config
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.reader import load_episodes, load_info
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
 
 def _refused(tmp_path: Path, config: str, *args: str) -> str:

@@ -23,9 +23,9 @@ from rich.console import Console
 
 from hilrec.daemon.collect.monitor import Monitor
 from hilrec.daemon.collect.panel import Panel, backlog_line
-from hilrec.daemon.dataset.encoder_process import RING_ENV
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION
 
 H, W = 48, 64

@@ -22,7 +22,7 @@ from _daemon import Daemon, sim_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.so101 import ACTION_KEY
 from hilrec.daemon.wire.protocol import COMMANDS, PROTOCOL_VERSION, parse_reply
 

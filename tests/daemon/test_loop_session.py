@@ -24,8 +24,8 @@ from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig
 from hilrec.daemon.control.session import Session, SessionState
 from hilrec.daemon.control.sources import JointReading, WriteResult
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import PortGoneError, RequestRefusedError
 from hilrec.daemon.so101 import ACTION_KEY, ROBOT_TYPE, STATE_KEY, so101_features
 from hilrec.daemon.wire.protocol import CODE_FAULT, FrameFlag, new_request
@@ -178,7 +178,7 @@ def test_a_row_is_the_state_observed_then_the_action_sent(tmp_path: Path) -> Non
 
 
 def test_a_leader_without_a_new_command_holds_the_last_goal_and_marks_the_frame(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+    from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
     twenty, thirty = np.full(6, 20.0, np.float32), np.full(6, 30.0, np.float32)
     with bench(tmp_path, [twenty, None, None, thirty]) as b:
@@ -238,7 +238,7 @@ def test_status_hands_out_copies_never_the_live_registry(tmp_path: Path) -> None
 
 
 def test_frame_flags_reach_the_episode_sidecar(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+    from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
     script = ramp(6)
     script[2] = np.full(6, 900.0, np.float32)

@@ -18,7 +18,7 @@ import numpy as np
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY, so101_features
 
 if TYPE_CHECKING:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
 FPS = 25
 IMAGE_SIZE = (96, 128)  # (height, width): small keeps encoding fast, even sides suit yuv420p
@@ -122,7 +122,7 @@ def front_camera_writer(root: Path, size: tuple[int, int], **options: Any) -> Da
     """A new dataset at ``root`` of SO-101 rows and one ``front`` camera of ``size`` (H, W) at
     25 fps, encoded with libx264 (fast): the one the crash and repair tests take apart."""
     # Imported here: the compat-latest root imports this module for its frames alone.
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
     return DatasetWriter.create(
         root,

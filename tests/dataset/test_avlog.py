@@ -25,7 +25,7 @@ with av.open(str(path), "w") as c:
     for p in s.encode():
         c.mux(p)
 import torchvision.io  # what LeRobot's import does to PyAV's logging
-from hilrec.daemon.dataset.reader import decode_video
+from hilrec.daemon.dataset.format.reader import decode_video
 for _ in range(200):
     decode_video(path, [0.0, 0.04])  # stop early: the threaded decoder is torn down mid-file
 print("done")

@@ -24,10 +24,10 @@ import pytest
 from _frames import write_dataset
 
 from hilrec.daemon.cli import main as cli_main
-from hilrec.daemon.dataset import checks_journal
-from hilrec.daemon.dataset.checker import RULES, CheckReport, check_dataset
-from hilrec.daemon.dataset.checks_common import Severity
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check import journal as checks_journal
+from hilrec.daemon.dataset.check.checker import RULES, CheckReport, check_dataset
+from hilrec.daemon.dataset.check.common import Severity
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
 CAM = "observation.images.front"
 DATA = "data/chunk-000/file-000.parquet"

@@ -24,10 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 from _frames import FPS, features, joint_positions
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.lerobot_sink import LeRobotSink
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format import reader
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
+from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 from hilrec.daemon.so101 import ACTION_KEY, ROBOT_TYPE, STATE_KEY
 
 CAM = "observation.images.front"

@@ -19,9 +19,9 @@ import pytest
 from _frames import write_dataset
 
 from hilrec.daemon.cli import main as cli_main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.checks_common import resolve_workers, run_in_pool
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.check.common import resolve_workers, run_in_pool
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
 CAMS = ("front", "wrist")
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"
@@ -97,9 +97,9 @@ def test_pool_keeps_the_order_of_its_items() -> None:
 def test_seeking_to_an_episode_decodes_what_decoding_from_the_start_does(broken_root: Path) -> None:
     """Each episode is decoded from the key frame before it; the frames are those a decode from
     the file's first frame gives."""
-    from hilrec.daemon.dataset import reader
-    from hilrec.daemon.dataset.checks_video import DecodeJob, _decode_span
-    from hilrec.daemon.dataset.paths import video_file_path
+    from hilrec.daemon.dataset.check.video import DecodeJob, _decode_span
+    from hilrec.daemon.dataset.format import reader
+    from hilrec.daemon.dataset.format.paths import video_file_path
 
     info = reader.load_info(broken_root)
     key = "observation.images.front"

@@ -19,10 +19,10 @@ import pytest
 from _frames import write_dataset
 
 from hilrec.daemon.cli import main as cli_main
-from hilrec.daemon.dataset.checker import RULES, check_dataset
-from hilrec.daemon.dataset.checks_common import Fix, Rule, Severity
-from hilrec.daemon.dataset.lerobot_sink import LeRobotSink
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import RULES, check_dataset
+from hilrec.daemon.dataset.check.common import Fix, Rule, Severity
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
+from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 
 DEFAULT_COLUMNS = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
 EPISODES = "meta/episodes/chunk-000/file-000.parquet"

@@ -20,8 +20,8 @@ os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 import sys, threading
 from pathlib import Path
 import numpy as np
-from hilrec.daemon.dataset.codec_threads import thread_ids
-from hilrec.daemon.dataset.video import StreamEncoder, VideoSettings
+from hilrec.daemon.dataset.video.codec_threads import thread_ids
+from hilrec.daemon.dataset.video.codec import StreamEncoder, VideoSettings
 
 REAL_TIME = (os.SCHED_FIFO, os.SCHED_RR)
 codec, opener_priority, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])

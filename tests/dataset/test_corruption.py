@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from _frames import front_camera_writer
 
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_episodes, load_info, load_tasks, read_episode
-from hilrec.daemon.dataset.repair import EXIT_DROPPED, EXIT_OK, repair
-from hilrec.daemon.dataset.rootlock import LOCK_NAME
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info, load_tasks, read_episode
+from hilrec.daemon.dataset.repair.recover import EXIT_DROPPED, EXIT_OK, repair
+from hilrec.daemon.dataset.store.rootlock import LOCK_NAME
 
 FPS = 25
 H, W = 16, 24

@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hilrec.daemon.dataset.encoder_process import RING_ENV
-from hilrec.daemon.dataset.reader import column_to_numpy
-from hilrec.daemon.dataset.repair import repair
-from hilrec.daemon.dataset.spill import finish_spilled_encodes
-from hilrec.daemon.dataset.video import Segment, concat_segments
+from hilrec.daemon.dataset.format.reader import column_to_numpy
+from hilrec.daemon.dataset.repair.recover import repair
+from hilrec.daemon.dataset.store.spilled import finish_spilled_encodes
+from hilrec.daemon.dataset.video.codec import Segment, concat_segments
+from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 
 FPS = 25
 H, W = 48, 64
@@ -69,13 +69,13 @@ def episode_frames(episode: int, length: int) -> list[dict]:
 
 
 def child_main(argv: list[str]) -> None:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
     from hilrec.daemon.so101 import so101_features
 
     root, codec, stall_at = argv[0], argv[1], argv[2]
     mode = argv[3] if len(argv) > 3 else "wait"
     if mode in ("pending", "behind"):
-        import hilrec.daemon.dataset.episode as episode_module
+        import hilrec.daemon.dataset.writer.episode as episode_module
 
         episode_module.FINISH_WAIT_S = 0.0
     target, _, nth = stall_at.partition("#")
@@ -311,7 +311,7 @@ def test_saved_episodes_survive_sigkill_at_any_moment(tmp_path: Path) -> None:
     [("renamed meta/info.json#2", "wait"), ("video-placed#1", "pending"), ("spill-synced#2", "behind")],
 )
 def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: str, mode: str) -> None:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
     root = tmp_path / "ds"
     saved, _ = run_child(root, "libx264", step, None, mode)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from _frames import front_camera_writer
 
-from hilrec.daemon.dataset.encoder_process import RING_ENV, SHM_DIR, EncoderProcess
-from hilrec.daemon.dataset.spill import SpillFile
-from hilrec.daemon.dataset.video import EpisodeVideoEncoder, VideoSettings, probe_video
+from hilrec.daemon.dataset.video.codec import EpisodeVideoEncoder, VideoSettings, probe_video
+from hilrec.daemon.dataset.video.encoder_process import RING_ENV, SHM_DIR, EncoderProcess
+from hilrec.daemon.dataset.video.spill import SpillFile
 from hilrec.daemon.errors import VideoEncodingError
 
 FPS = 25
@@ -188,7 +188,7 @@ def test_a_ring_dev_shm_cannot_hold_is_refused_before_any_frame(tmp_path: Path) 
 def test_a_writer_with_no_room_for_the_ring_records_with_the_thread_encoder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from hilrec.daemon.dataset.reader import read_episode
+    from hilrec.daemon.dataset.format.reader import read_episode
 
     monkeypatch.setenv(RING_ENV, str(shm_free_bytes() + (64 << 20)))
     root = tmp_path / "ds"
@@ -234,7 +234,7 @@ def test_a_closed_worker_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
 def test_a_job_failing_after_its_cut_still_puts_every_later_frame_into_the_spill(tmp_path: Path) -> None:
     """The ring frames after a failed job's cut were released untouched: its spill had holes
     that a save would have read back as black frames."""
-    from hilrec.daemon.dataset.spill import read_spill_frame
+    from hilrec.daemon.dataset.video.spill import read_spill_frame
 
     images = frames(16)
     worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
@@ -278,7 +278,7 @@ def test_a_worker_that_cannot_start_leaves_no_shared_memory_behind(monkeypatch: 
 def test_takes_discarded_as_they_start_never_fail_and_the_next_is_saved(tmp_path: Path) -> None:
     """A discard races the worker creating its mp4 in the episode's directory (rmdir then met
     ENOTEMPTY: 'Directory not empty .episode-000000.tmp'); every discard must succeed."""
-    from hilrec.daemon.dataset.reader import read_episode
+    from hilrec.daemon.dataset.format.reader import read_episode
 
     root = tmp_path / "ds"
     writer = front_camera_writer(root, (H, W), video_encoder="process")

@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
-from hilrec.daemon.dataset.video import probe_video
-from hilrec.daemon.dataset.writer import MIN_FREE_BYTES, DatasetWriter
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.video.codec import probe_video
+from hilrec.daemon.dataset.writer.dataset_writer import MIN_FREE_BYTES, DatasetWriter
 from hilrec.daemon.errors import DatasetError, VideoEncodingError
 from hilrec.daemon.so101 import ACTION_KEY, so101_features
 

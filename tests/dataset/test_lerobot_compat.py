@@ -30,11 +30,11 @@ import pyarrow.parquet as pq
 import pytest
 from _frames import FPS, TASKS, episode_frames, features, stacked, write_dataset
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.lerobot_sink import LeRobotSink
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format import reader
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
+from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 from hilrec.daemon.errors import DatasetError, DatasetStateError, FrameError
 from hilrec.daemon.so101 import ROBOT_TYPE
 
@@ -300,7 +300,7 @@ def test_lerobot_merges_hilrec_with_its_own_and_loads_the_0_6_spelling(
     with its own: the spelling is the user's choice of which LeRobot to merge with."""
     from lerobot.datasets.aggregate import aggregate_datasets
 
-    from hilrec.daemon.dataset.video import LeRobotInfo
+    from hilrec.daemon.dataset.video.codec import LeRobotInfo
     from hilrec.daemon.tools.edit_spelling import for_lerobot
 
     native, theirs = datasets[("native", True)], datasets[("lerobot", True)]

@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_episodes, read_episode
-from hilrec.daemon.dataset.rootlock import LOCK_NAME, RootLock
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, RootLock
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import DatasetError, DatasetLockedError, DatasetStateError
 from hilrec.daemon.so101 import ACTION_KEY, so101_features
 
@@ -34,7 +34,7 @@ CAM = "observation.images.front"
 WRITER_A = """
 import sys
 import numpy as np
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.so101 import so101_features
 
 root, mode = sys.argv[1], sys.argv[2]

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from _frames import FPS, IMAGE_SIZE, TASKS, stacked, write_dataset
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.stats import STAT_KEYS
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.format import reader
+from hilrec.daemon.dataset.format.stats import STAT_KEYS
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 
 CAM = "observation.images.front"
@@ -127,7 +127,7 @@ def test_missing_or_bad_info_names_the_file(tmp_path: Path) -> None:
 
 def test_reader_imports_neither_lerobot_nor_pandas() -> None:
     code = (
-        "import sys, hilrec.daemon.dataset.reader, hilrec.daemon.dataset.checker; "
+        "import sys, hilrec.daemon.dataset.format.reader, hilrec.daemon.dataset.check.checker; "
         "print(sorted(m for m in ('lerobot', 'torch', 'pandas', 'datasets') "
         "if m in sys.modules))"
     )

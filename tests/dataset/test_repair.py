@@ -19,13 +19,13 @@ import pytest
 from _frames import front_camera_writer
 
 from hilrec.daemon.cli import main as cli_main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.journal import read_entry
-from hilrec.daemon.dataset.reader import column_to_numpy
-from hilrec.daemon.dataset.repair import repair
-from hilrec.daemon.dataset.rootlock import RootLock
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import column_to_numpy
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.repair.recover import repair
+from hilrec.daemon.dataset.store.journal import read_entry
+from hilrec.daemon.dataset.store.rootlock import RootLock
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.so101 import so101_features
 
 FPS = 25
@@ -130,7 +130,7 @@ def test_info_counts_that_disagree_with_the_files_are_fixed(dataset: Path) -> No
 UNSAVED_CHILD = """
 import sys
 import numpy as np
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 writer = DatasetWriter.open(sys.argv[1], video_codec="libx264")
 for i in range(5):
     writer.add_frame({
@@ -478,7 +478,7 @@ FULL_DISK_CHILD = r"""
 import contextlib, io, json, os, shutil, subprocess, sys
 from pathlib import Path
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.checker import check_dataset
+from hilrec.daemon.dataset.check.checker import check_dataset
 
 source, work, trials = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 

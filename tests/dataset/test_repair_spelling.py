@@ -20,9 +20,9 @@ import pytest
 from _frames import front_camera_writer
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_info
-from hilrec.daemon.dataset.video import LeRobotInfo
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_info
+from hilrec.daemon.dataset.video.codec import LeRobotInfo
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 
 FPS = 25

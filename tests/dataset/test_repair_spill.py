@@ -30,10 +30,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.reader import column_to_numpy
-from hilrec.daemon.dataset.spill import pending_spills
-from hilrec.daemon.dataset.video import Segment, concat_segments
+from hilrec.daemon.dataset.format.reader import column_to_numpy
+from hilrec.daemon.dataset.store import journal
+from hilrec.daemon.dataset.store.spilled import pending_spills
+from hilrec.daemon.dataset.video.codec import Segment, concat_segments
 
 FPS = 25
 H, W = 32, 48
@@ -65,7 +65,7 @@ def take_frames(episode: int, length: int) -> list[dict]:
 
 
 def child_main(root: str) -> None:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
     from hilrec.daemon.so101 import so101_features
 
     def say(text: str) -> None:

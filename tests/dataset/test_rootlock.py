@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hilrec.daemon.dataset.rootlock import RootLock
+from hilrec.daemon.dataset.store.rootlock import RootLock
 from hilrec.daemon.errors import DatasetLockedError, DatasetStateError
 
 HOLDER = """
 import sys
-from hilrec.daemon.dataset.rootlock import RootLock
+from hilrec.daemon.dataset.store.rootlock import RootLock
 lock = RootLock(sys.argv[1], "hilrec daemon (test holder)").acquire()
 print("held", flush=True)
 sys.stdin.read()
@@ -71,7 +71,7 @@ def test_a_root_that_cannot_be_a_folder_is_a_clear_error(tmp_path: Path, where: 
 
 
 def test_a_root_holding_only_a_leftover_lock_file_is_recorded_into_without_resume(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.rootlock import LOCK_NAME, holds_nothing
+    from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, holds_nothing
     from hilrec.sim.recorder import RecordConfig, record
 
     root = tmp_path / "ds"

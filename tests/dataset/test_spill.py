@@ -15,14 +15,16 @@ import av
 import numpy as np
 import pytest
 
-import hilrec.daemon.dataset.episode as episode_module
-from hilrec.daemon.dataset import backlog, journal
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.encoder_process import RING_ENV
-from hilrec.daemon.dataset.reader import read_episode
-from hilrec.daemon.dataset.spill import SPILL_META, finish_spilled_encodes, pending_spills
-from hilrec.daemon.dataset.video import probe_video
-from hilrec.daemon.dataset.writer import DatasetWriter
+import hilrec.daemon.dataset.writer.episode as episode_module
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import read_episode
+from hilrec.daemon.dataset.store import journal
+from hilrec.daemon.dataset.store.spilled import finish_spilled_encodes, pending_spills
+from hilrec.daemon.dataset.video.codec import probe_video
+from hilrec.daemon.dataset.video.encoder_process import RING_ENV
+from hilrec.daemon.dataset.video.spill import SPILL_META
+from hilrec.daemon.dataset.writer import backlog
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import SpillFullError, VideoEncodingError
 from hilrec.daemon.so101 import so101_features
 
@@ -379,7 +381,7 @@ def test_the_writer_start_waits_while_a_crash_backlog_is_encoded_and_says_so(
 
 def test_the_spill_is_bounded_by_the_free_disk_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """spill_bytes_limit alone (16 GiB by default) let the spill fill a smaller disk."""
-    import hilrec.daemon.dataset.backlog as backlog_module
+    import hilrec.daemon.dataset.writer.backlog as backlog_module
 
     stat = os.statvfs(tmp_path)
     # As if the disk had less free than the writer keeps free: not one more frame may spill.
@@ -394,7 +396,7 @@ def test_the_spill_is_bounded_by_the_free_disk_too(tmp_path: Path, monkeypatch: 
 
 
 def test_the_space_taken_by_an_open_episode_counts_a_sparse_spill_by_its_blocks(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.space import dir_bytes
+    from hilrec.daemon.dataset.writer.space import dir_bytes
 
     with open(tmp_path / "cam.spill", "wb") as f:
         f.truncate(1 << 30)  # frame n written at n*H*W*3: the size says nothing of the disk used
@@ -407,7 +409,7 @@ def test_finalize_gives_up_on_a_hung_encoder_in_bounded_time_and_the_reopen_fini
     """finalize() waited for the backlog with no bound: a hung encoder process hung it too."""
     import threading
 
-    import hilrec.daemon.dataset.writer as writer_module
+    import hilrec.daemon.dataset.writer.dataset_writer as writer_module
 
     monkeypatch.setattr(episode_module, "FINISH_WAIT_S", 0.0)
     monkeypatch.setattr(writer_module, "VIDEO_WAIT_S", 1.0)

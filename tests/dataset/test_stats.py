@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.stats import (
+from hilrec.daemon.dataset.format.stats import (
     STAT_KEYS,
     ImageSampler,
     aggregate_stats,

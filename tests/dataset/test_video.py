@@ -8,7 +8,7 @@ import av
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.video import (
+from hilrec.daemon.dataset.video.codec import (
     EpisodeVideoEncoder,
     Segment,
     VideoSettings,

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hilrec.daemon.dataset.reader import column_to_numpy, load_task_list
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.dataset.stats import STAT_KEYS
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.format.reader import column_to_numpy, load_task_list
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.format.stats import STAT_KEYS
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import DatasetError, DatasetStateError, FeatureSpecError, FrameError
 from hilrec.daemon.so101 import POSITION_NAMES, so101_features
 
@@ -398,7 +398,7 @@ def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) 
     root = tmp_path / "ds"
     script = (
         "import sys, numpy as np\n"
-        "from hilrec.daemon.dataset.writer import DatasetWriter\n"
+        "from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter\n"
         "from hilrec.daemon.so101 import so101_features\n"
         "w = DatasetWriter.create(sys.argv[1], fps=25, features=so101_features({'front': (32, 48)}),\n"
         "                         robot_type=None, video_codec='libx264')\n"
@@ -424,7 +424,7 @@ def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
 
     script = (
         "import sys, numpy as np\n"
-        "from hilrec.daemon.dataset.writer import DatasetWriter\n"
+        "from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter\n"
         "from hilrec.daemon.so101 import so101_features\n"
         "w = DatasetWriter.create(sys.argv[1], fps=25, features=so101_features({}), robot_type=None)\n"
         "for n, task in ((5, 'a'), (3, 'b')):\n"
@@ -452,8 +452,8 @@ def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
 
 
 def test_episode_and_task_tables_equal_what_pyarrow_builds_from_python(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.features import validate_features
-    from hilrec.daemon.dataset.layout import episodes_schema, episodes_table, tasks_table
+    from hilrec.daemon.dataset.format.features import validate_features
+    from hilrec.daemon.dataset.format.layout import episodes_schema, episodes_table, tasks_table
 
     features = validate_features(so101_features({"front": (H, W)}))
     schema = episodes_schema(features)

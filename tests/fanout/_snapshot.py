@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.avlog import open_av
-from hilrec.daemon.dataset.rootlock import LOCK_NAME
+from hilrec.daemon.dataset.store.rootlock import LOCK_NAME
+from hilrec.daemon.dataset.video.avlog import open_av
 
 # The one value of the journal that is the wall clock: when the episode was saved.
 SAVED_AT = "saved_unix_s"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from _snapshot import differences, record, seeds_of, snapshot
 
-from hilrec.daemon.dataset.reader import load_info
+from hilrec.daemon.dataset.format.reader import load_info
 from hilrec.daemon.fanout import run_tasks
 
 EPISODE_FLAGS = ("--cameras", "front", "--size", "64x48", "--pushes", "0.5")

@@ -20,8 +20,8 @@ from _procs import spawn_workers, still_running_after
 from _snapshot import differences, record, seeds_of, snapshot
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset import journal
-from hilrec.daemon.dataset.reader import load_info
+from hilrec.daemon.dataset.format.reader import load_info
+from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.fanout import TaskOutcome
 from hilrec.sim.cmd_record import _seed_list
 from hilrec.sim.record_workers import (

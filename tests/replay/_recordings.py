@@ -397,7 +397,7 @@ def write_with_lerobot(
 
 def write_native(root: Path, episodes: Sequence[Episode], twin: Twin, *, fps: int = FPS) -> Path:
     """Write with hilrec's native writer, plus the dataset sidecar a hilrec recorder writes."""
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 
     with DatasetWriter.create(root, fps=fps, features=so101_features(), robot_type=ROBOT_TYPE) as writer:
         for ep in episodes:
@@ -430,7 +430,7 @@ def _describe(spec: RecordingSpec) -> dict[str, Any]:
 
 def add_hilrec_metadata(root: Path, twin: Twin) -> None:
     """The dataset sidecar a hilrec recorder writes: units mapping and physics."""
-    from hilrec.daemon.dataset.sidecar import update_dataset_sidecar
+    from hilrec.daemon.dataset.format.sidecar import update_dataset_sidecar
     from hilrec.sim.units import units_mapping
 
     update_dataset_sidecar(root, {"units": units_mapping(twin.units), "physics": twin.physics_info()})

@@ -13,8 +13,8 @@ import pexpect
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.journal import EPISODE_META, episode_dir
-from hilrec.daemon.dataset.reader import load_episodes, load_info, probe_video, video_file_path
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info, probe_video, video_file_path
+from hilrec.daemon.dataset.store.journal import EPISODE_META, episode_dir
 from hilrec.sim.cmd_record import _rerun_hint
 from hilrec.sim.record_workers import scratch_dirs
 from hilrec.sim.recorder import RecordConfig

@@ -12,8 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.reader import load_episodes, load_info, probe_video, read_episode, video_file_path
-from hilrec.daemon.dataset.sidecar import (
+from hilrec.daemon.dataset.format.reader import (
+    load_episodes,
+    load_info,
+    probe_video,
+    read_episode,
+    video_file_path,
+)
+from hilrec.daemon.dataset.format.sidecar import (
     episode_json_path,
     episode_npz_path,
     load_dataset_sidecar,

@@ -26,7 +26,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def lerobot_style(root: Path, values: np.ndarray, *, fps: int = 25, size: tuple[int, int] = (48, 64)) -> Path:
     """A dataset as LeRobot's recorder leaves one: no hilrec sidecar saying the units."""
-    from hilrec.daemon.dataset.lerobot_sink import LeRobotSink
+    from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 
     sink = LeRobotSink.create(
         root, fps=fps, features=so101_features({"front": size}), robot_type=ROBOT_TYPE, video_codec="libx264"

@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import (
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import (
     load_episodes,
     load_info,
     load_task_list,
     read_episode,
     read_episode_frames,
 )
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY, so101_features
 from hilrec.daemon.tools import edit

@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 from test_edit import LENGTHS, assert_same_episode, tree_digest
 
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_episodes
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.tools import edit
 
 # (step the child stops at, use the two-rename fallback)
@@ -74,7 +74,7 @@ def run_trial(root: Path, stop_at: str, fallback: bool, delay: float | None) -> 
     # not from this one, whose threads (torch's, a writer's) a plain fork would copy mid-lock.
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(
-        ["hilrec.daemon.tools.edit", "hilrec.daemon.dataset.checker", "test_edit_kill"]
+        ["hilrec.daemon.tools.edit", "hilrec.daemon.dataset.check.checker", "test_edit_kill"]
     )
     parent, child_end = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=child, args=(str(root), stop_at, fallback, child_end), daemon=True)

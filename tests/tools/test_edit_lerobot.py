@@ -21,9 +21,9 @@ from test_edit import (
 )
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import decode_video, read_episode, read_episode_frames
-from hilrec.daemon.dataset.video import Segment
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import decode_video, read_episode, read_episode_frames
+from hilrec.daemon.dataset.video.codec import Segment
 from hilrec.daemon.so101 import ACTION_KEY
 from hilrec.daemon.tools import edit, edit_video
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.checker import check_dataset
-from hilrec.daemon.dataset.reader import load_info, read_episode
-from hilrec.daemon.dataset.video import LeRobotInfo
-from hilrec.daemon.dataset.writer import DatasetWriter
+from hilrec.daemon.dataset.check.checker import check_dataset
+from hilrec.daemon.dataset.format.reader import load_info, read_episode
+from hilrec.daemon.dataset.video.codec import LeRobotInfo
+from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY, so101_features
 from hilrec.daemon.tools import edit

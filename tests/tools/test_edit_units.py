@@ -20,9 +20,9 @@ from lerobot.motors import Motor, MotorNormMode
 from lerobot.motors import MotorCalibration as LeRobotCalibration
 from lerobot.motors.feetech import FeetechMotorsBus
 
-from hilrec.daemon.dataset import reader
-from hilrec.daemon.dataset.joint_units import recorded_body_mode
-from hilrec.daemon.dataset.sidecar import load_dataset_sidecar, sidecar_dir
+from hilrec.daemon.dataset.format import reader
+from hilrec.daemon.dataset.format.joint_units import recorded_body_mode
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, sidecar_dir
 from hilrec.daemon.errors import DatasetError, FlagError
 from hilrec.daemon.so101 import ACTION_KEY, MOTORS, ROBOT_TYPE, STATE_KEY, BodyMode, so101_features
 from hilrec.daemon.tools.align import align
@@ -74,7 +74,7 @@ def random_ticks(cal: dict[str, Any], n: int, rng: np.random.Generator) -> np.nd
 
 
 def write_m100(root: Path, states: list[np.ndarray], actions: list[np.ndarray]) -> Path:
-    from hilrec.daemon.dataset.lerobot_sink import LeRobotSink
+    from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 
     sink = LeRobotSink.create(root, fps=25, features=so101_features(), robot_type=ROBOT_TYPE)
     for state, action in zip(states, actions, strict=True):

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.dataset.reader import load_episodes, load_stats, read_episode
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, load_stats, read_episode
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from hilrec.daemon.tools.evaluate import NOT_GRASPED, EvalConfig, evaluate, wilson_interval
 from hilrec.daemon.tools.policies import as_policy

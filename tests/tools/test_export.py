@@ -10,8 +10,8 @@ import h5py
 import numpy as np
 import pytest
 
-from hilrec.daemon.dataset.reader import load_episodes, read_episode, read_episode_frames
-from hilrec.daemon.dataset.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode, read_episode_frames
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 from hilrec.daemon.tools.export import export_robomimic
@@ -106,7 +106,7 @@ def test_a_refusal_leaves_no_partial_file_and_names_the_problem(sim_dataset: Pat
 
 
 def test_the_command_says_what_it_could_not_carry_over(tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.writer import DatasetWriter
+    from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
     from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
 
     root = tmp_path / "hardware"

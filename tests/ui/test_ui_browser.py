@@ -15,7 +15,7 @@ from _daemon import Daemon, check_passes, emulated_config
 from _ui import ARTIFACTS, CHROMIUM_ARGS, TOKEN, Ui, chromium, on_the_same_ports
 from playwright.sync_api import Page, expect, sync_playwright
 
-from hilrec.daemon.dataset.reader import load_episodes
+from hilrec.daemon.dataset.format.reader import load_episodes
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset.sidecar import episode_json_path
+from hilrec.daemon.dataset.format.sidecar import episode_json_path
 from hilrec.daemon.ui.model import BenchModel
 from hilrec.daemon.ui.takes import TakeFiles
 

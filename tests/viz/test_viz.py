@@ -44,7 +44,7 @@ def sim_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_view_sim_episode_to_rrd(sim_dataset: Path, tmp_path: Path) -> None:
-    from hilrec.daemon.dataset.reader import load_episodes
+    from hilrec.daemon.dataset.format.reader import load_episodes
 
     frames = int(load_episodes(sim_dataset)[0]["length"])
     out = tmp_path / "view.rrd"

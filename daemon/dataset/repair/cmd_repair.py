@@ -1,0 +1,49 @@
+"""``hilrec repair ROOT [--json]``: make a damaged or crashed dataset pass ``hilrec check`` again.
+
+Every episode whose rows and frames can still be read is kept; the report has one line per
+episode (runs of untouched episodes share a line): where its rows and frames came from, or why
+it was dropped; its last line names the episodes kept, those whose video was encoded from their
+spill (saved before their mp4 was finished) and those dropped. Exit codes (as ``mcap recover``,
+plus one): 0 nothing lost, 3 episodes were dropped (listed), 2 the dataset could not be repaired
+(it is left as it was, and the report says what ``hilrec check`` would still reject) or is
+locked by another process (named with its pid), 4 not enough disk space (nothing was changed;
+the report says how many bytes to free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hilrec.daemon.dataset.repair.recover import EXIT_NOT_REPAIRED, repair
+from hilrec.daemon.dataset.repair.report import format_report
+from hilrec.daemon.errors import DatasetError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "repair",
+        help="make a damaged or crashed dataset pass hilrec check, keeping every readable episode",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("root", type=Path, help="dataset root (the folder holding meta/)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = repair(args.root)
+    except DatasetError as exc:
+        if args.json:
+            print(json.dumps({"root": str(args.root), "error": str(exc), "exit_code": EXIT_NOT_REPAIRED}))
+        else:
+            print(f"hilrec repair: cannot repair {args.root}: {exc}", file=sys.stderr)
+        return EXIT_NOT_REPAIRED
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    return report.exit_code
