@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.collect.panel import Panel, backlog_line
     from hilrec.daemon.collect.session import CollectSession, Summary
     from hilrec.daemon.collect.sounds import Speaker
+    from hilrec.daemon.control.root import check_settings_root
     from hilrec.daemon.control.settings import load_settings
     from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
     from hilrec.daemon.wire.client import ControlClient
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     daemon: DaemonProcess | None = None
     display: LiveDisplay | None = None
     if not args.attach:
+        # The daemon's own rule, before anything starts: a refused root is one line, at once.
+        check_settings_root(settings, resume=args.resume)
         log_path = args.daemon_log or default_log_path(Path(settings.dataset.root))
         daemon = DaemonProcess(
             args.config,
