@@ -1,7 +1,7 @@
 """The dataset root a daemon may record into: new (missing or empty), or resumed on purpose.
 
-One rule for the daemon and for ``hilrec collect``, which checks it before it starts emulators
-and the daemon, so a refused root is said in one line at once rather than after the start-up.
+One rule for the daemon and for its clients: ``hilrec collect`` checks it before it starts
+emulators and the daemon, so a refused root is said in one line at once, not after the start-up.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.control.settings import DaemonSettings
 from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.wire.settings import DaemonSettings
 
 
 def daemon_features(settings: DaemonSettings) -> dict[str, Any]:
