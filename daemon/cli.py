@@ -73,6 +73,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 _RST_LITERAL = re.compile(r"``(.+?)``")
+_SPHINX_ROLE = re.compile(r":[a-z]+:`([^`]+)`")
 _VERBOSE_HELP = "log debug messages"
 
 
@@ -147,6 +148,15 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             # A placeholder keeps `hilrec --help` complete without importing every command.
             sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def doc_summary(doc: str | None) -> str | None:
+    """A module docstring's first paragraph as one line, for a command's ``description``: the
+    whole first sentence, never its first line only; Sphinx roles (:mod:`x`) as their text."""
+    if not doc:
+        return None
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return _SPHINX_ROLE.sub(r"\1", first)
 
 
 def error_prefix(command: str) -> str:

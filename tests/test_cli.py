@@ -3,6 +3,7 @@ help, no RST markup, one spelling of the dataset argument, the setup commands li
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import logging
 import re
@@ -59,7 +60,7 @@ def test_setup_commands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
         (
             "ctl",
             [
-                "(default: 127.0.0.1)",
+                "(default: 127.0.0.1; with --config, its host)",
                 "(default: 5555)",
                 "(default: 2000)",
                 "(default: 3)",
@@ -95,3 +96,14 @@ def test_the_dataset_argument_is_ROOT_everywhere(capsys: pytest.CaptureFixture[s
     usage = help_of(capsys, command).split("\n\n", 1)[0]
     assert re.search(r"\bROOT\b", usage), usage
     assert not re.search(r"\broot\b", usage), usage
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_description_is_whole_sentences(command: str) -> None:
+    """A description cut at the docstring's first line ended mid-sentence (view, display)."""
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = (sub.description or "").strip()
+    assert text.endswith((".", ")", ":")), text
+    assert text.count("(") == text.count(")") and text.count("[") == text.count("]"), text
+    assert ":mod:" not in text, text

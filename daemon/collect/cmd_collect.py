@@ -197,10 +197,8 @@ def format_summary(summary: Any) -> str:
 def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
     """``hilrec display``'s command line for ``--display rerun`` and its viewer flags (a viewer
     flag alone implies ``--display rerun``); None without them."""
-    import os
-
     from hilrec.daemon.errors import FlagError
-    from hilrec.daemon.wire.display_child import display_argv
+    from hilrec.daemon.wire.display_child import display_argv, no_screen
     from hilrec.daemon.wire.settings import RerunViewer
 
     if args.display_rrd is not None:
@@ -214,11 +212,10 @@ def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
             )
         return display_argv(telemetry, RerunViewer.SERVE, web_port=args.display_web_port)
     if args.display_spawn or args.display == "rerun":
-        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        if (problem := no_screen()) is not None:
             raise FlagError(
                 "--display-spawn" if args.display_spawn else "--display",
-                "no screen for rerun's viewer here (neither DISPLAY nor WAYLAND_DISPLAY is set): "
-                "add --display-rrd OUT.rrd to write the view to a file, or --display-serve",
+                f"{problem}: add --display-rrd OUT.rrd to write the view to a file, or --display-serve",
             )
         return display_argv(telemetry, RerunViewer.SPAWN)
     return None
