@@ -216,3 +216,27 @@ def test_a_value_outside_the_calibrated_range_is_named(recorded: dict[str, Any],
             degrees_like, to=BodyMode.DEGREES, calibration=recorded["follower"], out=tmp_path / "out2"
         )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def test_the_leaders_file_as_calibration_is_refused_naming_the_followers(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """observation.state is the follower's reading: through the leader's file it would be converted
+    wrongly; that was a success with only notes."""
+    root = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(recorded["root"]), str(root)], check=True)
+    state_before = columns(root, STATE_KEY)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "hilrec.daemon.cli", "edit", "convert-units", str(root)),
+            *("--to", "degrees", "--calibration", str(recorded["leader"])),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"flag --calibration: {recorded['leader']} is not the calibration" in done.stderr, done.stderr
+    assert "follower" in done.stderr
+    assert columns(root, STATE_KEY).tobytes() == state_before.tobytes()
