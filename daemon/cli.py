@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -165,13 +166,25 @@ def error_prefix(command: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # `hilrec check ROOT | head`: the reader has gone, which is not an error of hilrec's.
+        # Output still buffered must not fail again at exit: stdout goes to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the pipe's end stopped
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # PyOpenGL (imported with MuJoCo) says at INFO on every run that an optional speed-up is absent.
+    logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
     func = getattr(args, "func", None)
     if func is None:
         parser.error(f"'{args.command}' needs its arguments; see 'hilrec {args.command} --help'")

@@ -7,6 +7,10 @@ import argparse
 import importlib.metadata
 import logging
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,3 +111,28 @@ def test_help_description_is_whole_sentences(command: str) -> None:
     assert text.endswith((".", ")", ":")), text
     assert text.count("(") == text.count(")") and text.count("[") == text.count("]"), text
     assert ":mod:" not in text, text
+
+
+def _hilrec(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        **kwargs,
+    )
+
+
+def test_no_opengl_accelerate_line(tmp_path: Path) -> None:
+    """The daemon's config checks import MuJoCo, whose PyOpenGL said at INFO on every run that an
+    optional module is missing; the error is the only line now."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "x").write_text("x")
+    config = tmp_path / "d.toml"
+    config.write_text(f'mode = "sim"\nfps = 25\n[dataset]\nroot = "{root}"\n[leader]\nsource = "scripted"\n')
+    done = _hilrec("daemon", "--config", str(config))
+    assert done.returncode == 2
+    assert "OpenGL" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr

@@ -15,7 +15,6 @@ Without a terminal on stdin the takes simply run their time.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -90,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.wire.root import check_settings_root
     from hilrec.daemon.wire.settings import load_settings
 
-    logging.getLogger("OpenGL").setLevel(logging.WARNING)  # the config's checks import MuJoCo
     settings = load_settings(args.config, root=args.root)
     endpoints = Endpoints.from_settings(settings)
     task_list = _tasks(args)
