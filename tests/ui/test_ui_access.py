@@ -239,12 +239,12 @@ def test_dns_rebound_names_foreign_origins_and_missing_or_wrong_tokens_are_refus
     assert status == 303 and headers["Set-Cookie"].startswith(f"hilrec_ui_token={token}")
     status, _, body = fetch("GET", ui.url + "/", headers={"Cookie": f"hilrec_ui_token={token}"})
     assert status == 200 and b"<canvas" in body
-    origin = {"Origin": f"http://127.0.0.1:{ui.port}"}
-    status, _, body = fetch("POST", ui.url + "/api/start", **start, headers={**bearer, **origin})
+    same = {"Origin": f"http://127.0.0.1:{ui.port}"}
+    status, _, body = fetch("POST", ui.url + "/api/start", **start, headers={**bearer, **same})
     assert status == 200 and json.loads(body)["ok"], body
     assert daemon.call("status")["state"] == "recording"
     assert (
-        first_ws_message(f"ws://127.0.0.1:{ui.port}/ws?token={token}", origin=origin["Origin"])["type"]
+        first_ws_message(f"ws://127.0.0.1:{ui.port}/ws?token={token}", origin=same["Origin"])["type"]
         == "snapshot"
     )
 
