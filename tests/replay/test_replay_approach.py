@@ -16,9 +16,9 @@ import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
 from _results import onset_of
 
-from hilrec.daemon.replay.check import check_dataset
+from hilrec.daemon.replay.check import replay_dataset
 from hilrec.daemon.replay.metrics import approach_end
-from hilrec.daemon.replay.results import EpisodeResult, Verdict, to_json
+from hilrec.daemon.replay.results import EpisodeResult, ReplayVerdict, to_json
 from hilrec.daemon.replay.settings import ApproachSettings, ReplaySettings
 
 # A folded arm, as a follower rests between takes; its servos move at most 120 deg/s, above every
@@ -42,15 +42,15 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def results(root: Path, settings: ReplaySettings) -> dict[str, EpisodeResult]:
-    check = check_dataset(root, settings=settings, settings_source="test")
+    check = replay_dataset(root, settings=settings, settings_source="test")
     return {name: check.results[i] for i, name in enumerate(SPECS)}
 
 
 def test_the_swing_to_the_leader_is_reported_as_the_approach_and_the_rest_judged(root: Path) -> None:
     whole = results(root, WHOLE)["approach"]
-    assert whole.verdict is Verdict.DIVERGED and onset_of(whole) < 5, whole.reason  # as before
+    assert whole.verdict is ReplayVerdict.DIVERGED and onset_of(whole) < 5, whole.reason  # as before
     found = results(root, ReplaySettings())["approach"]
-    assert found.verdict is Verdict.CONSISTENT, found.reason
+    assert found.verdict is ReplayVerdict.CONSISTENT, found.reason
     # The follower closes its 83 deg gap at 120 deg/s: 0.6..0.8 s at 25 fps.
     assert 15 <= found.approach_frames <= 20
     seconds = found.approach_frames / 25
@@ -64,13 +64,13 @@ def test_the_swing_to_the_leader_is_reported_as_the_approach_and_the_rest_judged
 def test_a_take_that_diverges_after_its_approach_still_fails(root: Path) -> None:
     jammed = results(root, ReplaySettings())["approach_then_jam"]
     assert jammed.approach_frames > 0
-    assert jammed.verdict is Verdict.DIVERGED and jammed.divergence_joint == "shoulder_lift"
+    assert jammed.verdict is ReplayVerdict.DIVERGED and jammed.divergence_joint == "shoulder_lift"
     assert 120 <= onset_of(jammed) <= 123
 
 
 def test_a_take_starting_at_the_leader_has_no_approach(root: Path) -> None:
     clean = results(root, ReplaySettings())["at_the_leader"]
-    assert clean.approach_frames == 0 and clean.verdict is Verdict.CONSISTENT
+    assert clean.approach_frames == 0 and clean.verdict is ReplayVerdict.CONSISTENT
     assert to_json(clean)["approach"] is None
 
 
