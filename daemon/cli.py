@@ -61,7 +61,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "edit": (
         "hilrec.daemon.tools.cmd_edit",
-        "edit a dataset safely: delete, keep, merge, split, set-task, remove-feature, recompute-stats",
+        "edit a dataset safely: recompute-stats, delete-episodes, keep, set-task, remove-feature, "
+        "merge, split, convert-units, for-lerobot",
     ),
     "ui": ("hilrec.daemon.ui.cmd_ui", "a local web page for a running daemon: cameras, joints, takes"),
     "collect": (

@@ -22,11 +22,10 @@ import time
 from collections.abc import Callable
 
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTOR_IDS
 from hilrec.drivers.bus import FeetechBus
 from hilrec.drivers.calibration import (
     FULL_TURN_JOINT,
-    MAX_TICK,
     ArmCalibration,
     MotorCalibration,
     half_turn_homing,

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-DEFAULT_TASK: Final[str] = "Pick up the red cube and place it in the blue bin."
+from hilrec.daemon.text import DEFAULT_TASK
 
 
 def register(subparsers: Any) -> None:

@@ -23,14 +23,13 @@ import enum
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from hilrec.daemon.collect.keys import Key, KeyReader
 from hilrec.daemon.collect.monitor import Monitor
 from hilrec.daemon.collect.panel import VERDICT_STYLE, Panel
 from hilrec.daemon.collect.sounds import Speaker
-from hilrec.daemon.dataset import EpisodeVerdict
+from hilrec.daemon.dataset import EpisodeVerdict, episode_json_path
 from hilrec.daemon.errors import HilrecError, ProtocolError
 from hilrec.daemon.wire.client import ControlClient
 
@@ -391,7 +390,7 @@ class CollectSession:
         """The verdict as stored beside the episode (for one whose event was dropped)."""
         if not self.summary.root:
             return None
-        path = Path(self.summary.root) / "hilrec" / "episodes" / f"episode-{index:06d}.json"
+        path = episode_json_path(self.summary.root, index)
         try:
             stored = json.loads(path.read_text()).get("verdict")
         except (OSError, ValueError, HilrecError):

@@ -132,6 +132,7 @@ class Daemon:
         self.verdicts = verdicts
         self.verdict_gate = verdict_gate
         self.verdict_worker: VerdictWorker | None = None
+        self.server: ControlServer | None = None
         self._rig_factory_for = rig_factory_for or default_rig_factory
         self._stop = threading.Event()
         self._stop_reason = "shutdown"
@@ -156,6 +157,7 @@ class Daemon:
             security = Security(context, s.zmq.curve)
             stack.callback(security.close)
             server = ControlServer(context, s.zmq, security, self._handle)
+            self.server = server
             stack.callback(server.close)
             self.telemetry = Telemetry(
                 context,
@@ -437,6 +439,9 @@ class Daemon:
                 "cameras": sorted(s.cameras),
                 "devices": rig.devices if rig is not None else {},
                 "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
+                "control": {"requests": self.server.requests, "refused": self.server.refused}
+                if self.server is not None
+                else None,
                 "verdicts": self.verdict_worker.status() if self.verdict_worker is not None else None,
             }
         )
