@@ -62,7 +62,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config", type=Path, help="the daemon's TOML config: its [zmq] host, control_port and CURVE key"
     )
-    parser.add_argument("--host", help="the daemon's [zmq] host (default: 127.0.0.1; with --config, its host)")
+    parser.add_argument(
+        "--host", help="the daemon's [zmq] host (default: 127.0.0.1; with --config, its host)"
+    )
     parser.add_argument("--port", type=int, help="the daemon's [zmq] control_port (default: 5555)")
     parser.add_argument("--timeout-ms", type=int, default=2000, help="wait per attempt (ms)")
     parser.add_argument("--retries", type=int, default=3, help="attempts before giving up")
