@@ -220,7 +220,7 @@ def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
 
 
 def _tasks(args: argparse.Namespace) -> list[str]:
-    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.errors import ConfigError, FlagError
     from hilrec.daemon.text import task_problem
 
     if args.tasks is not None:
@@ -232,11 +232,13 @@ def _tasks(args: argparse.Namespace) -> list[str]:
         if not tasks:
             raise ConfigError("--tasks", f"{args.tasks} holds no task (one per line)")
     else:
-        tasks = [args.task or DEFAULT_TASK]
+        tasks = [DEFAULT_TASK if args.task is None else args.task]  # '' is refused, not the default
     for number, task in enumerate(tasks, 1):
         problem = task_problem(task)
         if problem is not None:
-            raise ConfigError("--tasks" if args.tasks else "--task", f"task {number} {problem}")
+            if args.tasks is None:
+                raise FlagError("--task", f"{problem} (leave --task out for the default task)")
+            raise FlagError("--tasks", f"task {number} of {args.tasks} {problem}")
     return tasks
 
 

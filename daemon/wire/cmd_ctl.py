@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.wire.client import ClientKeys, ControlClient
     from hilrec.daemon.wire.security import endpoint
 
-    if args.verb == "start" and not args.task:
+    if args.verb == "start" and args.task is None:  # an empty one goes to the daemon, which names why
         print("hilrec ctl start: --task is required", file=sys.stderr)
         return 2
     host, port, server_key = _address(args)
