@@ -6,17 +6,15 @@ child processes (follower = the MuJoCo twin's physics, leader = the scripted ope
 reads each one's pty path from its first stdout line (bounded wait), and then runs exactly the hil
 code against those ports. Children, not threads: the emulated servos then compete with the loop
 for the CPU as real ones would not, but never for this process's GIL, and a SIGKILLed daemon takes
-them down with it (PR_SET_PDEATHSIG).
+them down with it (:mod:`hilrec.daemon.procs`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import zmq
 
+from hilrec.daemon import procs
 from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory, remote_leader
 from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
 from hilrec.daemon.errors import (
@@ -46,8 +45,6 @@ if TYPE_CHECKING:
     from hilrec.drivers.emulated.sim_camera import SimCamera
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 class ArmFollower:
@@ -127,12 +124,14 @@ class EmulatorProcess:
         for fault in faults:
             command += ["--fault", fault]
         self.role = role
-        self.process = subprocess.Popen(
+        self.process = procs.start(
             command,
+            # A good share of the CPU (the standalone ``hilrec emulate`` applies the same
+            # scheduling itself; unprivileged, the child says so when it applies it again).
+            first=(raise_emulator_priority,),
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             env=None if env is None else {**os.environ, **env},
-            preexec_fn=_child_setup,  # noqa: PLW1509 - only async-signal-safe calls (prctl, setpriority), before exec
         )
         self.port = self._first_line(timeout_s)
 
@@ -158,13 +157,7 @@ class EmulatorProcess:
         return buffer.split(b"\n", 1)[0].decode().strip()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout_s)
+        procs.stop(self.process, timeout_s, kill_wait_s=timeout_s)
         if self.process.stdout is not None:
             self.process.stdout.close()
 
@@ -201,14 +194,6 @@ def _keyed(exc: DeviceError, arm: SO101Follower | SO101Leader, section: str | No
     else:
         key = f"{section}.port"
     return ConfigError(key, str(exc))
-
-
-def _child_setup() -> None:
-    """In the emulator child before exec: die with the daemon, and get a good share of the CPU
-    (the standalone ``hilrec emulate`` applies the same scheduling itself)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    raise_emulator_priority()  # unprivileged: the child says so itself when it applies it again
 
 
 FIRST_RENDER_GRACE_S = 60.0

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from hilrec.daemon import procs
 from hilrec.daemon.dataset import INFO_PATH, EpisodeVerdict
 
 if TYPE_CHECKING:  # the replay check imports MuJoCo: only in the worker, only when it judges
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # the replay check imports MuJoCo: only in the worker, only w
 log = logging.getLogger(__name__)
 
 MERGE_TIMEOUT_S: Final[float] = 60.0
+CLOSE_TIMEOUT_S: Final[float] = 5.0
 MERGE_POLL_S: Final[float] = 0.01
 GATE_GUARD_S: Final[float] = 0.004  # the worker is stopped this long before each tick deadline
 GATE_RESUME_S: Final[float] = 0.010  # and continued this long after it (a tick's work: 2-8 ms)
@@ -350,7 +352,6 @@ def lower_priority() -> str:
 
 def serve(requests: IO[str], replies: IO[str]) -> int:
     """The worker's body: a ``ready`` line, then one reply line per request line until EOF."""
-    _die_with_parent()
     priority = lower_priority()
     _preload()
     _send(replies, {"type": "ready", "priority": priority, "pid": os.getpid()})
@@ -366,18 +367,6 @@ def serve(requests: IO[str], replies: IO[str]) -> int:
             reply = not_checked(index, f"the check failed: {type(exc).__name__}: {exc}")
         _send(replies, {"type": "verdict", **reply})
     return 0
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the daemon dies, even while a tick gate holds it stopped."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the daemon died before that took effect
-        sys.exit(0)
 
 
 def _preload() -> None:
@@ -495,8 +484,10 @@ class VerdictWorker:
 
     def start(self) -> None:
         """Start the process (call from a thread at normal priority: the child inherits it)."""
-        self._process = subprocess.Popen(
+        self._process = procs.start(
             self._command,
+            # SIGKILL: a tick gate may hold it stopped, and a stopped process handles no SIGTERM.
+            death_signal=signal.SIGKILL,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,  # the daemon's own stderr: its log
@@ -536,12 +527,8 @@ class VerdictWorker:
                 os.kill(process.pid, signal.SIGCONT)  # in case a gate left it stopped
             if process.stdin is not None:
                 with contextlib.suppress(OSError):
-                    process.stdin.close()
-            try:
-                process.wait(5.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5.0)
+                    process.stdin.close()  # EOF: the worker's loop ends
+            procs.stop(process, CLOSE_TIMEOUT_S, signum=None, kill_wait_s=CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
             self._thread.join(5.0)
 

@@ -56,7 +56,6 @@ def lowest_priority() -> str:
 
 def worker_main(fd: int) -> None:
     """The worker process: ``python -m hilrec.daemon.dataset.video.encoder_process FD``."""
-    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     priority = lowest_priority()
     conn = Connection(fd)
@@ -316,18 +315,6 @@ def _open_dir(path: Path, moved: Path) -> int:
         except FileNotFoundError as exc:
             last = exc
     raise VideoEncodingError(f"{path}: neither it nor {moved} can be opened: {last}")
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the writer dies: a reopened writer (or repair) finishes the
-    encode from the spill, and must not find this one still writing the same file."""
-    parent = os.getppid()
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 class _Events:
