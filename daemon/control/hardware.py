@@ -284,39 +284,9 @@ def hardware_rig_factory(
         has_twin = settings.mode == "emulated" or settings.twin.mirror
         timestep = timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
         if settings.mode == "emulated":
-            from hilrec.drivers.emulated.motion import TIMESTEP_ENV
-
-            emu = settings.emulated
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
-            follower_cal = workdir / "follower.json"
-            follower_emu = EmulatorProcess(
-                "follower",
-                calibration_out=follower_cal,
-                wire_timing=emu.wire_timing,
-                motion="twin",
-                seed=emu.seed,
-                faults=emu.follower_faults,
-                timeout_s=emu.start_timeout_s,
-                env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
+            follower_port, follower_cal, leader_port, leader_cal = _start_emulators(
+                settings, stack, timestep, devices
             )
-            stack.callback(follower_emu.stop)
-            follower_port = follower_emu.port
-            devices["follower"] = {"emulator_pid": follower_emu.process.pid}
-            if settings.leader.source == "serial":
-                leader_cal = workdir / "leader.json"
-                motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
-                leader_emu = EmulatorProcess(
-                    "leader",
-                    calibration_out=leader_cal,
-                    wire_timing=emu.wire_timing,
-                    motion=motion,
-                    seed=emu.seed,
-                    faults=emu.leader_faults,
-                    timeout_s=emu.start_timeout_s,
-                )
-                stack.callback(leader_emu.stop)
-                leader_port = leader_emu.port
-                devices["leader"] = {"emulator_pid": leader_emu.process.pid}
         follower_arm = SO101Follower(
             FollowerConfig(
                 port=follower_port,
@@ -381,6 +351,48 @@ def hardware_rig_factory(
         return rig, NoHooks()
 
     return build
+
+
+def _start_emulators(
+    settings: DaemonSettings, stack: contextlib.ExitStack, timestep: float | None, devices: dict[str, Any]
+) -> tuple[str, Path, str, Path | None]:
+    """Emulated mode's arms: ``hilrec emulate`` children (stopped by ``stack``), with their
+    ports and the calibrations they write; the rig's devices get their pids."""
+    from hilrec.drivers.emulated.motion import TIMESTEP_ENV
+
+    emu = settings.emulated
+    leader_port, leader_cal = settings.leader.port, settings.leader.calibration  # a remote leader's
+    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
+    follower_cal = workdir / "follower.json"
+    follower_emu = EmulatorProcess(
+        "follower",
+        calibration_out=follower_cal,
+        wire_timing=emu.wire_timing,
+        motion="twin",
+        seed=emu.seed,
+        faults=emu.follower_faults,
+        timeout_s=emu.start_timeout_s,
+        env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
+    )
+    stack.callback(follower_emu.stop)
+    follower_port = follower_emu.port
+    devices["follower"] = {"emulator_pid": follower_emu.process.pid}
+    if settings.leader.source == "serial":
+        leader_cal = workdir / "leader.json"
+        motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
+        leader_emu = EmulatorProcess(
+            "leader",
+            calibration_out=leader_cal,
+            wire_timing=emu.wire_timing,
+            motion=motion,
+            seed=emu.seed,
+            faults=emu.leader_faults,
+            timeout_s=emu.start_timeout_s,
+        )
+        stack.callback(leader_emu.stop)
+        leader_port = leader_emu.port
+        devices["leader"] = {"emulator_pid": leader_emu.process.pid}
+    return follower_port, follower_cal, leader_port, leader_cal
 
 
 def _twin_fields(mirror: Mirror | None, timestep: float | None, fps: int) -> dict[str, Any]:
