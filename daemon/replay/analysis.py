@@ -25,9 +25,10 @@ import math
 
 import numpy as np
 
-from hilrec.daemon.replay.alignment import align, fit_shift, response_lag, slack_error
+from hilrec.daemon.replay.alignment import Alignment, align, fit_shift, response_lag, slack_error
 from hilrec.daemon.replay.metrics import (
     Excursion,
+    Stall,
     count_blips,
     find_stalls,
     grasp_mask,
@@ -46,7 +47,13 @@ from hilrec.daemon.replay.results import (
     ReplayVerdict,
     Trajectories,
 )
-from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
+from hilrec.daemon.replay.settings import (
+    ErrorLimits,
+    GripperSettings,
+    LagSettings,
+    ReplaySettings,
+    StallSettings,
+)
 from hilrec.daemon.so101 import JOINT_NAMES
 
 
@@ -55,21 +62,14 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
     rec, rep, act = traj.recorded, traj.replayed, traj.action
     n = rec.shape[0]
     lag_cfg, cons = settings.lag, settings.consistency
-    if n < settings.engine.min_frames or n <= lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 2:
+    needed = max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)
+    if n < needed:
         return EpisodeResult.not_replayable(
-            episode_index,
-            f"only {n} frames; the check needs at least "
-            f"{max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)}",
-            frames=n,
-            fps=fps,
+            episode_index, f"only {n} frames; the check needs at least {needed}", frames=n, fps=fps
         )
     min_frames = max(1, math.ceil(cons.min_duration_s * fps))
 
-    gcfg = settings.gripper
-    grasp_rec = grasp_mask(act[:, GRIPPER], rec[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
-    grasp_rep = grasp_mask(act[:, GRIPPER], rep[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
-    valid = np.ones_like(rec, dtype=bool)
-    valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+    grasp_rec, grasp_rep, valid = _grasps(traj, settings.gripper)
 
     motion = np.ptp(rep, axis=0)
     moving = [j for j in BODY if motion[j] >= lag_cfg.min_motion_deg]
@@ -100,37 +100,16 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
         max_shift=lag_cfg.max_shift_frames,
         find_excursions=excursions,
     )
-    fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned, alignment.excursions)
-    lag = alignment.lag
+    aligned, exc, lag = alignment.aligned, alignment.excursions, alignment.lag
 
-    lag_result = LagResult(
-        frames=lag if fit is not None else None,
-        best_shift=fit.best_shift if fit is not None else None,
-        shifts=fit.shifts
-        if fit is not None
-        else np.arange(lag_cfg.min_shift_frames, lag_cfg.max_shift_frames + 1),
-        mse=fit.mse if fit is not None else None,
-        joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
-        fitted_frames=alignment.window if fit is not None else 0,
-        response_recorded=response_lag(act[:, used], rec[:, used], lag_cfg.max_correlation_frames)
-        if used
-        else None,
-        response_replayed=response_lag(act[:, used], rep[:, used], lag_cfg.max_correlation_frames)
-        if used
-        else None,
-        at_search_edge=fit is not None
-        and fit.best_shift in (lag_cfg.min_shift_frames, lag_cfg.max_shift_frames),
-    )
+    lag_result = _lag_result(alignment, traj, lag_cfg)
 
     raw_err = rec - rep
     al_err = rec - aligned
     judged_err = judged(aligned, lag)
-    sat = settings.saturation
-    margin = np.full(rec.shape[1], sat.limit_margin_deg)
-    margin[GRIPPER] = sat.gripper_margin
+    sat, stall_cfg = settings.saturation, settings.stall
+    margin = np.where(np.arange(rec.shape[1]) == GRIPPER, sat.gripper_margin, sat.limit_margin_deg)
     at_limit, beyond = limit_hits(act, traj.limits[:, 0], traj.limits[:, 1], margin)
-    stall_cfg = settings.stall
-    stall_frames = max(1, math.ceil(stall_cfg.min_duration_s * fps))
 
     joints: list[JointResult] = []
     for j, name in enumerate(JOINT_NAMES):
@@ -138,14 +117,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
         raw_j = raw_err[ok, j] if ok.any() else np.zeros(1)
         al_j = al_err[ok, j] if ok.any() else np.zeros(1)
         judged_j = judged_err[ok, j] if ok.any() else np.zeros(1)
-        own_lag = None
-        if j in moving and j not in exc:
-            own_lag = fit_shift(
-                rec[:, [j]],
-                rep[:, [j]],
-                min_shift=lag_cfg.min_shift_frames,
-                max_shift=lag_cfg.max_shift_frames,
-            ).lag
+        own_lag = _own_lag(traj, j, lag_cfg) if j in moving and j not in exc else None
         lim = limits_of(j)
         joints.append(
             JointResult(
@@ -161,25 +133,10 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
                 limits=lim,
                 divergence=exc.get(j),
                 blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
-                stalls=[]
-                if j == GRIPPER
-                else find_stalls(
-                    rec[:, j],
-                    rep[:, j],
-                    still=stall_cfg.still_deg,
-                    min_frames=stall_frames,
-                    min_motion=stall_cfg.min_command_motion_deg,
-                ),
+                stalls=[] if j == GRIPPER else _stalls(traj, j, stall_cfg, fps),
                 at_limit_frames=int(at_limit[:, j].sum()),
                 beyond_range_frames=int(beyond[:, j].sum()),
-                leader_mismatch_frames=None
-                if traj.leader is None
-                else int(
-                    np.sum(
-                        np.isfinite(traj.leader[:, j])
-                        & (np.abs(act[:, j] - np.nan_to_num(traj.leader[:, j])) > sat.leader_tolerance)
-                    )
-                ),
+                leader_mismatch_frames=_leader_mismatch(traj, j, sat.leader_tolerance),
             )
         )
 
@@ -199,6 +156,62 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
     )
     _judge(result, settings)
     return result
+
+
+def _grasps(traj: Trajectories, gcfg: GripperSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gripper's grasps, as recorded and as replayed, and the frames each joint is judged on
+    (all but a grasp's, for the gripper: squeezing an object is not an error)."""
+    act, rec, rep = traj.action[:, GRIPPER], traj.recorded[:, GRIPPER], traj.replayed[:, GRIPPER]
+    grasp_rec = grasp_mask(act, rec, gap=gcfg.grasp_gap, still=gcfg.still)
+    grasp_rep = grasp_mask(act, rep, gap=gcfg.grasp_gap, still=gcfg.still)
+    valid = np.ones_like(traj.recorded, dtype=bool)
+    valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+    return grasp_rec, grasp_rep, valid
+
+
+def _own_lag(traj: Trajectories, j: int, lag_cfg: LagSettings) -> float | None:
+    rec, rep = traj.recorded[:, [j]], traj.replayed[:, [j]]
+    return fit_shift(rec, rep, min_shift=lag_cfg.min_shift_frames, max_shift=lag_cfg.max_shift_frames).lag
+
+
+def _stalls(traj: Trajectories, j: int, stall_cfg: StallSettings, fps: int) -> list[Stall]:
+    return find_stalls(
+        traj.recorded[:, j],
+        traj.replayed[:, j],
+        still=stall_cfg.still_deg,
+        min_frames=max(1, math.ceil(stall_cfg.min_duration_s * fps)),
+        min_motion=stall_cfg.min_command_motion_deg,
+    )
+
+
+def _lag_result(alignment: Alignment, traj: Trajectories, lag_cfg: LagSettings) -> LagResult:
+    """The episode's lag: the alignment's fit over the moving joints, and the response lags."""
+    fit, used = alignment.fit, list(alignment.joints)
+    act, rec, rep = traj.action, traj.recorded, traj.replayed
+    window = lag_cfg.max_correlation_frames
+    return LagResult(
+        frames=alignment.lag if fit is not None else None,
+        best_shift=fit.best_shift if fit is not None else None,
+        shifts=fit.shifts
+        if fit is not None
+        else np.arange(lag_cfg.min_shift_frames, lag_cfg.max_shift_frames + 1),
+        mse=fit.mse if fit is not None else None,
+        joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
+        fitted_frames=alignment.window if fit is not None else 0,
+        response_recorded=response_lag(act[:, used], rec[:, used], window) if used else None,
+        response_replayed=response_lag(act[:, used], rep[:, used], window) if used else None,
+        at_search_edge=fit is not None
+        and fit.best_shift in (lag_cfg.min_shift_frames, lag_cfg.max_shift_frames),
+    )
+
+
+def _leader_mismatch(traj: Trajectories, j: int, tolerance: float) -> int | None:
+    """Frames where the action of joint ``j`` is not the leader's reading (a clamp); None
+    without the leader's recording."""
+    if traj.leader is None:
+        return None
+    leader = traj.leader[:, j]
+    return int(np.sum(np.isfinite(leader) & (np.abs(traj.action[:, j] - np.nan_to_num(leader)) > tolerance)))
 
 
 def _rms(x: np.ndarray) -> float:
