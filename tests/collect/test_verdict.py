@@ -17,7 +17,8 @@ import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.control.verdict import VerdictWorker, judge_episode
+from hilrec.daemon.control.judge import judge_episode
+from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.dataset import EpisodeVerdict
 
 

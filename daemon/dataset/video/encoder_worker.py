@@ -56,7 +56,6 @@ def lowest_priority() -> str:
 
 def worker_main(fd: int) -> None:
     """The worker process: ``python -m hilrec.daemon.dataset.video.encoder_process FD``."""
-    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     priority = lowest_priority()
     conn = Connection(fd)
@@ -242,55 +241,9 @@ def _serve(
                 except Exception as exc:  # noqa: BLE001 - the episode fails, the worker goes on
                     failed[number] = f"{type(exc).__name__}: {exc}"
             elif kind == "frame":
-                frame_index, slot = command[2], command[3]
-                job = jobs.get(number)
-                teeing = False
-                try:
-                    if job is None:
-                        raise VideoEncodingError(failed.get(number, "not begun"))
-                    cut_asked = slot < 0 or int(header[HEADER_CUT_REQUEST]) == number
-                    if job.error is None and job.cut is None and cut_asked:
-                        events.put(("cut", number, job.cut_now()))
-                    if slot >= 0 and job.cut is not None:
-                        teeing = True
-                        job.tee(frame_index, ring[slot])
-                        teeing = False
-                    if job.error is None:
-                        job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
-                except Exception as exc:  # noqa: BLE001
-                    text = f"{type(exc).__name__}: {exc}"
-                    if job is not None:
-                        job.abort()
-                        if job.cut is not None and not teeing:
-                            job.error = text  # the spill must still get every later frame
-                        else:
-                            job.close_files()
-                            jobs.pop(number, None)
-                    if teeing:
-                        failed[number] = f"{SPILL_HOLES} from frame {frame_index} on ({text})"
-                    else:
-                        failed.setdefault(number, text)
-                finally:
-                    if slot >= 0:
-                        header[HEADER_RELEASED] += 1  # encoded (and teed): the slot is free
-                    header[HEADER_FRAMES_ENCODED] += 1
+                _frame(command, jobs, failed, header, ring, events)
             elif kind == "end":
-                job = jobs.pop(number, None)
-                if job is None or job.error is not None:
-                    if job is not None:
-                        job.close_files()
-                    events.put(("error", number, failed.pop(number, "not begun")))
-                    continue
-                try:
-                    frames = job.finish()
-                    if frames != command[2]:
-                        raise VideoEncodingError(f"encoded {frames} frames of {command[2]}")
-                    events.put(("done", number, frames))
-                except Exception as exc:  # noqa: BLE001
-                    job.abort()
-                    events.put(("error", number, f"{type(exc).__name__}: {exc}"))
-                finally:
-                    job.close_files()
+                _end(command, jobs, failed, events)
             elif kind == "abort":
                 job = jobs.pop(number, None)
                 failed.pop(number, None)
@@ -306,6 +259,70 @@ def _serve(
         shm.close()
 
 
+def _frame(
+    command: tuple[Any, ...],
+    jobs: dict[int, _Job],
+    failed: dict[int, str],
+    header: np.ndarray[Any, Any],
+    ring: np.ndarray[Any, Any],
+    events: _Events,
+) -> None:
+    """Encode (and tee into the spill, once cut) one frame, from its ring slot or the spill; a
+    failure fails that episode only, and the slot is released whatever happens."""
+    number, frame_index, slot = command[1], command[2], command[3]
+    job = jobs.get(number)
+    teeing = False
+    try:
+        if job is None:
+            raise VideoEncodingError(failed.get(number, "not begun"))
+        cut_asked = slot < 0 or int(header[HEADER_CUT_REQUEST]) == number
+        if job.error is None and job.cut is None and cut_asked:
+            events.put(("cut", number, job.cut_now()))
+        if slot >= 0 and job.cut is not None:
+            teeing = True
+            job.tee(frame_index, ring[slot])
+            teeing = False
+        if job.error is None:
+            job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}"
+        if job is not None:
+            job.abort()
+            if job.cut is not None and not teeing:
+                job.error = text  # the spill must still get every later frame
+            else:
+                job.close_files()
+                jobs.pop(number, None)
+        if teeing:
+            failed[number] = f"{SPILL_HOLES} from frame {frame_index} on ({text})"
+        else:
+            failed.setdefault(number, text)
+    finally:
+        if slot >= 0:
+            header[HEADER_RELEASED] += 1  # encoded (and teed): the slot is free
+        header[HEADER_FRAMES_ENCODED] += 1
+
+
+def _end(command: tuple[Any, ...], jobs: dict[int, _Job], failed: dict[int, str], events: _Events) -> None:
+    number = command[1]
+    job = jobs.pop(number, None)
+    if job is None or job.error is not None:
+        if job is not None:
+            job.close_files()
+        events.put(("error", number, failed.pop(number, "not begun")))
+        return
+    try:
+        frames = job.finish()
+        if frames != command[2]:
+            raise VideoEncodingError(f"encoded {frames} frames of {command[2]}")
+        events.put(("done", number, frames))
+    except Exception as exc:  # noqa: BLE001
+        job.abort()
+        events.put(("error", number, f"{type(exc).__name__}: {exc}"))
+    finally:
+        job.close_files()
+
+
 def _open_dir(path: Path, moved: Path) -> int:
     """A directory fd on the episode's open directory or, if the commit renamed it already, the
     committed one (tried in turn: the rename can come in between)."""
@@ -316,18 +333,6 @@ def _open_dir(path: Path, moved: Path) -> int:
         except FileNotFoundError as exc:
             last = exc
     raise VideoEncodingError(f"{path}: neither it nor {moved} can be opened: {last}")
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the writer dies: a reopened writer (or repair) finishes the
-    encode from the spill, and must not find this one still writing the same file."""
-    parent = os.getppid()
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 class _Events:
