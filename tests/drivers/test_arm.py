@@ -20,9 +20,9 @@ from hilrec.daemon.errors import (
     DeviceError,
     ServoFaultError,
 )
-from hilrec.daemon.so101 import JOINT_NAMES, NormMode
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, NormMode
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
-from hilrec.drivers.calibration import MAX_TICK, load_calibration, save_calibration, units_to_ticks
+from hilrec.drivers.calibration import load_calibration, save_calibration, units_to_ticks
 from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.faults import Fault
 
