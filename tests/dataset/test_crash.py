@@ -44,6 +44,9 @@ from hilrec.daemon.dataset.store.spilled import finish_spilled_encodes
 from hilrec.daemon.dataset.video.codec import Segment, concat_segments
 from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 FPS = 25
 H, W = 48, 64
 CAM = "observation.images.front"
