@@ -30,6 +30,7 @@ def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # a recorded sim episode and the worker process
 def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root: Path) -> None:
     verdicts: queue.Queue[dict[str, Any]] = queue.Queue()
     worker = VerdictWorker(root=sim_root, mode="sim", on_verdict=verdicts.put)
