@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.ui.bridge import Bridge
-    from hilrec.daemon.wire.security import endpoint
+    from hilrec.daemon.wire.security import client_host, endpoint
     from hilrec.daemon.wire.settings import load_settings
 
     settings = load_settings(args.config)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"ui.{exc.key}", exc.problem, source=str(args.config)) from None
     zmq = settings.zmq
     # A daemon bound to a wildcard is reached on loopback; else at the address it names.
-    host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
+    host = client_host(zmq.host)
     bridge = Bridge(
         control=endpoint(host, zmq.control_port),
         telemetry=endpoint(host, zmq.telemetry_port),
