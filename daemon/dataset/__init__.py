@@ -57,6 +57,12 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "read_parquet": ("hilrec.daemon.dataset.format.reader", "read_parquet"),
     "episode_json_path": ("hilrec.daemon.dataset.format.sidecar", "episode_json_path"),
     "episode_npz_path": ("hilrec.daemon.dataset.format.sidecar", "episode_npz_path"),
+    "EDIT_INTENT_PATH": ("hilrec.daemon.dataset.format.edit_intent", "EDIT_INTENT_PATH"),
+    "IntentState": ("hilrec.daemon.dataset.format.edit_intent", "IntentState"),
+    "describe_intent": ("hilrec.daemon.dataset.format.edit_intent", "describe_intent"),
+    "load_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "load_edit_intent"),
+    "remove_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "remove_edit_intent"),
+    "write_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "write_edit_intent"),
     "load_dataset_sidecar": ("hilrec.daemon.dataset.format.sidecar", "load_dataset_sidecar"),
     "load_episode_sidecar": ("hilrec.daemon.dataset.format.sidecar", "load_episode_sidecar"),
     "sidecar_dir": ("hilrec.daemon.dataset.format.sidecar", "sidecar_dir"),
@@ -93,6 +99,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
 __all__ = [
     "DEFAULT_FEATURES",
     "DEFAULT_SPILL_BYTES_LIMIT",
+    "EDIT_INTENT_PATH",
     "INFO_PATH",
     "LATE_BUDGET_S",
     "LOCK_NAME",
@@ -110,6 +117,7 @@ __all__ = [
     "FrameFlag",
     "FrameSink",
     "ImageSampler",
+    "IntentState",
     "LeRobotInfo",
     "RootLock",
     "Segment",
@@ -133,6 +141,7 @@ __all__ = [
     "data_path",
     "data_schema",
     "decoded_frames",
+    "describe_intent",
     "episode_json_path",
     "episode_npz_path",
     "episodes_path",
@@ -143,6 +152,7 @@ __all__ = [
     "holds_nothing",
     "journal",
     "load_dataset_sidecar",
+    "load_edit_intent",
     "load_episode_sidecar",
     "load_episodes",
     "load_info",
@@ -156,6 +166,7 @@ __all__ = [
     "read_parquet",
     "reader",
     "recorded_body_mode",
+    "remove_edit_intent",
     "sidecar_dir",
     "sigint_deferred",
     "sigint_noted",
@@ -166,6 +177,7 @@ __all__ = [
     "video_file_path",
     "video_keys",
     "video_path",
+    "write_edit_intent",
 ]
 
 if TYPE_CHECKING:
@@ -179,6 +191,12 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.check.common import Findings as Findings
     from hilrec.daemon.dataset.check.common import Severity as Severity
     from hilrec.daemon.dataset.format import reader as reader
+    from hilrec.daemon.dataset.format.edit_intent import EDIT_INTENT_PATH as EDIT_INTENT_PATH
+    from hilrec.daemon.dataset.format.edit_intent import IntentState as IntentState
+    from hilrec.daemon.dataset.format.edit_intent import describe_intent as describe_intent
+    from hilrec.daemon.dataset.format.edit_intent import load_edit_intent as load_edit_intent
+    from hilrec.daemon.dataset.format.edit_intent import remove_edit_intent as remove_edit_intent
+    from hilrec.daemon.dataset.format.edit_intent import write_edit_intent as write_edit_intent
     from hilrec.daemon.dataset.format.features import DEFAULT_FEATURES as DEFAULT_FEATURES
     from hilrec.daemon.dataset.format.features import data_keys as data_keys
     from hilrec.daemon.dataset.format.features import video_keys as video_keys
