@@ -8,6 +8,10 @@ plus one): 0 nothing lost, 3 episodes were dropped (listed), 2 the dataset could
 (it is left as it was, and the report says what ``hilrec check`` would still reject) or is
 locked by another process (named with its pid), 4 not enough disk space (nothing was changed;
 the report says how many bytes to free).
+
+A take that was open when its writer was killed is kept up to its last checkpoint (about a
+second behind the crash) and saved after the repair, marked ``ended_by: crash``
+(:mod:`.crashed`); this module sits in the writer's room because that save is a writer's.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import sys
 from pathlib import Path
 
 from hilrec.daemon.dataset.repair.recover import EXIT_NOT_REPAIRED, repair
-from hilrec.daemon.dataset.repair.report import format_report
+from hilrec.daemon.dataset.repair.report import EXIT_DROPPED, EXIT_OK, format_report
+from hilrec.daemon.dataset.writer.crashed import save_crashed, set_aside
 from hilrec.daemon.errors import DatasetError
 
 
@@ -35,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        takes = set_aside(args.root) if (args.root / "meta/info.json").is_file() else []
         report = repair(args.root)
+        saved = save_crashed(args.root, takes) if report.exit_code in (EXIT_OK, EXIT_DROPPED) else []
     except DatasetError as exc:
         if args.json:
             print(json.dumps({"root": str(args.root), "error": str(exc), "exit_code": EXIT_NOT_REPAIRED}))
@@ -43,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"hilrec repair: cannot repair {args.root}: {exc}", file=sys.stderr)
         return EXIT_NOT_REPAIRED
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps({**report.to_json(), "crashed_takes": saved}, indent=2))
     else:
         print(format_report(report))
+        for line in saved:
+            print(line)
     return report.exit_code
