@@ -1,6 +1,7 @@
 """The 25 Hz loop: observe, read the leader, command, hand the frame over, mirror, publish.
 
-One tick, in this order (the order is the recording's meaning, see COMMON contract 1):
+One tick, in this order (the order is the recording's meaning: README.md, "The contracts
+a recording keeps", 1, observe, then command, then step):
 
 1. read the follower and the cameras: the observation;
 2. read the leader: the action. A leader on a serial bus of its own (``Leader.concurrent``) is
@@ -38,6 +39,7 @@ from hilrec.daemon.control.faults import Fault, FaultKind
 from hilrec.daemon.control.rig import Rig
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.sources import JointReading
+from hilrec.daemon.dataset import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.errors import (
     BusPacketError,
     BusTimeoutError,
@@ -48,7 +50,6 @@ from hilrec.daemon.errors import (
     WriterStalledError,
 )
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
-from hilrec.daemon.wire.protocol import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

@@ -24,9 +24,9 @@ names the problem; the server turns it into an error reply and carries on.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +48,12 @@ PROTOCOL_VERSION: Final[int] = 1
 DEFAULT_MAX_REQUEST_BYTES: Final[int] = 64 * 1024
 DEFAULT_MAX_LEADER_BYTES: Final[int] = 4 * 1024
 MAX_ID_CHARS: Final[int] = 128
+# Bounds checked on the raw text before the parser sees it. Python's parser recurses once per
+# level and raises RecursionError near 1,000; int() of thousands of digits is quadratic. No
+# message of this protocol nests deeper than a status reply (5) or needs more digits than a
+# float's repr (24).
+MAX_JSON_DEPTH: Final[int] = 32
+MAX_NUMBER_CHARS: Final[int] = 64
 
 TOPIC_TICK: Final[bytes] = b"tick"
 # Optional tick fields (present when the daemon can tell), name -> meaning.
@@ -66,32 +72,6 @@ CODE_BAD_STATE: Final[str] = "bad_state"
 CODE_FAULT: Final[str] = "fault"
 CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
-
-
-class FrameFlag(enum.IntFlag):
-    """Per-frame marks, stored as a uint32 ``flags`` array beside the dataset and published by name.
-
-    The bit values are part of the protocol version: never renumber, only add.
-    """
-
-    FOLLOWER_RETRIED = 1 << 0  # the follower read needed bus retries, then succeeded
-    FOLLOWER_FAILED = 1 << 1  # the follower read failed after retries: observation is the last good one
-    LEADER_RETRIED = 1 << 2
-    LEADER_FAILED = 1 << 3  # the leader read failed after retries: the follower held position
-    WRITE_FAILED = 1 << 4  # the follower write failed: the action was not executed
-    LEADER_STALE = 1 << 5  # no live leader command (watchdog): the follower held position
-    CLAMPED = 1 << 6  # the goal was clamped (joint range, max_relative_target); the action is the clamped one
-    CAMERA_REPEATED = 1 << 7  # a camera had no new frame since the last tick (same image again)
-    LATE = 1 << 8  # the tick started after its deadline by more than the jitter budget
-    SKIPPED = 1 << 9  # one or more whole tick slots were missed before this tick
-    OVERRUN = 1 << 10  # the tick's work ran past the next deadline
-
-
-def flag_names(flags: int) -> list[str]:
-    return [f.name.lower() for f in FrameFlag if f.name and flags & f]
-
-
-LATE_BUDGET_S: Final[float] = 0.002  # tick start later than this is flagged LATE
 
 
 # command -> {argument: (accepted python types, required)}. The table *is* the request schema.
@@ -172,10 +152,10 @@ def request_id_of(frames: Sequence[bytes]) -> str | None:
     if len(frames) != 1 or len(frames[0]) > DEFAULT_MAX_REQUEST_BYTES:
         return None
     try:
-        obj = json.loads(frames[0])
-    except (ValueError, UnicodeDecodeError):
+        obj = _json_object(frames[0], "request")
+    except ProtocolError:
         return None
-    rid = obj.get("id") if isinstance(obj, dict) else None
+    rid = obj.get("id")
     return rid if isinstance(rid, str) and len(rid) <= MAX_ID_CHARS else None
 
 
@@ -286,13 +266,46 @@ def _json_object(payload: bytes, what: str) -> dict[str, Any]:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{what} is not UTF-8 (byte {exc.start})") from None
+    _check_shape(text, what)
     try:
         obj = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
-    except ValueError as exc:
-        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: the shape check should prevent it
+        raise ProtocolError(f"{what} is not valid JSON: {_shorten(str(exc))}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"{what} must be a JSON object, got {_describe(obj)}")
     return obj
+
+
+# A JSON string as the parser lexes it, from its opening quote (or to the end when unterminated),
+# and what the shape check looks for outside strings.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_LONG_NUMBER = re.compile(rf"[-+0-9.eE]{{{MAX_NUMBER_CHARS + 1},}}")
+_DEPTH_STEP = np.zeros(256, dtype=np.int8)
+_DEPTH_STEP[[ord("["), ord("{")]] = 1
+_DEPTH_STEP[[ord("]"), ord("}")]] = -1
+
+
+def _check_shape(text: str, what: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and numbers longer than
+    :data:`MAX_NUMBER_CHARS`, in linear time on the text, before the parser can recurse or
+    convert. Strings are blanked first, as the parser lexes them, so brackets and digits inside
+    a string count for nothing."""
+    bare = _STRING.sub('""', text)
+    long_number = _LONG_NUMBER.search(bare)
+    if long_number is not None:
+        raise ProtocolError(
+            f"{what} has a number of {len(long_number.group())} characters at character "
+            f"{long_number.start()} (of the text without strings), over the limit of {MAX_NUMBER_CHARS}"
+        )
+    codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)
+    if codes.size:
+        depth = int(np.cumsum(_DEPTH_STEP[codes], dtype=np.int64).max())
+        if depth > MAX_JSON_DEPTH:
+            raise ProtocolError(f"{what} is nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_version(obj: Mapping[str, Any], what: str, *, required: bool) -> None:
