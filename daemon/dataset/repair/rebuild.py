@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -62,13 +62,19 @@ from hilrec.daemon.dataset.repair.space import (
 )
 from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.dataset.store.consolidate import ConsolidatedState, consolidate
-from hilrec.daemon.errors import CorruptDatasetError
+from hilrec.daemon.errors import CorruptDatasetError, HilrecError
 
 # A rebuild whose fresh layout the checker still rejects drops those episodes and tries again.
 MAX_REBUILD_PASSES: Final[int] = 3
 
 
-def rebuild(root: Path, report: RepairReport, reason: str) -> None:
+# A higher layer's way to make an episode's missing video again (``hilrec repair`` passes the
+# twin's for a sim dataset): (its index before the rebuild, the camera's key, its rows, where to
+# write the mp4) -> where its frames came from, or None when it cannot.
+Regenerate = Callable[[int, str, pa.Table, Path], str | None]
+
+
+def rebuild(root: Path, report: RepairReport, reason: str, regenerate: Regenerate | None = None) -> None:
     report.rebuilt = True
     report.actions.append(f"rebuild needed: {reason}")
     try:
@@ -87,7 +93,7 @@ def rebuild(root: Path, report: RepairReport, reason: str) -> None:
         work = sidecar_dir(root) / f"{WORK_PREFIX}{os.getpid()}"
         try:
             try:
-                built = _assemble(root, work, sources, excluded, outcomes, report)
+                built = _assemble(root, work, sources, excluded, outcomes, report, regenerate)
             except DAMAGE as exc:
                 if not_damage(exc):
                     raise
@@ -126,6 +132,7 @@ def _assemble(
     excluded: Mapping[int, str],
     outcomes: list[EpisodeOutcome],
     report: RepairReport,
+    regenerate: Regenerate | None = None,
 ) -> dict[int, int]:
     """Build the fresh layout in ``work``; returns old -> new index of the episodes in it."""
     info = sources.info
@@ -176,7 +183,15 @@ def _assemble(
         origins: list[str] = []
         lost = ""
         for key in sources.keys:
-            origin, why = sources.place_frames(old, key, n, directory / journal.video_file_name(key))
+            out = directory / journal.video_file_name(key)
+            origin, why = sources.place_frames(old, key, n, out)
+            if origin is None and regenerate is not None:
+                try:
+                    origin = regenerate(old, key, table, out)
+                except HilrecError as exc:
+                    why += f"; not made again: {exc}"
+                if origin is None:
+                    out.unlink(missing_ok=True)
             if origin is None:
                 lost = f"frames of '{key}' unreadable: {why}"
                 break

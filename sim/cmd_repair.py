@@ -10,8 +10,11 @@ locked by another process (named with its pid), 4 not enough disk space (nothing
 the report says how many bytes to free).
 
 A take that was open when its writer was killed is kept up to its last checkpoint (about a
-second behind the crash) and saved after the repair, marked ``ended_by: crash``
-(:mod:`.crashed`); this module sits in the writer's room because that save is a writer's.
+second behind the crash) and saved after the repair, marked ``ended_by: crash`` (the writer's
+``crashed`` module). A sim episode whose video is missing or unreadable is re-rendered on the twin
+from its start state and actions (:mod:`.regenerate`) instead of dropped. That is why this
+module sits in ``hilrec.sim``: the dataset's rooms never import MuJoCo, and this imports it only
+for a sim dataset that needs it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,20 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from hilrec.daemon.dataset.repair.recover import EXIT_NOT_REPAIRED, repair
-from hilrec.daemon.dataset.repair.report import EXIT_DROPPED, EXIT_OK, format_report
-from hilrec.daemon.dataset.writer.crashed import save_crashed, set_aside
-from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.dataset import (
+    EXIT_DROPPED,
+    EXIT_NOT_REPAIRED,
+    EXIT_OK,
+    format_report,
+    load_info,
+    repair_dataset,
+    save_crashed,
+    set_aside_crashed,
+)
+from hilrec.daemon.errors import CorruptDatasetError, DatasetError
+from hilrec.sim.regenerate import sim_regenerator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,8 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        takes = set_aside(args.root) if (args.root / "meta/info.json").is_file() else []
-        report = repair(args.root)
+        takes = set_aside_crashed(args.root) if (args.root / "meta/info.json").is_file() else []
+        report = repair_dataset(args.root, regenerate=_regenerator(args.root))
         saved = save_crashed(args.root, takes) if report.exit_code in (EXIT_OK, EXIT_DROPPED) else []
     except DatasetError as exc:
         if args.json:
@@ -56,3 +68,11 @@ def run(args: argparse.Namespace) -> int:
         for line in saved:
             print(line)
     return report.exit_code
+
+
+def _regenerator(root: Path) -> Any:
+    try:
+        info = load_info(root)
+    except CorruptDatasetError:
+        return None  # the repair rebuilds info.json first; no video is made again then
+    return sim_regenerator(root, info)
