@@ -47,13 +47,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("root", type=Path, help="dataset root (the folder holding meta/)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--without-missing-video",
+        action="store_true",
+        help="keep the rows of episodes whose video of a camera is lost (and cannot be re-rendered: "
+        "not a sim episode) by removing that camera from the dataset, instead of dropping them",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         takes = set_aside_crashed(args.root) if (args.root / "meta/info.json").is_file() else []
-        report = repair_dataset(args.root, regenerate=_regenerator(args.root))
+        report = repair_dataset(
+            args.root,
+            regenerate=_regenerator(args.root),
+            without_missing_video=args.without_missing_video,
+        )
         saved = save_crashed(args.root, takes) if report.exit_code in (EXIT_OK, EXIT_DROPPED) else []
     except DatasetError as exc:
         if args.json:

@@ -122,11 +122,15 @@ def recover(root: Path) -> RepairReport:
     return report
 
 
-def repair(root: Path, *, regenerate: Regenerate | None = None) -> RepairReport:
+def repair(
+    root: Path, *, regenerate: Regenerate | None = None, without_missing_video: bool = False
+) -> RepairReport:
     """Settle, re-derive the metadata, rebuild: as far as needed for ``hilrec check`` to pass.
 
     ``regenerate`` makes an episode's unreadable video again in the rebuild (see
-    :data:`.rebuild.Regenerate`), so the episode is kept instead of dropped.
+    :data:`.rebuild.Regenerate`), so the episode is kept instead of dropped;
+    ``without_missing_video`` keeps an episode whose frames of a camera are lost anyway, by
+    removing that camera from the dataset (see :func:`.rebuild.rebuild`).
 
     Refused (DatasetLockedError, naming the holder's pid) while another process holds the root.
     Raises CorruptDatasetError when ``root`` is no dataset at all.
@@ -137,7 +141,7 @@ def repair(root: Path, *, regenerate: Regenerate | None = None) -> RepairReport:
     with RootLock(root, "hilrec repair"):
         report = RepairReport(root=str(root))
         try:
-            _repair_locked(root, report, regenerate)
+            _repair_locked(root, report, regenerate, without_missing_video)
         except DAMAGE as exc:
             if inaccessible(exc):
                 raise DatasetError(
@@ -156,7 +160,9 @@ def repair(root: Path, *, regenerate: Regenerate | None = None) -> RepairReport:
         return report
 
 
-def _repair_locked(root: Path, report: RepairReport, regenerate: Regenerate | None) -> None:
+def _repair_locked(
+    root: Path, report: RepairReport, regenerate: Regenerate | None, without_missing_video: bool
+) -> None:
     settle(root, report)
     problem = _settled_and_checked(root, report)
     if problem is None:
@@ -165,7 +171,7 @@ def _repair_locked(root: Path, report: RepairReport, regenerate: Regenerate | No
         problem = _settled_and_checked(root, report)
         if problem is None:
             return
-    rebuild(root, report, problem.reason, regenerate)
+    rebuild(root, report, problem.reason, regenerate, without_missing_video=without_missing_video)
 
 
 def _settled_and_checked(root: Path, report: RepairReport) -> Problem | None:
