@@ -74,6 +74,9 @@ class ArmFollower:
 class ArmLeader:
     """An SO101Leader (torque off, moved by a person or the emulated hand) as the loop's leader."""
 
+    # Its own serial port, and no use for the observation: read while the follower is.
+    concurrent = True
+
     def __init__(self, arm: SO101Leader) -> None:
         self.arm = arm
         self.description = repr(arm)

@@ -57,6 +57,8 @@ from hilrec.daemon.dataset.video.encoder_worker import (
     HEADER_BYTES,
     HEADER_CUT_REQUEST,
     HEADER_FRAMES_ENCODED,
+    HEADER_MUXED,
+    HEADER_MUXED_JOB,
     HEADER_RELEASED,
 )
 from hilrec.daemon.errors import VideoEncodingError
@@ -132,6 +134,7 @@ class EncoderProcess:
         )
         self._header[:] = 0
         self._header[HEADER_CUT_REQUEST] = -1
+        self._header[HEADER_MUXED_JOB] = -1
         self._ring: np.ndarray[Any, Any] = np.ndarray(
             (self.slots, height, width, 3), dtype=np.uint8, buffer=self._shm.buf, offset=HEADER_BYTES
         )
@@ -310,6 +313,18 @@ class EncoderProcess:
 
     def abort(self, episode: int) -> None:
         self._commands.put(("abort", self._job_of[episode]))
+
+    def muxed_of(self, episode: int) -> int | None:
+        """Frames of ``episode`` in its mp4 in the episode's directory (see the worker's
+        HEADER_MUXED), or None when the worker's last frame was another episode's."""
+        job = self._job_of.get(episode)
+        if job is None or self._closed:
+            return None
+        before = int(self._header[HEADER_MUXED_JOB])
+        muxed = int(self._header[HEADER_MUXED])
+        if before != job or int(self._header[HEADER_MUXED_JOB]) != job:
+            return None
+        return muxed
 
     @property
     def frames_encoded(self) -> int:

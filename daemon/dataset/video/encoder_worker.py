@@ -29,6 +29,10 @@ HEADER_BYTES: Final[int] = 64  # int64 [slots released, frames encoded, cut requ
 HEADER_RELEASED: Final[int] = 0  # written by the worker
 HEADER_FRAMES_ENCODED: Final[int] = 1  # written by the worker
 HEADER_CUT_REQUEST: Final[int] = 2  # written by the writer: the job to cut now
+# Written by the worker after each frame: a job and the frames in its mp4 in the episode's
+# directory (fragmented: readable to there once fsynced; after a cut, the closed first part).
+HEADER_MUXED_JOB: Final[int] = 3
+HEADER_MUXED: Final[int] = 4
 # Starts the error of a job whose spill lacks a frame from its cut on: its take cannot be saved.
 SPILL_HOLES: Final[str] = "frames missing from the spill"
 
@@ -114,7 +118,8 @@ class _Job:
     def _encoder(self, path: Path) -> Any:
         from hilrec.daemon.dataset.video.codec import StreamEncoder
 
-        out = open(path, "w+b")  # noqa: SIM115 - the encoder closes it
+        # Unbuffered: each fragment goes to the file at once, for the writer's fsync to find.
+        out = open(path, "w+b", buffering=0)  # noqa: SIM115 - the encoder closes it
         try:
             return StreamEncoder(
                 path,
@@ -124,6 +129,7 @@ class _Job:
                 width=self.width,
                 settings=self.settings,
                 make_dirs=False,
+                fragmented=True,
             )
         except BaseException:
             out.close()
@@ -152,6 +158,13 @@ class _Job:
     def encode(self, image: np.ndarray) -> None:
         self.encoder.encode(image)
         self.frames += 1
+
+    @property
+    def muxed_here(self) -> int:
+        """Frames in ``<key>.mp4`` in the episode's directory (see HEADER_MUXED)."""
+        if self.cut is not None:
+            return self.cut
+        return int(self.encoder.in_file) if self.encoder is not None else 0
 
     def read_spilled(self, frame_index: int) -> np.ndarray:
         if self.spill_fd is None:
@@ -284,6 +297,8 @@ def _frame(
             teeing = False
         if job.error is None:
             job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
+            header[HEADER_MUXED_JOB] = number
+            header[HEADER_MUXED] = job.muxed_here
     except Exception as exc:  # noqa: BLE001
         text = f"{type(exc).__name__}: {exc}"
         if job is not None:
