@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("hilrec.sim.cmd_record", "record episodes in the MuJoCo twin with the scripted operator"),
     "check": ("hilrec.daemon.replay.cmd_check", "check a LeRobot v3.0 dataset (and replay it with --replay)"),
     "repair": (
-        "hilrec.daemon.dataset.repair.cmd_repair",
+        "hilrec.sim.cmd_repair",
         "make a crashed dataset load again, keeping every saved episode",
     ),
     "render": ("hilrec.sim.cmd_render", "re-render the camera videos of sim episodes"),

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hilrec.daemon import procs
 from hilrec.daemon.errors import ConfigError, FlagError
 
 log = logging.getLogger(__name__)
@@ -107,11 +108,7 @@ class Output:
         if self.server is not None and not sys.stdin.isatty():
             # Run as a child (the daemon's [display], collect --display): nobody is there to
             # end a lingering viewer, so it ends with the display.
-            self.server.terminate()
-            try:
-                self.server.wait(SERVER_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+            procs.stop(self.server, SERVER_STOP_S)
         elif self.server is not None:
             print(
                 f"rerun web viewer still serving at {self.url}; Ctrl-C to stop it",
@@ -124,8 +121,7 @@ class Output:
             try:
                 self.server.wait()
             except KeyboardInterrupt:
-                self.server.terminate()
-                self.server.wait(10)
+                procs.stop(self.server, 10.0)
 
 
 def check_output_flags(args: argparse.Namespace) -> None:
@@ -140,8 +136,6 @@ def check_output_flags(args: argparse.Namespace) -> None:
 def open_output(args: argparse.Namespace, recording_name: str, *, command: str) -> Output:
     """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``);
     ``command`` (view, display) names who speaks in what it prints."""
-    from hilrec.daemon.wire.display_child import die_with_parent_hook
-
     check_output_flags(args)
     rr = import_rerun()
     recording = rr.new_recording(APPLICATION_ID, recording_id=recording_name)
@@ -153,7 +147,7 @@ def open_output(args: argparse.Namespace, recording_name: str, *, command: str) 
     if args.spawn:
         return _spawn(recording, command)
     grpc_port = args.grpc_port or _free_port()
-    server = subprocess.Popen(
+    server = procs.start(
         [
             _viewer_binary("--serve"),
             "--serve-web",
@@ -165,7 +159,7 @@ def open_output(args: argparse.Namespace, recording_name: str, *, command: str) 
             str(args.web_port),
         ],
         stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - system calls only (policy, prctl), before exec
+        first=(procs.normal_scheduling,),
     )
     _wait_listening(server, grpc_port)
     recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{grpc_port}/proxy")
@@ -198,5 +192,5 @@ def _wait_listening(server: subprocess.Popen[bytes], port: int) -> None:
                 return
         except OSError:
             time.sleep(0.1)  # a bounded wait for a child process to listen
-    server.terminate()
+    procs.stop(server, SERVER_STOP_S)
     raise ConfigError("--serve", f"the rerun viewer did not listen on {SERVE_HOST}:{port} in time")

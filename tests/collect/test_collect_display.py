@@ -16,6 +16,9 @@ from _daemon import Daemon, check_passes, emulated_config
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 dataframe = pytest.importorskip("rerun.dataframe")
 
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")

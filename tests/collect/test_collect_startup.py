@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _daemon import Daemon, sim_config
 from test_collect_batch import collect
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 
 def _first_line(text: str) -> str:
