@@ -94,12 +94,23 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "DEFAULT_SPILL_BYTES_LIMIT": ("hilrec.daemon.dataset.writer.backlog", "DEFAULT_SPILL_BYTES_LIMIT"),
     "VideoEncoder": ("hilrec.daemon.dataset.writer.backlog", "VideoEncoder"),
     "DatasetWriter": ("hilrec.daemon.dataset.writer.dataset_writer", "DatasetWriter"),
+    "EXIT_DROPPED": ("hilrec.daemon.dataset.repair.report", "EXIT_DROPPED"),
+    "EXIT_NOT_REPAIRED": ("hilrec.daemon.dataset.repair.report", "EXIT_NOT_REPAIRED"),
+    "EXIT_OK": ("hilrec.daemon.dataset.repair.report", "EXIT_OK"),
+    "format_report": ("hilrec.daemon.dataset.repair.report", "format_report"),
+    "Regenerate": ("hilrec.daemon.dataset.repair.rebuild", "Regenerate"),
+    "repair_dataset": ("hilrec.daemon.dataset.repair.recover", "repair"),
+    "save_crashed": ("hilrec.daemon.dataset.writer.crashed", "save_crashed"),
+    "set_aside_crashed": ("hilrec.daemon.dataset.writer.crashed", "set_aside"),
 }
 
 __all__ = [
     "DEFAULT_FEATURES",
     "DEFAULT_SPILL_BYTES_LIMIT",
     "EDIT_INTENT_PATH",
+    "EXIT_DROPPED",
+    "EXIT_NOT_REPAIRED",
+    "EXIT_OK",
     "INFO_PATH",
     "LATE_BUDGET_S",
     "LOCK_NAME",
@@ -119,6 +130,7 @@ __all__ = [
     "ImageSampler",
     "IntentState",
     "LeRobotInfo",
+    "Regenerate",
     "RootLock",
     "Segment",
     "Severity",
@@ -149,6 +161,7 @@ __all__ = [
     "finishing",
     "flag_names",
     "flatten_episode_stats",
+    "format_report",
     "holds_nothing",
     "journal",
     "load_dataset_sidecar",
@@ -167,6 +180,9 @@ __all__ = [
     "reader",
     "recorded_body_mode",
     "remove_edit_intent",
+    "repair_dataset",
+    "save_crashed",
+    "set_aside_crashed",
     "sidecar_dir",
     "sigint_deferred",
     "sigint_noted",
@@ -243,6 +259,12 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.format.stats import compute_episode_stats as compute_episode_stats
     from hilrec.daemon.dataset.format.stats import flatten_episode_stats as flatten_episode_stats
     from hilrec.daemon.dataset.format.stats import stats_to_json as stats_to_json
+    from hilrec.daemon.dataset.repair.rebuild import Regenerate as Regenerate
+    from hilrec.daemon.dataset.repair.recover import repair as repair_dataset
+    from hilrec.daemon.dataset.repair.report import EXIT_DROPPED as EXIT_DROPPED
+    from hilrec.daemon.dataset.repair.report import EXIT_NOT_REPAIRED as EXIT_NOT_REPAIRED
+    from hilrec.daemon.dataset.repair.report import EXIT_OK as EXIT_OK
+    from hilrec.daemon.dataset.repair.report import format_report as format_report
     from hilrec.daemon.dataset.store import journal as journal
     from hilrec.daemon.dataset.store.rootlock import LOCK_NAME as LOCK_NAME
     from hilrec.daemon.dataset.store.rootlock import RootLock as RootLock
@@ -261,6 +283,8 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.writer.adopt import sigint_noted as sigint_noted
     from hilrec.daemon.dataset.writer.backlog import DEFAULT_SPILL_BYTES_LIMIT as DEFAULT_SPILL_BYTES_LIMIT
     from hilrec.daemon.dataset.writer.backlog import VideoEncoder as VideoEncoder
+    from hilrec.daemon.dataset.writer.crashed import save_crashed as save_crashed
+    from hilrec.daemon.dataset.writer.crashed import set_aside as set_aside_crashed
     from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter as DatasetWriter
 
 

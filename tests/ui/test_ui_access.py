@@ -12,8 +12,12 @@ from typing import Any
 import aiohttp
 import cv2
 import numpy as np
+import pytest
 from _daemon import Daemon, run_cli, sim_config
 from _ui import TOKEN, Ui
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 WS_TIMEOUT_S = 20.0
 
