@@ -32,6 +32,9 @@ from hilrec.daemon.errors import DatasetStateError
 from hilrec.daemon.tools import edit
 from hilrec.daemon.tools.edit_swap import Hook
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 SEED = 20261202
 RANDOM_KILLS = 10
 SPLIT_GROUPS = ([0, 1, 2, 3], [4, 5])
