@@ -34,7 +34,7 @@ from hilrec.daemon.dataset import (
     read_episode,
 )
 from hilrec.daemon.errors import HilrecError, ReplayError
-from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 from hilrec.sim.episode import Outcome, Push, act_and_step, outcome_of, pushes_by_frame
 from hilrec.sim.provenance import check_same_world, scene_from_sidecar
 from hilrec.sim.twin import Twin
@@ -239,7 +239,7 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
     replayed, outcome = run_actions(twin, arrays["initial_state"], actions, pushes)
 
     result = EpisodeReplay(episode_index=index, status=PASSED, frames=len(actions), disturbances=len(pushes))
-    _compare_states(result, recorded, replayed)
+    _compare_states(result, recorded, replayed, twin.joint_names)
     result.outcome = _compare_outcome(meta, outcome)
     problems = []
     if result.max_error:
@@ -253,7 +253,7 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
         result.status, result.reason = FAILED, "; ".join(problems)
     if pushes and undisturbed:
         free_states, free_outcome = run_actions(twin, arrays["initial_state"], actions, [])
-        result.disturbance_effect = _effect(recorded, free_states, meta, free_outcome)
+        result.disturbance_effect = _effect(recorded, free_states, meta, free_outcome, twin.joint_names)
     return result
 
 
@@ -293,7 +293,7 @@ def run_actions(
     """
     twin.set_state(initial_state)
     at = pushes_by_frame(pushes)
-    observations = np.empty((len(actions), len(JOINT_NAMES)), dtype=np.float32)
+    observations = np.empty((len(actions), len(twin.joint_names)), dtype=np.float32)
     for frame, action in enumerate(actions):
         observations[frame] = twin.observe()
         if on_observe is not None:
@@ -302,7 +302,9 @@ def run_actions(
     return observations, outcome_of(twin)
 
 
-def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.ndarray) -> None:
+def _compare_states(
+    result: EpisodeReplay, recorded: np.ndarray, replayed: np.ndarray, joints: tuple[str, ...]
+) -> None:
     if recorded.shape != replayed.shape:
         raise ReplayError(
             f"episode {result.episode_index}: observation.state has shape "
@@ -310,8 +312,8 @@ def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.nd
         )
     error = np.abs(recorded.astype(np.float64) - replayed.astype(np.float64))
     error[~np.isfinite(error)] = np.inf
-    per_joint = error.max(axis=0) if len(error) else np.zeros(len(JOINT_NAMES))
-    result.max_error_per_joint = {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)}
+    per_joint = error.max(axis=0) if len(error) else np.zeros(len(joints))
+    result.max_error_per_joint = {j: float(e) for j, e in zip(joints, per_joint, strict=True)}
     result.max_error = float(per_joint.max()) if len(per_joint) else 0.0
     bad_rows = np.nonzero(error.max(axis=1) > 0)[0] if len(error) else np.array([], int)
     result.mismatched_rows = len(bad_rows)
@@ -373,14 +375,18 @@ def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> OutcomeCheck:
 
 
 def _effect(
-    recorded: np.ndarray, free: np.ndarray, meta: Mapping[str, Any], free_outcome: Outcome
+    recorded: np.ndarray,
+    free: np.ndarray,
+    meta: Mapping[str, Any],
+    free_outcome: Outcome,
+    joints: tuple[str, ...],
 ) -> DisturbanceEffect:
     drift = np.abs(recorded.astype(np.float64) - free.astype(np.float64))
     per_joint = drift.max(axis=0)
     cube = np.asarray((meta.get("final_cube") or {}).get("position", [np.nan] * 3), np.float64)
     return {
         "max_state_drift": float(per_joint.max()),
-        "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)},
+        "max_state_drift_per_joint": {j: float(e) for j, e in zip(joints, per_joint, strict=True)},
         "cube_final_distance_m": float(np.linalg.norm(cube - free_outcome.cube.position)),
         "success_without": free_outcome.success,
     }
