@@ -9,24 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.dataset import load_episode_sidecar, load_info, read_episode
 from hilrec.daemon.so101 import ACTION_KEY, BIMANUAL_ROBOT_TYPE, STATE_KEY, position_names
 from hilrec.sim.replay import replay_check
 
-EPISODES = 3
+EPISODES = 3  # the conftest's recording
+
 CAMERA = "observation.images.front"
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bimanual") / "ds"
-    argv = ["record", "--sim", "--arms", "2", "--episodes", str(EPISODES), "--cameras", "front"]
-    code = main([*argv, "--size", "64x48", "--root", str(root), "--no-progress"])
-    assert code == 0
-    return root
 
 
 def test_columns_are_bi_so_followers(recorded: Path) -> None:
