@@ -24,7 +24,7 @@ import numpy as np
 from hilrec.daemon.dataset import FrameSink, holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, robot_type
-from hilrec.daemon.text import task_problem
+from hilrec.daemon.text import DEFAULT_TASK, task_problem
 from hilrec.sim.bimanual_operator import make_operator
 from hilrec.sim.episode import (
     ContactTally,
@@ -42,7 +42,6 @@ from hilrec.sim.provenance import dataset_provenance
 from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import EpisodeStart, Twin
 
-DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
 SOURCE = "hilrec.sim.recorder"
 # Saved episodes wait in the writer's journal (durable) up to this long before they are merged
 # into LeRobot's files: one merge per interval, not one per episode, when episodes take ~50 ms.

@@ -39,7 +39,7 @@ _FLAGS = {
 
 
 def register(subparsers: Any) -> None:
-    from hilrec.sim.recorder import DEFAULT_TASK
+    from hilrec.daemon.text import DEFAULT_TASK
 
     parser = subparsers.add_parser(
         "eval",
@@ -102,11 +102,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.text import DEFAULT_TASK
     from hilrec.daemon.tools.evaluate import EvalConfig, evaluate
     from hilrec.daemon.tools.policies import load_policy
     from hilrec.sim.bimanual_scene import BIMANUAL_TASK, BimanualSceneConfig
     from hilrec.sim.cmd_record import parse_cameras
-    from hilrec.sim.recorder import DEFAULT_TASK
     from hilrec.sim.scene import SceneConfig
 
     with flag_errors(_FLAGS):
