@@ -34,7 +34,7 @@ from hilrec.daemon.dataset import (
     read_episode,
 )
 from hilrec.daemon.errors import HilrecError, ReplayError
-from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, ARM_SIDES, STATE_KEY
 from hilrec.sim.episode import Outcome, Push, act_and_step, outcome_of, pushes_by_frame
 from hilrec.sim.provenance import check_same_world, scene_from_sidecar
 from hilrec.sim.twin import Twin
@@ -91,8 +91,21 @@ class EpisodeReplay:
     def passed(self) -> bool:
         return self.status == PASSED
 
+    @property
+    def max_error_per_arm(self) -> dict[str, float]:
+        """Two arms: the largest state error of each (``left``, ``right``); one arm: empty."""
+        arms: dict[str, float] = {}
+        for joint, error in self.max_error_per_joint.items():
+            side = next((s for s in ARM_SIDES if joint.startswith(f"{s}_")), None)
+            if side is not None:
+                arms[side] = max(arms.get(side, 0.0), error)
+        return arms
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__) | {"passed": self.passed}
+        extra: dict[str, Any] = {"passed": self.passed}
+        if self.max_error_per_arm:
+            extra["max_error_per_arm"] = self.max_error_per_arm
+        return dict(self.__dict__) | extra
 
     def format_text(self) -> str:
         head = f"episode {self.episode_index}: {self.status.upper().replace('_', ' ')}"
@@ -107,6 +120,12 @@ class EpisodeReplay:
         if self.max_error:
             per_joint = ", ".join(f"{j} {e:.4g}" for j, e in self.max_error_per_joint.items())
             lines.append(f"  per joint: {per_joint}")
+            if self.max_error_per_arm:
+                arms = ", ".join(
+                    f"{side} arm {'differs' if e else 'exact'} (max {e:.4g})"
+                    for side, e in self.max_error_per_arm.items()
+                )
+                lines.append(f"  per arm: {arms}")
             lines.append(f"  {self.mismatched_rows} rows differ, first at frame {self.first_mismatch_frame}")
         if self.shift is not None:
             lines.append(

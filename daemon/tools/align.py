@@ -162,7 +162,9 @@ def _compare_schema(result: Alignment) -> None:
         "robot_type",
         type_a,
         type_b,
-        f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE}; for two: {BIMANUAL_ROBOT_TYPE})",
+        f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE})"
+        if len(result.a.joints) == NUM_JOINTS
+        else f"use one robot type (LeRobot's for two arms: {BIMANUAL_ROBOT_TYPE})",
         same=_arm(type_a) == _arm(type_b),
     )
     measured = {k for k in fa if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING}

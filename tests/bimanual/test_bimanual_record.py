@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.dataset import load_episode_sidecar, load_info, read_episode
@@ -67,7 +68,10 @@ def test_replay_names_the_arm_whose_rows_differ(recorded: Path, tmp_path: Path) 
     assert not result.passed
     worst = {j: e for j, e in result.max_error_per_joint.items() if e > 0}
     assert list(worst) == ["right_elbow_flex"]
-    assert "right_elbow_flex" in result.format_text()
+    assert result.max_error_per_arm == {"left": 0.0, "right": pytest.approx(0.5, abs=1e-3)}
+    text = result.format_text()
+    assert "right_elbow_flex" in text and "per arm: left arm exact (max 0), right arm differs" in text
+    assert result.to_dict()["max_error_per_arm"]["left"] == 0.0
 
 
 def test_lerobot_loads_it_bit_equal_through_a_dataloader(recorded: Path) -> None:
