@@ -108,3 +108,24 @@ def test_eval_command_with_two_arms_records_replayable_twelve_column_episodes(
     bad = ["eval", "--arms", "2", "--policy", "hold_both:Hold", "--seeds", "3:4", "--cameras", "wrist"]
     assert main([*bad, "--no-progress"]) != 0
     assert "unknown camera wrist" in capsys.readouterr().err
+
+
+def test_export_writes_both_arms_state_and_actions(recorded: Path, tmp_path: Path) -> None:
+    import h5py
+
+    out = tmp_path / "both.hdf5"
+    assert main(["export", str(recorded), "--format", "robomimic", "--out", str(out)]) == 0
+    with h5py.File(out) as exported:
+        demo = exported["data/demo_0"]
+        state = read_episode(recorded, 0, [STATE_KEY])[STATE_KEY]
+        assert demo["obs/state"].shape == demo["actions"].shape == (len(state), 12)
+        np.testing.assert_array_equal(demo["obs/state"][:], state)
+
+
+def test_eval_refuses_an_arm_count_the_policy_was_not_trained_on() -> None:
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.tools.cmd_eval import _arms
+
+    assert _arms(None, 2) == 2 and _arms(None, None) == 1 and _arms(2, None) == 2
+    with pytest.raises(ConfigError, match="trained on 2 arm"):
+        _arms(1, 2)
