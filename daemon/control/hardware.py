@@ -280,72 +280,106 @@ def open_camera(name: str, cam: CameraSettings, mirror: Mirror | None, fps: int)
     return opencv
 
 
+def rig_timestep(settings: DaemonSettings) -> float | None:
+    """The physics step every twin of a hardware rig steps (the emulated follower's, the mirror);
+    None for a hil rig without a mirror, which has no twin."""
+    from hilrec.sim.twin import timestep_for
+
+    has_twin = settings.mode == "emulated" or settings.twin.mirror
+    return timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
+
+
+def follower_port(
+    settings: DaemonSettings, stack: contextlib.ExitStack, workdir: Path | None, timestep: float | None
+) -> tuple[str, Path | None, dict[str, Any]]:
+    """The follower's port and calibration file: hil mode's from the config; emulated mode's from
+    a ``hilrec emulate follower`` child started here (stopped by ``stack``), its calibration
+    written into ``workdir``. Also what the status says of the device."""
+    if settings.mode != "emulated":
+        return settings.follower.port, settings.follower.calibration, {}
+    from hilrec.drivers.emulated.motion import TIMESTEP_ENV
+
+    assert workdir is not None
+    emu = settings.emulated
+    calibration = workdir / "follower.json"
+    follower_emu = EmulatorProcess(
+        "follower",
+        calibration_out=calibration,
+        wire_timing=emu.wire_timing,
+        motion="twin",
+        seed=emu.seed,
+        faults=emu.follower_faults,
+        timeout_s=emu.start_timeout_s,
+        env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
+    )
+    stack.callback(follower_emu.stop)
+    return follower_emu.port, calibration, {"emulator_pid": follower_emu.process.pid}
+
+
+def open_follower(
+    settings: DaemonSettings, stack: contextlib.ExitStack, port: str, calibration: Path | None
+) -> SO101Follower:
+    """The follower arm of the settings on ``port``, open (torque on, holding where it stands)
+    and closed by ``stack`` (torque off)."""
+    from hilrec.drivers.arm import FollowerConfig, SO101Follower
+
+    faults = settings.faults
+    arm = SO101Follower(
+        FollowerConfig(
+            port=port,
+            id=settings.follower.id,
+            calibration=calibration,
+            body_mode=settings.follower.body_mode,
+            read_retries=faults.bus_retries,
+            reply_timeout_ms=faults.bus_reply_timeout_ms or None,
+            max_relative_target=settings.follower.max_relative_target,
+            tolerated_status=settings.follower.tolerated_status,
+        )
+    )
+    open_with_retries(arm, config_section=None if settings.mode == "emulated" else "follower")
+    stack.callback(arm.close)
+    return arm
+
+
 def hardware_rig_factory(
     settings: DaemonSettings, context: zmq.Context[Any], security: Security
 ) -> RigFactory:
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
-        from hilrec.drivers.arm import FollowerConfig, LeaderConfig, SO101Follower, SO101Leader
+        from hilrec.drivers.arm import LeaderConfig, SO101Leader
 
         faults = settings.faults
         reply_timeout = faults.bus_reply_timeout_ms or None
-        follower_port, leader_port = settings.follower.port, settings.leader.port
-        follower_cal, leader_cal = settings.follower.calibration, settings.leader.calibration
+        leader_port, leader_cal = settings.leader.port, settings.leader.calibration
         devices: dict[str, Any] = {}
         from hilrec.sim.scene import SceneConfig
-        from hilrec.sim.twin import timestep_for
 
         # Every twin of the rig (the emulated follower's, the mirror) steps the same physics step
         # (settings checked that it makes whole frames); a hil rig without a mirror has none.
-        has_twin = settings.mode == "emulated" or settings.twin.mirror
-        timestep = timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
+        timestep = rig_timestep(settings)
+        workdir = None
         if settings.mode == "emulated":
-            from hilrec.drivers.emulated.motion import TIMESTEP_ENV
-
-            emu = settings.emulated
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
-            follower_cal = workdir / "follower.json"
-            follower_emu = EmulatorProcess(
-                "follower",
-                calibration_out=follower_cal,
+        port, follower_cal, follower_device = follower_port(settings, stack, workdir, timestep)
+        if follower_device:
+            devices["follower"] = follower_device
+        if settings.mode == "emulated" and settings.leader.source == "serial":
+            assert workdir is not None
+            emu = settings.emulated
+            leader_cal = workdir / "leader.json"
+            motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
+            leader_emu = EmulatorProcess(
+                "leader",
+                calibration_out=leader_cal,
                 wire_timing=emu.wire_timing,
-                motion="twin",
+                motion=motion,
                 seed=emu.seed,
-                faults=emu.follower_faults,
+                faults=emu.leader_faults,
                 timeout_s=emu.start_timeout_s,
-                env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
             )
-            stack.callback(follower_emu.stop)
-            follower_port = follower_emu.port
-            devices["follower"] = {"emulator_pid": follower_emu.process.pid}
-            if settings.leader.source == "serial":
-                leader_cal = workdir / "leader.json"
-                motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
-                leader_emu = EmulatorProcess(
-                    "leader",
-                    calibration_out=leader_cal,
-                    wire_timing=emu.wire_timing,
-                    motion=motion,
-                    seed=emu.seed,
-                    faults=emu.leader_faults,
-                    timeout_s=emu.start_timeout_s,
-                )
-                stack.callback(leader_emu.stop)
-                leader_port = leader_emu.port
-                devices["leader"] = {"emulator_pid": leader_emu.process.pid}
-        follower_arm = SO101Follower(
-            FollowerConfig(
-                port=follower_port,
-                id=settings.follower.id,
-                calibration=follower_cal,
-                body_mode=settings.follower.body_mode,
-                read_retries=faults.bus_retries,
-                reply_timeout_ms=reply_timeout,
-                max_relative_target=settings.follower.max_relative_target,
-                tolerated_status=settings.follower.tolerated_status,
-            )
-        )
-        open_with_retries(follower_arm, config_section=None if settings.mode == "emulated" else "follower")
-        stack.callback(follower_arm.close)
+            stack.callback(leader_emu.stop)
+            leader_port = leader_emu.port
+            devices["leader"] = {"emulator_pid": leader_emu.process.pid}
+        follower_arm = open_follower(settings, stack, port, follower_cal)
         follower = ArmFollower(follower_arm)
         leader: Leader
         if settings.leader.source == "serial":
@@ -379,7 +413,7 @@ def hardware_rig_factory(
             camera = open_camera(name, cam, mirror, settings.fps)
             stack.callback(camera.close)
             cameras[name] = camera
-        devices.setdefault("follower", {})["port"] = follower_port
+        devices.setdefault("follower", {})["port"] = port
         if settings.leader.source == "serial":
             devices.setdefault("leader", {})["port"] = leader_port
         rig = Rig(
@@ -388,7 +422,7 @@ def hardware_rig_factory(
             cameras=cameras,
             mirror=mirror,
             dataset_fields={
-                **_dataset_fields(settings, follower_arm, leader),
+                **dataset_fields(settings, follower_arm, leader),
                 **_twin_fields(mirror, timestep, settings.fps),
             },
             devices=devices,
@@ -406,7 +440,7 @@ def _twin_fields(mirror: Mirror | None, timestep: float | None, fps: int) -> dic
     return {} if timestep is None else {"twin": {"timestep": timestep, "fps": fps}}
 
 
-def _dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader) -> dict[str, Any]:
+def dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader | None) -> dict[str, Any]:
     """What a hardware dataset says about its units and calibration (for ``hilrec replay``)."""
     from hilrec.daemon.so101 import MOTORS
 
