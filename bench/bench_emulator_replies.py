@@ -35,7 +35,7 @@ SCHED_FIFO 1 too, the slow reads the client's own scheduling caused went (p99 41
 reads over 34 ms 44 -> 1) but a miss remained, with the serving thread 86 % in ``__flush_work``:
 the pty's kernel worker, which neither the emulator nor the client can raise.
 
-Usage: python bench/bench_emulator_replies.py [--reads 2000] [--load 0,4] [--hz 60]
+Usage: python bench/bench_emulator_replies.py [--reads 2000] [--load 0,4] [--hz 60] [--smoke]
 """
 
 from __future__ import annotations
@@ -294,7 +294,10 @@ def main() -> None:
         action="store_true",
         help="run the client at SCHED_FIFO 1 too (chrt -f 1 for LeRobot)",
     )
+    parser.add_argument("--smoke", action="store_true", help="30 reads, one run with one busy process")
     args = parser.parse_args()
+    if args.smoke:
+        args.reads, args.load = 30, "1"
     print(
         f"{os.cpu_count()} CPUs, kernel {os.uname().release}, {args.reads} reads at {args.hz:g} Hz per run, "
         f"timeout {args.timeout_ms:g} ms, client {'SCHED_FIFO 1' if args.client_fifo else 'SCHED_OTHER'}"

@@ -22,7 +22,7 @@ import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json
 from hilrec.daemon.replay.check import DatasetCheck
-from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, ReplayVerdict
+from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, LagResult, ReplayVerdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
 if TYPE_CHECKING:
@@ -130,17 +130,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     ax.set_xlabel("time [s]", fontsize=8)
     ex.set_xlabel("time [s]", fontsize=8)
 
-    curve = fig.add_subplot(grid[len(JOINT_NAMES), 0])
-    if lag.mse is not None:
-        curve.plot(lag.shifts, np.sqrt(lag.mse), marker="o", color=_COLOURS["recorded"])
-        if lag.frames is not None:
-            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0, label=f"estimate {lag.frames:.2f}")
-            curve.legend(fontsize=7)
-    else:
-        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center", transform=curve.transAxes)
-    curve.set_xlabel("shift k [frames]: recorded[t] vs replayed[t - k]", fontsize=8)
-    curve.set_ylabel("RMS error [deg]", fontsize=8)
-    curve.tick_params(labelsize=7)
+    _plot_lag_curve(fig.add_subplot(grid[len(JOINT_NAMES), 0]), lag)
     info = fig.add_subplot(grid[len(JOINT_NAMES), 1])
     info.axis("off")
     info.text(
@@ -152,6 +142,20 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     fig.savefig(buf, format="png", dpi=dpi)
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def _plot_lag_curve(curve: Axes, lag: LagResult) -> None:
+    """The bottom row: the RMS error of each shift tried, and the lag estimated from them."""
+    if lag.mse is not None:
+        curve.plot(lag.shifts, np.sqrt(lag.mse), marker="o", color=_COLOURS["recorded"])
+        if lag.frames is not None:
+            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0, label=f"estimate {lag.frames:.2f}")
+            curve.legend(fontsize=7)
+    else:
+        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center", transform=curve.transAxes)
+    curve.set_xlabel("shift k [frames]: recorded[t] vs replayed[t - k]", fontsize=8)
+    curve.set_ylabel("RMS error [deg]", fontsize=8)
+    curve.tick_params(labelsize=7)
 
 
 def _summary_text(result: EpisodeResult) -> str:

@@ -17,7 +17,8 @@ import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.control.verdict import VerdictWorker, judge_episode
+from hilrec.daemon.control.judge import judge_episode
+from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.dataset import EpisodeVerdict
 
 
@@ -29,6 +30,7 @@ def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # a recorded sim episode and the worker process
 def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root: Path) -> None:
     verdicts: queue.Queue[dict[str, Any]] = queue.Queue()
     worker = VerdictWorker(root=sim_root, mode="sim", on_verdict=verdicts.put)

@@ -33,6 +33,7 @@ class Fix(StrEnum):
     REPAIR = "hilrec repair"
     RECOMPUTE_STATS = "hilrec edit recompute-stats"
     RERECORD = "re-record the episode"
+    RERUN_EDIT = "run the hilrec edit it names again"
 
 
 @dataclass(frozen=True)

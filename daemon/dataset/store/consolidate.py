@@ -15,12 +15,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.atomic import fsync_dir, fsync_file, temp_path, write_synced
+from hilrec.daemon.backoff import Backoff
 from hilrec.daemon.dataset.format.features import video_keys
 from hilrec.daemon.dataset.format.layout import (
     MB,
@@ -55,8 +56,6 @@ from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 log = logging.getLogger(__name__)
 
 # A failed merge is retried on its own after this long, then twice as long each time.
-RETRY_FIRST_S: Final[float] = 2.0
-RETRY_MAX_S: Final[float] = 60.0
 
 
 @dataclass
@@ -325,10 +324,10 @@ class BackgroundMerger:
 
     A failed merge never costs a saved episode: what it wrote is rolled back, so LeRobot's files
     stay as they were before it (every episode merged earlier stays visible), the journal keeps
-    the batch, and the state is read back from disk. It is retried on its own after
-    :data:`RETRY_FIRST_S`, doubling to :data:`RETRY_MAX_S`, and at once when an episode is added,
-    on :meth:`retry` and on :meth:`wait`. Until one succeeds, :attr:`problem` says which episodes
-    wait and why (the writer's ``problems()``), and :meth:`wait` raises it.
+    the batch, and the state is read back from disk. It is retried on its own after a backoff
+    (:class:`hilrec.daemon.backoff.Backoff`: 2 s, doubling to a minute), and at once when an
+    episode is added, on :meth:`retry` and on :meth:`wait`. Until one succeeds, :attr:`problem`
+    says which episodes wait and why (the writer's ``problems()``), and :meth:`wait` raises it.
     """
 
     def __init__(self, state: ConsolidatedState, *, hook: Hook = None, interval_s: float = 0.0) -> None:
@@ -340,7 +339,7 @@ class BackgroundMerger:
         self._merging = False
         self._error: BaseException | None = None
         self._failed_batch: list[int] = []
-        self._failures = 0  # in a row
+        self._backoff = Backoff()  # its failures: merges failed in a row
         self._attempts = 0  # merges started
         self._failed_attempt = 0  # the attempt that set _error
         self._retry_at = 0.0
@@ -413,7 +412,7 @@ class BackgroundMerger:
         next_try = max(0.0, self._retry_at - time.monotonic())
         return (
             f"{root}: merging saved episodes {self._failed_batch} into LeRobot's files failed "
-            f"({_reason(self._error)}; {self._failures} attempt(s) in a row); they are safe in "
+            f"({_reason(self._error)}; {self._backoff.failures} attempt(s) in a row); they are safe in "
             f"{journal.JOURNAL_DIR} and the merge is retried (next in {next_try:.0f} s, at the "
             f"next save and at finalize; 'hilrec repair' merges them too); LeRobot's files hold "
             f"{shown}, unchanged"
@@ -452,14 +451,14 @@ class BackgroundMerger:
                 self.state = state
                 del self._pending[: len(batch)]
                 self._error = None
-                self._failures = 0
+                self._backoff.succeeded()
                 self._merging = False
                 self._cond.notify_all()
 
     def _failed(self, batch: list[int], exc: BaseException) -> None:
         root = self.state.root
         with self._cond:
-            first = self._failures == 0 or _reason(exc) != _reason(self._error)
+            first = self._backoff.failures == 0 or _reason(exc) != _reason(self._error)
         if first:
             log.exception("%s: merging episodes %s failed; they stay in the journal", root, batch)
         else:
@@ -485,14 +484,12 @@ class BackgroundMerger:
             self._cond.notify_all()
             if not self._pending:  # it failed past its last rename: merged, nothing waits
                 self._error = None
-                self._failures = 0
+                self._backoff.succeeded()
                 return
             self._error = exc
             self._failed_batch = list(batch)
-            self._failures += 1
             self._failed_attempt = self._attempts
-            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
-            self._retry_at = time.monotonic() + delay
+            self._retry_at = time.monotonic() + self._backoff.failed()
 
 
 def _reason(exc: BaseException | None) -> str:
