@@ -126,6 +126,7 @@ class ArmRun:
     times: list[TickTimes] = field(default_factory=list)
     clamped: list[bool] = field(default_factory=list)
     interrupted: str | None = None  # "approach" or "playback": where a Ctrl-C stopped it
+    fault: str | None = None  # the device error that ended the playback early
 
     @property
     def played(self) -> int:
@@ -179,23 +180,34 @@ def play_on_arm(
         if stop:
             run.interrupted = "playback"
             break
-        tick = pacer.next_tick()
-        present, flag = reading.read()
-        tick.observed = tick.leader_read = time.monotonic()
-        sent = arm.send_action(episode.action[k], present=present)
-        tick.written = tick.end = time.monotonic()
-        if sent.clamped:
-            flag |= int(FrameFlag.CLAMPED)
-        if tick.late_s > LATE_BUDGET_S:
-            flag |= int(FrameFlag.LATE)
-        if tick.skipped:
-            flag |= int(FrameFlag.SKIPPED)
-        run.measured.append(present)
-        run.sent.append(sent.sent)
-        run.clamped.append(sent.clamped)
-        run.flags.append(flag)
-        run.times.append(tick)
+        try:
+            _play_tick(arm, run, reading, pacer, episode.action[k])
+        except DeviceError as exc:  # the arm is lost: what was played is still reported and kept
+            run.fault = f"{type(exc).__name__} at frame {k}: {exc}"
+            log.error("%s", run.fault)
+            break
     return run
+
+
+def _play_tick(
+    arm: SO101Follower, run: ArmRun, reading: _Reader, pacer: TickPacer, action: np.ndarray
+) -> None:
+    tick = pacer.next_tick()
+    present, flag = reading.read()
+    tick.observed = tick.leader_read = time.monotonic()
+    sent = arm.send_action(action, present=present)
+    tick.written = tick.end = time.monotonic()
+    if sent.clamped:
+        flag |= int(FrameFlag.CLAMPED)
+    if tick.late_s > LATE_BUDGET_S:
+        flag |= int(FrameFlag.LATE)
+    if tick.skipped:
+        flag |= int(FrameFlag.SKIPPED)
+    run.measured.append(present)
+    run.sent.append(sent.sent)
+    run.clamped.append(sent.clamped)
+    run.flags.append(flag)
+    run.times.append(tick)
 
 
 def _approach(

@@ -66,6 +66,7 @@ def summarise(episode: RecordedEpisode, run: ArmRun, lag: LagSettings) -> dict[s
         "played": n,
         "complete": n == episode.length,
         "interrupted": run.interrupted,
+        "fault": run.fault,
         "units": str(episode.body),
         "approach": {
             "start": run.start.tolist(),
@@ -123,6 +124,8 @@ def format_text(doc: dict[str, Any]) -> str:
     played = f"played {doc['played']} of {doc['frames']} frames"
     if doc["interrupted"]:
         played += f" (stopped by Ctrl-C during the {doc['interrupted']})"
+    if doc["fault"]:
+        played += f" (ended by {doc['fault']})"
     lines.append(played)
     if doc["played"]:
         lines.append(f"{'joint':<14} {'rms':>8} {'max':>8}   (measured - recorded observation.state)")

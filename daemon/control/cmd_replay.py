@@ -25,7 +25,7 @@ started for the run) slowly to episode K's first state, plays its recorded actio
 dataset's fps (every goal through the calibrated range and max_relative_target), and reports
 the measured joints against the recorded observation.state. --record ROOT2 saves the run as a
 new episode of ROOT2. The torque is off when it ends, also after Ctrl-C.
-  0  played to the end     2  refused (config, dataset, episode, port)     130  stopped by Ctrl-C
+  0  played to the end    2  refused (config, dataset, episode, port) or the arm lost    130  Ctrl-C
 """
 
 # Flags of the twin check that mean nothing on the arm, and the reverse.
@@ -136,4 +136,6 @@ def _on_arm(args: argparse.Namespace) -> int:
         if "recorded_as" in doc:
             print(f"recorded as episode {doc['recorded_as']['episode_index']} of {args.record}")
         print("torque off")
+    if run.fault is not None:
+        return 2
     return 130 if run.interrupted else 0
