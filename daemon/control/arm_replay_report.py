@@ -119,7 +119,7 @@ def format_text(doc: dict[str, Any]) -> str:
     if approach["reached"] is not None:
         lines.append(
             f"approach: {approach['ramp_ticks']} ticks; first state reached within "
-            f"{approach['error_max']:.2f} {doc['units']} units"
+            f"{approach['error_max']:.2f} ({doc['units']})"
         )
     played = f"played {doc['played']} of {doc['frames']} frames"
     if doc["interrupted"]:
