@@ -135,7 +135,7 @@ def test_the_protocol_doc_lists_the_frame_flags_as_the_enum_defines_them() -> No
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
-    section = doc.split("### Frame flags", 1)[1].split("\n#", 1)[0]
+    section = doc.split("## Frame flags", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\|\s*(\d+)\s*\|\s*`([a-z_]+)`\s*\|", section, re.M)
     assert [(int(bit), name) for bit, name in rows] == [
         (int(f).bit_length() - 1, str(f.name).lower()) for f in FrameFlag

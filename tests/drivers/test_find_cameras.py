@@ -86,6 +86,7 @@ def test_an_av1_file_is_named_quietly_not_as_a_uvc_node(tmp_path: Path, capfd) -
     path = tmp_path / "lerobot.mp4"
     with av.open(str(path), "w") as container:
         stream = container.add_stream("libsvtav1", rate=25)
+        assert isinstance(stream, av.VideoStream)
         stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
         for i in range(10):
             image = np.full((64, 64, 3), 20 * i, dtype=np.uint8)
