@@ -263,11 +263,11 @@ def main() -> int:
     parser.add_argument("--max-seconds", type=float, default=10.0, help="closed-loop episode limit")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_coverage_eval"))
     parser.add_argument(
-        "--smoke", action="store_true", help="2 episodes a set, 1 held out, 2 steps, 1 s closed loop"
+        "--smoke", action="store_true", help="2 episodes a set, 1 held out, 1 step, 1 s closed loop"
     )
     args = parser.parse_args()
     if args.smoke:
-        args.episodes, args.val_episodes, args.eval_seeds, args.checkpoints = 2, 1, 1, "1,2"
+        args.episodes, args.val_episodes, args.eval_seeds, args.checkpoints = 2, 1, 1, "1"
         args.batch, args.max_seconds = 4, 1.0
         args.out = args.out.with_name(args.out.name + "_smoke")
     args.checkpoints = [int(s) for s in args.checkpoints.split(",")]

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -74,6 +75,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 _RST_LITERAL = re.compile(r"``(.+?)``")
+_SPHINX_ROLE = re.compile(r":[a-z]+:`([^`]+)`")
 _VERBOSE_HELP = "log debug messages"
 
 
@@ -150,19 +152,40 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def doc_summary(doc: str | None) -> str | None:
+    """A module docstring's first paragraph as one line, for a command's ``description``: the
+    whole first sentence, never its first line only; Sphinx roles (:mod:`x`) as their text."""
+    if not doc:
+        return None
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return _SPHINX_ROLE.sub(r"\1", first)
+
+
 def error_prefix(command: str) -> str:
     """How every command's error line starts (collect finds its daemon's by it)."""
     return f"hilrec {command}: error: "
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # `hilrec check ROOT | head`: the reader has gone, which is not an error of hilrec's.
+        # Output still buffered must not fail again at exit: stdout goes to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the pipe's end stopped
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # PyOpenGL (imported with MuJoCo) says at INFO on every run that an optional speed-up is absent.
+    logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
     func = getattr(args, "func", None)
     if func is None:
         parser.error(f"'{args.command}' needs its arguments; see 'hilrec {args.command} --help'")

@@ -218,6 +218,21 @@ def _sim_replay(root: Path, index: int) -> dict[str, Any]:
     return {**out, "verdict": EpisodeVerdict.SOUND, "summary": "it replays bit for bit"}
 
 
+def _plot(result: EpisodeResult, root: Path, index: int) -> str | None:
+    """The replay's figure, written with the verdict so the ui links it at once (as ``hilrec
+    replay --report`` would); its path relative to the root, None if it could not be written."""
+    from hilrec.daemon.replay.report import episode_plot_path, plot_episode
+
+    path = episode_plot_path(root, index)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        plot_episode(result, path)
+    except (OSError, ValueError) as exc:  # a full disk costs the figure, never the verdict
+        log.warning("episode %d: the replay figure was not written: %s", index, exc)
+        return None
+    return str(path.relative_to(root))
+
+
 def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
     from hilrec.daemon.replay.check import replay_dataset
     from hilrec.daemon.replay.results import ReplayVerdict
@@ -234,6 +249,8 @@ def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
         "reason": result.reason,
         "notes": list(result.notes),
     }
+    if result.verdict is not ReplayVerdict.NOT_REPLAYABLE:
+        out["plot"] = _plot(result, root, index)
     if result.verdict is ReplayVerdict.NOT_REPLAYABLE:
         return {
             **out,

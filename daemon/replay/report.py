@@ -16,7 +16,7 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -44,8 +44,19 @@ _VERDICT_MARK = {
 }
 
 
+REPORT_DIR: Final[str] = "replay"  # under the dataset's hilrec/: where the take's verdict puts its PNG
+
+
 def plot_name(episode_index: int) -> str:
     return f"episode-{episode_index:06d}.png"
+
+
+def episode_plot_path(root: str | os.PathLike[str], episode_index: int) -> Path:
+    """``<root>/hilrec/replay/episode-NNNNNN.png``: where a take's verdict writes its figure, and
+    where ``hilrec ui`` looks for it (``hilrec replay --report`` writes the same file there)."""
+    from hilrec.daemon.dataset import sidecar_dir
+
+    return sidecar_dir(Path(root)) / REPORT_DIR / plot_name(episode_index)
 
 
 def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: int = 72) -> Path:

@@ -39,8 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset import DEFAULT_FEATURES, LeRobotInfo
-from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.dataset import DEFAULT_FEATURES, EpisodeVerdict, LeRobotInfo
+from hilrec.daemon.errors import DatasetError, FlagError
 from hilrec.daemon.text import task_problem
 from hilrec.daemon.tools.edit_run import Options, finish_parts, hook_of, run_edit
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source
@@ -125,6 +125,13 @@ def keep_episodes(
     options: Options | None = None,
 ) -> EditReport:
     """Keep the episodes that are listed, successful and/or have one of ``verdicts``."""
+    unknown = sorted(set(verdicts or ()) - {v.value for v in EpisodeVerdict})
+    if unknown:
+        raise FlagError(
+            "--verdict",
+            f"unknown verdict(s) {', '.join(unknown)}; the verdicts are "
+            + ", ".join(v.value for v in EpisodeVerdict),
+        )
 
     def build(sources: Sequence[Source], result: Path, report: EditReport) -> None:
         source = sources[0]
@@ -306,14 +313,14 @@ def split(
     if (fractions is None) == (lists is None):
         raise DatasetError("split needs either --fractions or --episodes lists")
     if fractions is not None:
-        if len(fractions) != len(outs) or any(f <= 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
+        if len(fractions) != len(outs) or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
             raise DatasetError(
-                f"--fractions {list(fractions)}: one positive fraction per --out ({len(outs)}), "
-                "summing to at most 1"
+                f"--fractions {','.join(f'{f:g}' for f in fractions)}: one positive fraction per --out "
+                f"({len(outs)}), summing to 1 (they sum to {sum(fractions):g}; a split keeps every "
+                "episode: to leave some out, use edit keep or delete-episodes first)"
             )
         counts = [int(f * n) for f in fractions]
-        if abs(sum(fractions) - 1) <= 1e-9:
-            counts[-1] = n - sum(counts[:-1])
+        counts[-1] = n - sum(counts[:-1])
         if any(c <= 0 for c in counts):
             raise DatasetError(f"--fractions {list(fractions)} of {n} episodes leaves an empty part {counts}")
         groups, start = [], 0

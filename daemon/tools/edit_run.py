@@ -123,7 +123,9 @@ def run_edit(
             with contextlib.suppress(OSError):
                 shutil.rmtree(result)
         # The --out folder this edit made for its lock and record, holding nothing else, goes too.
-        if created_out and not done and holds_only_edit_files(target):
+        # Only with its lock held: a folder another live edit is building is that edit's.
+        target_held = any(lock.root == target and lock.held for lock in locks)
+        if created_out and not done and target_held and holds_only_edit_files(target):
             shutil.rmtree(target, ignore_errors=True)
         for lock in reversed(locks):
             lock.release()

@@ -36,6 +36,13 @@ RECEIVING: Final[str] = "hilrec display: receiving"
 TAIL_LINES: Final[int] = 20
 
 
+def no_screen() -> str | None:
+    """Why rerun's native viewer cannot open a window here, or None when there is a screen."""
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return "there is no screen for rerun's viewer here (neither DISPLAY nor WAYLAND_DISPLAY is set)"
+
+
 def display_argv(
     telemetry: str, viewer: RerunViewer, *, rrd: Path | None = None, web_port: int = 9090
 ) -> list[str]:

@@ -19,9 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from _daemon import Daemon, check_passes, run_cli, sim_config
 
 from hilrec.daemon.dataset.format.reader import load_episodes
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 TRIALS = 10
 SEED = 20261203

@@ -31,6 +31,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -78,7 +79,7 @@ def _own_resource_tracker() -> None:
     tracker of its own unlinks them as soon as the child is killed, as it always did."""
     from multiprocessing import resource_tracker
 
-    tracker = resource_tracker._resource_tracker
+    tracker: Any = resource_tracker._resource_tracker  # private state: typeshed knows none of it
     with tracker._lock:
         if tracker._fd is not None:
             os.close(tracker._fd)  # this child's copy: the test process keeps its tracker

@@ -92,6 +92,7 @@ def fill(disk: Path, leave: int) -> None:
                 break
 
 
+@pytest.mark.slow  # a real full disk: a tmpfs mounted, filled, and an edit run three times
 @pytest.mark.parametrize(
     "args",
     [

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.errors import DatasetStateError
 from hilrec.daemon.tools import edit
 from hilrec.daemon.tools.edit_swap import Hook
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 SEED = 20261202
 RANDOM_KILLS = 10
@@ -56,8 +60,16 @@ def child(kind: str, src: str, outs: list[str], stop_at: str, conn: Connection) 
     conn.send("DONE")
 
 
-def killed(kind: str, src: Path, outs: list[Path], stop_at: str, delay: float | None) -> list[str]:
-    """Run the edit in a child and SIGKILL it at ``stop_at`` (or after ``delay`` seconds)."""
+def killed(
+    kind: str,
+    src: Path,
+    outs: list[Path],
+    stop_at: str,
+    delay: float | None,
+    while_stopped: Callable[[], None] | None = None,
+) -> list[str]:
+    """Run the edit in a child and SIGKILL it at ``stop_at`` (or after ``delay`` seconds);
+    ``while_stopped`` runs while the child waits at ``stop_at``, still alive."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["hilrec.daemon.tools.edit", "hilrec.daemon.dataset.check.checker"])
     parent, child_end = ctx.Pipe(duplex=False)
@@ -70,6 +82,8 @@ def killed(kind: str, src: Path, outs: list[Path], stop_at: str, delay: float | 
             while "STOPPED" not in seen:
                 assert parent.poll(60), f"the child never reached {stop_at}: {seen}"
                 seen.append(parent.recv())
+            if while_stopped is not None:
+                while_stopped()
         else:
             assert parent.poll(60), "the child did not start"
             seen.append(parent.recv())
@@ -176,6 +190,23 @@ def test_a_part_of_another_edit_or_of_changed_inputs_is_refused_not_overwritten(
     with pytest.raises(DatasetStateError, match=r"part \(1 of 2\).*this is `hilrec edit split"):
         edit.split(source, outs, lists=[[0, 1], [2, 3]])
     assert (outs[0] / EDIT_INTENT_PATH).exists()
+
+
+def test_a_second_edit_to_a_folder_a_live_edit_is_building_is_refused_and_leaves_it(
+    source: Path, tmp_path: Path
+) -> None:
+    outs = outs_for(tmp_path, "merge", "live")
+    [merged] = outs
+
+    def second() -> None:
+        held = sorted(p.relative_to(merged).as_posix() for p in merged.rglob("*"))
+        with pytest.raises(DatasetStateError, match="is being written by"):
+            run("merge", source, outs)
+        assert sorted(p.relative_to(merged).as_posix() for p in merged.rglob("*")) == held
+
+    killed("merge", source, outs, "temp-created", None, while_stopped=second)
+    run("merge", source, outs)  # the first was killed: the same command finishes it
+    assert not check_dataset(merged, strict=True).failures
 
 
 @pytest.mark.parametrize("kind", ["split", "merge"])

@@ -254,3 +254,27 @@ def test_every_bad_calibration_is_refused_naming_the_flag_and_the_joint(
             out=tmp_path / "out",
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_the_leaders_file_as_calibration_is_refused_naming_the_followers(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """observation.state is the follower's reading: through the leader's file it would be converted
+    wrongly; that was a success with only notes."""
+    root = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(recorded["root"]), str(root)], check=True)
+    state_before = columns(root, STATE_KEY)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "hilrec.daemon.cli", "edit", "convert-units", str(root)),
+            *("--to", "degrees", "--calibration", str(recorded["leader"])),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"flag --calibration: {recorded['leader']} is not the calibration" in done.stderr, done.stderr
+    assert "follower" in done.stderr
+    assert columns(root, STATE_KEY).tobytes() == state_before.tobytes()

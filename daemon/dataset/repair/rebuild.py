@@ -209,39 +209,12 @@ def _assemble(
         new = len(built)
         directory = journal.open_episode_dir(work, new)
         directory.mkdir(parents=True)
-        origins: list[str] = []
-        lost = ""
-        for key in sources.keys:
-            out = directory / journal.video_file_name(key)
-            origin, why = sources.place_frames(old, key, n, out)
-            if origin is None and regenerate is not None:
-                try:
-                    origin = regenerate(old, key, table, out)
-                except HilrecError as exc:
-                    why += f"; not made again: {exc}"
-                if origin is None:
-                    out.unlink(missing_ok=True)
-            if origin is None:
-                if without_missing_video:
-                    raise _CameraLost(old, key, why)
-                lost = f"frames of '{key}' unreadable: {why}"
-                break
-            if origin == STAGED_ORIGIN and report.spilled(old, key):
-                origin = SPILL_ORIGIN
-            origins.append(origin if len(sources.keys) == 1 else f"{key}: {origin}")
+        origins, image, lost = _place_frames(
+            sources, report, old, table, directory, regenerate=regenerate, drop=without_missing_video
+        )
         if lost:
             journal.remove_dir(directory)
             outcomes.append(EpisodeOutcome(old, None, n, rows.origin, reason=lost))
-            continue
-        image: dict[str, Any] = {}
-        try:
-            for key in sources.keys:
-                image[key] = sources.image_stats(old, key, directory / journal.video_file_name(key), n)
-        except DAMAGE as exc:
-            if not_damage(exc):
-                raise
-            journal.remove_dir(directory)
-            outcomes.append(EpisodeOutcome(old, None, n, rows.origin, reason=f"frames undecodable: {exc}"))
             continue
         names = [tasks[t] for t in task_ids]
         new_tasks = [t for t in dict.fromkeys(names) if t not in used_tasks]
@@ -254,26 +227,17 @@ def _assemble(
             task_ids=used_tasks,
             task_names=names,
         )
-        pq.write_table(table, directory / journal.EPISODE_DATA, **PARQUET_OPTIONS)
-        columns = {k: column_to_numpy(table.column(k)) for k in data_keys(features)}
-        stats: dict[str, Any] = stats_to_json(compute_episode_stats(columns, features))
-        stats.update(image)
-        journal.write_episode_meta(
+        _stage_rebuilt(
             directory,
-            {
-                "episode_index": new,
-                "length": n,
-                "tasks": list(dict.fromkeys(names)),
-                "new_tasks": new_tasks,
-                "dataset_from_index": frames,
-                "data_bytes": (directory / journal.EPISODE_DATA).stat().st_size,
-                "videos": {k: {"frames": n, "duration_s": n / sources.fps} for k in sources.keys},
-                "stats": {k: stats[k] for k in features if k in stats},
-                "rebuilt_from_episode": old,
-            },
+            sources,
+            table,
+            image,
+            old=old,
+            new=new,
+            first_frame=frames,
+            names=names,
+            new_tasks=new_tasks,
         )
-        for child in directory.iterdir():
-            fsync_file(child)
         journal.commit_episode(work, new)
         built[old] = new
         frames += n
@@ -284,6 +248,87 @@ def _assemble(
     else:
         _write_empty_meta(work, features)
     return built
+
+
+def _place_frames(
+    sources: Sources,
+    report: RepairReport,
+    old: int,
+    table: pa.Table,
+    directory: Path,
+    *,
+    regenerate: Regenerate | None,
+    drop: bool,
+) -> tuple[list[str], dict[str, Any], str]:
+    """Each camera's frames of episode ``old`` put in ``directory`` (made again by
+    ``regenerate`` where they are lost and it can), and their image stats: (where each came from,
+    the stats, why the episode is lost: empty when it is not). With ``drop``, a camera whose
+    frames are lost raises _CameraLost instead, so that the camera leaves the dataset."""
+    n = table.num_rows
+    origins: list[str] = []
+    for key in sources.keys:
+        out = directory / journal.video_file_name(key)
+        origin, why = sources.place_frames(old, key, n, out)
+        if origin is None and regenerate is not None:
+            try:
+                origin = regenerate(old, key, table, out)
+            except HilrecError as exc:
+                why += f"; not made again: {exc}"
+            if origin is None:
+                out.unlink(missing_ok=True)
+        if origin is None:
+            if drop:
+                raise _CameraLost(old, key, why)
+            return origins, {}, f"frames of '{key}' unreadable: {why}"
+        if origin == STAGED_ORIGIN and report.spilled(old, key):
+            origin = SPILL_ORIGIN
+        origins.append(origin if len(sources.keys) == 1 else f"{key}: {origin}")
+    image: dict[str, Any] = {}
+    try:
+        for key in sources.keys:
+            image[key] = sources.image_stats(old, key, directory / journal.video_file_name(key), n)
+    except DAMAGE as exc:
+        if not_damage(exc):
+            raise
+        return origins, {}, f"frames undecodable: {exc}"
+    return origins, image, ""
+
+
+def _stage_rebuilt(
+    directory: Path,
+    sources: Sources,
+    table: pa.Table,
+    image: dict[str, Any],
+    *,
+    old: int,
+    new: int,
+    first_frame: int,
+    names: list[str],
+    new_tasks: list[str],
+) -> None:
+    """The rebuilt episode's rows, stats and journal entry in its open directory, synced
+    (``names``: each row's task string)."""
+    features, n = sources.features, table.num_rows
+    pq.write_table(table, directory / journal.EPISODE_DATA, **PARQUET_OPTIONS)
+    columns = {k: column_to_numpy(table.column(k)) for k in data_keys(features)}
+    stats: dict[str, Any] = stats_to_json(compute_episode_stats(columns, features))
+    stats.update(image)
+    journal.write_episode_meta(
+        directory,
+        {
+            "episode_index": new,
+            "length": n,
+            "tasks": list(dict.fromkeys(names)),
+            "new_tasks": new_tasks,
+            "dataset_from_index": first_frame,
+            "data_bytes": (directory / journal.EPISODE_DATA).stat().st_size,
+            "videos": {k: {"frames": n, "duration_s": n / sources.fps} for k in sources.keys},
+            "stats": {k: stats[k] for k in features if k in stats},
+            "rebuilt_from_episode": old,
+        },
+    )
+    for child in directory.iterdir():
+        fsync_file(child)
 
 
 def _drop_camera(sources: Sources, report: RepairReport, lost: _CameraLost) -> None:
