@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.so101 import IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY
+from hilrec.daemon.so101 import ARM_SIDES, IMAGE_PREFIX, NUM_JOINTS, STATE_KEY, robot_type
 
 TASK_KEY = "task"
 Observation = Mapping[str, Any]
@@ -50,6 +50,7 @@ class Wants:
 
     cameras: tuple[str, ...] | None = None
     image_size: tuple[int, int] | None = None
+    arms: int | None = None  # 1 (six joints) or 2 (bi_so_follower's twelve)
 
 
 class EvalPolicy(Protocol):
@@ -156,7 +157,7 @@ class LeRobotPolicy:
             postprocessor=self.postprocessor,
             use_amp=False,
             task=observation.get(TASK_KEY),
-            robot_type=ROBOT_TYPE,
+            robot_type=robot_type(self.wants.arms or 1),
         )
         return np.asarray(action.squeeze(0).to("cpu").numpy(), dtype=np.float32)
 
@@ -166,13 +167,18 @@ def _lerobot_wants(config: Any, name: str) -> Wants:
     SO-101 measures or an action that is not six joint goals."""
     cameras: list[str] = []
     sizes: set[tuple[int, int]] = set()
+    arms = 1
+    shapes = {(NUM_JOINTS * k,): k for k in (1, len(ARM_SIDES))}
     for key, feature in config.input_features.items():
         shape = tuple(int(s) for s in feature.shape)
         if key == STATE_KEY:
-            if shape != (NUM_JOINTS,):
+            if shape not in shapes:
                 raise ConfigError(
-                    "policy", f"{name} wants {key} of shape {shape}; the SO-101's is ({NUM_JOINTS},)"
+                    "policy",
+                    f"{name} wants {key} of shape {shape}; the SO-101's is ({NUM_JOINTS},), "
+                    f"two arms' ({NUM_JOINTS * len(ARM_SIDES)},)",
                 )
+            arms = shapes[shape]
         elif key.startswith(IMAGE_PREFIX) and len(shape) == 3 and shape[0] == 3:
             cameras.append(key[len(IMAGE_PREFIX) :])
             sizes.add((shape[1], shape[2]))
@@ -187,9 +193,9 @@ def _lerobot_wants(config: Any, name: str) -> Wants:
             "policy", f"{name} wants images of several sizes {sorted(sizes)}; the twin renders one size"
         )
     action = config.output_features.get("action")
-    if action is None or tuple(int(s) for s in action.shape) != (NUM_JOINTS,):
-        raise ConfigError("policy", f"{name} does not output an action of {NUM_JOINTS} joint goals")
-    return Wants(cameras=tuple(cameras), image_size=next(iter(sizes)) if sizes else None)
+    if action is None or tuple(int(s) for s in action.shape) != (NUM_JOINTS * arms,):
+        raise ConfigError("policy", f"{name} does not output an action of {NUM_JOINTS * arms} joint goals")
+    return Wants(cameras=tuple(cameras), image_size=next(iter(sizes)) if sizes else None, arms=arms)
 
 
 def load_policy(spec: str | Path, *, device: str = "cpu") -> EvalPolicy:

@@ -131,6 +131,6 @@ def test_display_rerun_without_a_screen_is_refused_before_the_daemon_starts(tmp_
         env=env,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "flag --display: no screen for rerun's viewer" in done.stderr, done.stderr
+    assert "flag --display: there is no screen for rerun's viewer" in done.stderr, done.stderr
     assert "--display-rrd OUT.rrd" in done.stderr and "starting the daemon" not in done.stdout
     assert not root.exists()
