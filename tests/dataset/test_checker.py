@@ -156,6 +156,7 @@ def test_text_report_names_rule_file_episode_and_key(
     assert text.rstrip().endswith("FAILED")
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_console_command_exit_codes(valid_root: Path, broken: Path) -> None:
     (broken / INFO).write_text("{ not json")
     ok = subprocess.run(
