@@ -215,9 +215,31 @@ def test_dependencies_by_name_and_by_child_process_are_seen(tmp_path: Path, sour
 
 def test_the_display_child_edge_is_allowed_only_where_the_table_says() -> None:
     edges = allowed_edges()
-    assert ("hilrec.daemon.control.display_child", "hilrec.daemon.viz.cmd_display") in edges
-    assert _allowed("hilrec.daemon.control.display_child", "hilrec.daemon.viz.cmd_display", edges)
+    assert ("hilrec.daemon.wire.display_child", "hilrec.daemon.viz.cmd_display") in edges
+    assert _allowed("hilrec.daemon.wire.display_child", "hilrec.daemon.viz.cmd_display", edges)
     assert not _allowed("hilrec.daemon.control.loop", "hilrec.daemon.viz.cmd_display", edges)
+
+
+PLAIN_CLIENTS = ("hilrec.daemon.ui", "hilrec.daemon.collect", "hilrec.daemon.viz")
+CONTROL = "hilrec.daemon.control"
+
+
+def test_the_daemons_clients_import_nothing_of_control() -> None:
+    """ui, collect and viz are plain clients of the daemon: its settings (the ports) and the
+    display child are the wire's, so nothing in them reaches into the loop's package. (collect may
+    start ``hilrec daemon`` as a child process: that edge is a process, not an import.)"""
+    table = layers()
+    daemon_child = cli_commands()["daemon"]
+    found = []
+    for layer in (la for la in table if la.package in PLAIN_CLIENTS):
+        for path in sorted(layer.folder.rglob("*.py")):
+            module = module_name(path, table)
+            found += [
+                f"{path.relative_to(REPO)}:{line}: {target}"
+                for line, target in imports_of(path, module, {la.package for la in table})
+                if (target == CONTROL or target.startswith(CONTROL + ".")) and target != daemon_child
+            ]
+    assert not found, "clients importing control:\n" + "\n".join(found)
 
 
 DATASET = "hilrec.daemon.dataset"

@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.collect.panel import Panel, backlog_line
     from hilrec.daemon.collect.session import CollectSession, Summary
     from hilrec.daemon.collect.sounds import Speaker
-    from hilrec.daemon.control.settings import load_settings
     from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
     from hilrec.daemon.wire.client import ControlClient
+    from hilrec.daemon.wire.settings import load_settings
 
     logging.getLogger("OpenGL").setLevel(logging.WARNING)  # the config's checks import MuJoCo
     settings = load_settings(args.config, root=args.root)
@@ -196,9 +196,9 @@ def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
     flag alone implies ``--display rerun``); None without them."""
     import os
 
-    from hilrec.daemon.control.display_child import display_argv
-    from hilrec.daemon.control.settings import RerunViewer
     from hilrec.daemon.errors import FlagError
+    from hilrec.daemon.wire.display_child import display_argv
+    from hilrec.daemon.wire.settings import RerunViewer
 
     if args.display_rrd is not None:
         if args.display_rrd.is_dir():

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
-from hilrec.daemon.control.display_child import DisplayChild
 from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
 from hilrec.daemon.wire.client import ControlClient
+from hilrec.daemon.wire.display_child import DisplayChild
 
 START_TIMEOUT_S: Final[float] = 120.0
 STOP_TIMEOUT_S: Final[float] = 180.0

@@ -23,16 +23,17 @@ from rich.table import Table
 from rich.text import Text
 
 from hilrec.daemon.collect.monitor import Monitor, Snapshot
+from hilrec.daemon.dataset import EpisodeVerdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
 LATE_HIGHLIGHT_S: Final[float] = 3.0
 BACKLOG_WARN_S: Final[float] = 1.0  # a backlog this long is shown in colour: the encoder is behind
 KEYS_HELP: Final[str] = "→/n save   ←/r record again   space pause (between takes)   Esc/q finish"
 VERDICT_STYLE: Final[dict[str, str]] = {
-    "sound": "bold green",
-    "warning": "bold yellow",
-    "bad": "bold red",
-    "not_checked": "bold magenta",
+    EpisodeVerdict.SOUND: "bold green",
+    EpisodeVerdict.WARNING: "bold yellow",
+    EpisodeVerdict.BAD: "bold red",
+    EpisodeVerdict.NOT_CHECKED: "bold magenta",
 }
 
 

@@ -28,6 +28,7 @@ from hilrec.daemon.collect.keys import Key, KeyReader
 from hilrec.daemon.collect.monitor import Monitor
 from hilrec.daemon.collect.panel import VERDICT_STYLE, Panel
 from hilrec.daemon.collect.sounds import Speaker
+from hilrec.daemon.dataset import EpisodeVerdict
 from hilrec.daemon.errors import HilrecError, ProtocolError
 from hilrec.daemon.wire.client import ControlClient
 
@@ -345,7 +346,7 @@ class CollectSession:
         text = f"verdict {who}: {verdict['verdict'].upper()}: {verdict['summary']}"
         self.panel.state.last_verdict = text
         self.panel.line(text, VERDICT_STYLE.get(str(verdict["verdict"])))
-        if verdict["verdict"] == "bad":
+        if verdict["verdict"] == EpisodeVerdict.BAD:
             self.speaker.say(f"episode {take or index} is bad")
 
     def _sidecar_verdict(self, index: int) -> dict[str, Any] | None:

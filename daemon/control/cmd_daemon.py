@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from hilrec.daemon.control.runtime import Daemon
-    from hilrec.daemon.control.settings import load_settings
+    from hilrec.daemon.wire.settings import load_settings
 
     settings = load_settings(args.config, root=args.root)
     daemon = Daemon(

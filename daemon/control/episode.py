@@ -5,7 +5,7 @@ The dataset holds only what an arm measures (``observation.state``, images) and 
 (``hilrec/episodes/episode-NNNNNN.{json,npz}``) through ``save_episode(sidecar=..., arrays=...)``:
 
 - arrays (npz): the tick timestamps (:data:`hilrec.daemon.control.clock.TIMING_ARRAYS`, monotonic
-  seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.wire.protocol.FrameFlag` bits),
+  seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.dataset.FrameFlag` bits),
   ``leader`` (the leader's reading before any clamp, float32 (n, 6), NaN where there was no live
   command and the follower held), and in hil/emulated mode ``twin_state`` (the mirroring twin's
   joints at each tick, float32 (n, 6));
@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from hilrec.daemon.control.clock import TIMING_ARRAYS, TickTimes, timing_summary
+from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
-from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag
+from hilrec.daemon.wire.protocol import PROTOCOL_VERSION
 
 
 class EpisodeBuffer:

@@ -28,7 +28,6 @@ import numpy as np
 import zmq
 
 from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory, remote_leader
-from hilrec.daemon.control.settings import CameraSettings, DaemonSettings
 from hilrec.daemon.control.sources import Camera, JointReading, Leader, WriteResult
 from hilrec.daemon.errors import (
     BusPacketError,
@@ -39,6 +38,7 @@ from hilrec.daemon.errors import (
     HilrecError,
 )
 from hilrec.daemon.wire.security import Security
+from hilrec.daemon.wire.settings import CameraSettings, DaemonSettings
 from hilrec.drivers.emulated.priority import raise_emulator_priority
 
 if TYPE_CHECKING:

@@ -34,6 +34,7 @@ from hilrec.daemon.control.faults import Fault, FaultKind
 from hilrec.daemon.control.rig import Rig
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.sources import JointReading
+from hilrec.daemon.dataset import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.errors import (
     BusPacketError,
     BusTimeoutError,
@@ -44,7 +45,6 @@ from hilrec.daemon.errors import (
     WriterStalledError,
 )
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
-from hilrec.daemon.wire.protocol import LATE_BUDGET_S, FrameFlag, flag_names
 from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from hilrec.daemon.control.sources import Camera, Follower, Leader, RemoteLeader
 from hilrec.daemon.wire.security import Security, endpoint
 
 if TYPE_CHECKING:
-    from hilrec.daemon.control.settings import DaemonSettings
+    from hilrec.daemon.wire.settings import DaemonSettings
     from hilrec.sim.twin import Twin
 
 

@@ -29,20 +29,20 @@ from typing import Any
 import zmq
 
 from hilrec.daemon.control.clock import TickPacer
-from hilrec.daemon.control.display_child import DisplayChild, settings_argv
 from hilrec.daemon.control.loop import ControlLoop
 from hilrec.daemon.control.priority import set_thread_priority
 from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
-from hilrec.daemon.control.settings import DaemonSettings, RerunViewer
 from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.wire.display_child import DisplayChild, settings_argv
 from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.wire.security import Security, endpoint
 from hilrec.daemon.wire.server import ControlServer
+from hilrec.daemon.wire.settings import DaemonSettings, RerunViewer
 from hilrec.daemon.wire.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ import zmq
 
 from hilrec.daemon.control.rig import EpisodeHooks, Rig, RigFactory, remote_leader
 from hilrec.daemon.control.session import entropy_seed
-from hilrec.daemon.control.settings import DaemonSettings
 from hilrec.daemon.control.sources import Camera, Leader, ScriptedLeader, TwinCamera, TwinFollower
 from hilrec.daemon.wire.security import Security
+from hilrec.daemon.wire.settings import DaemonSettings
 
 if TYPE_CHECKING:
     from hilrec.sim.operator import ScriptedOperator

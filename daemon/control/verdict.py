@@ -18,7 +18,7 @@ each save), then judge that episode alone:
 - hardware and emulated episodes: the hardware replay check (:mod:`hilrec.daemon.replay.check`:
   consistent, lagging or diverged, with the lag and the worst joint).
 
-The verdict (``sound``, ``warning``, ``bad`` or ``not_checked``), a one-sentence summary a
+The verdict (:class:`hilrec.daemon.dataset.EpisodeVerdict`), a one-sentence summary a
 person can act on, and the details go back to the daemon, which publishes an ``episode_verdict``
 event and stores them in the episode's sidecar under ``"verdict"`` (through the writer thread).
 The protocol between the two processes is one JSON object per line on the worker's stdin/stdout.
@@ -41,14 +41,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from hilrec.daemon.dataset import EpisodeVerdict
+
 if TYPE_CHECKING:  # the replay check imports MuJoCo: only in the worker, only when it judges
     from hilrec.daemon.replay.metrics import Stall
     from hilrec.daemon.replay.results import EpisodeResult
 
 log = logging.getLogger(__name__)
 
-SOUND, WARNING, BAD, NOT_CHECKED = "sound", "warning", "bad", "not_checked"
-VERDICTS: Final[tuple[str, ...]] = (SOUND, WARNING, BAD, NOT_CHECKED)
 MERGE_TIMEOUT_S: Final[float] = 60.0
 MERGE_POLL_S: Final[float] = 0.01
 GATE_GUARD_S: Final[float] = 0.004  # the worker is stopped this long before each tick deadline
@@ -147,7 +147,7 @@ def episode_data_problems(root: Path, episode_index: int) -> tuple[list[str], li
     return errors, [f.format() for f in mine if f.severity is not Severity.ERROR]
 
 
-def _judge(root: Path, index: int, mode: str) -> tuple[str, str, dict[str, Any]]:
+def _judge(root: Path, index: int, mode: str) -> tuple[EpisodeVerdict, str, dict[str, Any]]:
     from hilrec.daemon.dataset import load_episode_sidecar
 
     problems, harmless = episode_data_problems(root, index)
@@ -163,20 +163,32 @@ def _judge(root: Path, index: int, mode: str) -> tuple[str, str, dict[str, Any]]
     frames = replay.get("frames") or (meta or {}).get("frames")
     if problems:
         return (
-            BAD,
+            EpisodeVerdict.BAD,
             f"episode {index} breaks a dataset rule ({problems[0]}): press ← to record it again",
             details,
         )
-    if replay["verdict"] == BAD:
+    if replay["verdict"] == EpisodeVerdict.BAD:
         why = f" ({notes[0]})" if notes else ""
-        return BAD, f"{replay['summary']}{why}: press ← to record it again", details
-    if replay["verdict"] == WARNING:
-        return WARNING, f"{replay['summary']}: keep it, or press ← to record it again", details
+        return EpisodeVerdict.BAD, f"{replay['summary']}{why}: press ← to record it again", details
+    if replay["verdict"] == EpisodeVerdict.WARNING:
+        return EpisodeVerdict.WARNING, f"{replay['summary']}: keep it, or press ← to record it again", details
     if notes:
-        return WARNING, f"{notes[0]}: look at it, keep it or press ← to record it again", details
-    if replay["verdict"] == NOT_CHECKED:
-        return NOT_CHECKED, f"episode {index} passes the dataset checks, but {replay['summary']}", details
-    return SOUND, f"episode {index} is sound: {frames} frames, {replay['summary']}; keep it", details
+        return (
+            EpisodeVerdict.WARNING,
+            f"{notes[0]}: look at it, keep it or press ← to record it again",
+            details,
+        )
+    if replay["verdict"] == EpisodeVerdict.NOT_CHECKED:
+        return (
+            EpisodeVerdict.NOT_CHECKED,
+            f"episode {index} passes the dataset checks, but {replay['summary']}",
+            details,
+        )
+    return (
+        EpisodeVerdict.SOUND,
+        f"episode {index} is sound: {frames} frames, {replay['summary']}; keep it",
+        details,
+    )
 
 
 def _recorder_notes(meta: dict[str, Any]) -> list[str]:
@@ -200,11 +212,19 @@ def _sim_replay(root: Path, index: int) -> dict[str, Any]:
 
     report = replay_check(root, episodes=[index], undisturbed=False)
     if not report.episodes:
-        return {"kind": "sim", "verdict": NOT_CHECKED, "summary": f"it cannot be replayed: {report.error}"}
+        return {
+            "kind": "sim",
+            "verdict": EpisodeVerdict.NOT_CHECKED,
+            "summary": f"it cannot be replayed: {report.error}",
+        }
     episode = report.episodes[0]
     out: dict[str, Any] = {"kind": "sim", "status": episode.status, "frames": episode.frames}
     if episode.status == NOT_REPLAYABLE:
-        return {**out, "verdict": NOT_CHECKED, "summary": f"it cannot be replayed: {episode.reason}"}
+        return {
+            **out,
+            "verdict": EpisodeVerdict.NOT_CHECKED,
+            "summary": f"it cannot be replayed: {episode.reason}",
+        }
     if episode.status == FAILED:
         out["max_error_per_joint"] = episode.max_error_per_joint
         out["first_mismatch_frame"] = episode.first_mismatch_frame
@@ -218,16 +238,16 @@ def _sim_replay(root: Path, index: int) -> dict[str, Any]:
             )
         else:
             summary = f"the replay's outcome differs ({episode.outcome.get('difference')})"
-        return {**out, "verdict": BAD, "summary": summary}
-    return {**out, "verdict": SOUND, "summary": "it replays bit for bit"}
+        return {**out, "verdict": EpisodeVerdict.BAD, "summary": summary}
+    return {**out, "verdict": EpisodeVerdict.SOUND, "summary": "it replays bit for bit"}
 
 
 def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
-    from hilrec.daemon.replay.check import check_dataset
-    from hilrec.daemon.replay.results import Verdict
+    from hilrec.daemon.replay.check import replay_dataset
+    from hilrec.daemon.replay.results import ReplayVerdict
     from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
-    check = check_dataset(
+    check = replay_dataset(
         root, settings=load_replay_settings(None), settings_source=str(DEFAULT_CONFIG_PATH), episodes=[index]
     )
     result = check.results[0]
@@ -238,8 +258,12 @@ def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
         "reason": result.reason,
         "notes": list(result.notes),
     }
-    if result.verdict is Verdict.NOT_REPLAYABLE:
-        return {**out, "verdict": NOT_CHECKED, "summary": f"the twin cannot replay it: {result.reason}"}
+    if result.verdict is ReplayVerdict.NOT_REPLAYABLE:
+        return {
+            **out,
+            "verdict": EpisodeVerdict.NOT_CHECKED,
+            "summary": f"the twin cannot replay it: {result.reason}",
+        }
     lag = result.lag.frames if result.lag is not None else None
     worst = result.worst_joint()
     out["lag_frames"] = None if lag is None else round(float(lag), 3)
@@ -256,29 +280,29 @@ def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
             "onset_frame": result.divergence_onset,
             "onset_s": _seconds(result.divergence_onset, result.fps),
         }
-    if result.verdict is Verdict.DIVERGED:
+    if result.verdict is ReplayVerdict.DIVERGED:
         stalled = any(j.stalls for j in result.joints)
         if result.divergence_joint is None and not stalled:
             # Errors over the RMS limits with no departure and no stall: the follower tracked the
             # twin loosely (e.g. a short take that started mid-motion, from the twin at rest).
             return {
                 **out,
-                "verdict": WARNING,
+                "verdict": EpisodeVerdict.WARNING,
                 "summary": f"the follower tracks the twin loosely ({result.reason})",
             }
-        return {**out, "verdict": BAD, "summary": _divergence_summary(result)}
-    if result.verdict is Verdict.LAGGING:
+        return {**out, "verdict": EpisodeVerdict.BAD, "summary": _divergence_summary(result)}
+    if result.verdict is ReplayVerdict.LAGGING:
         ms = out["lag_ms"]
         return {
             **out,
-            "verdict": WARNING,
+            "verdict": EpisodeVerdict.WARNING,
             "summary": f"the follower is {abs(ms or 0):.0f} ms {'behind' if (lag or 0) > 0 else 'ahead of'} "
             f"the twin ({lag or 0:+.2f} frames)",
         }
     worst_text = f"; worst joint {worst.name}, rms {worst.judged_rms_error:.2f}" if worst is not None else ""
     return {
         **out,
-        "verdict": SOUND,
+        "verdict": EpisodeVerdict.SOUND,
         "summary": f"consistent with the twin (lag {lag or 0:+.2f} frames{worst_text})",
     }
 
@@ -594,7 +618,7 @@ class VerdictWorker:
 def not_checked(episode_index: int, why: str) -> dict[str, Any]:
     return {
         "episode_index": episode_index,
-        "verdict": NOT_CHECKED,
+        "verdict": EpisodeVerdict.NOT_CHECKED,
         "summary": f"episode {episode_index} was not checked: {why}",
         "details": {"error": why},
     }

@@ -26,6 +26,10 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "DEFAULT_FEATURES": ("hilrec.daemon.dataset.format.features", "DEFAULT_FEATURES"),
     "data_keys": ("hilrec.daemon.dataset.format.features", "data_keys"),
     "video_keys": ("hilrec.daemon.dataset.format.features", "video_keys"),
+    "LATE_BUDGET_S": ("hilrec.daemon.dataset.format.frames", "LATE_BUDGET_S"),
+    "EpisodeVerdict": ("hilrec.daemon.dataset.format.frames", "EpisodeVerdict"),
+    "FrameFlag": ("hilrec.daemon.dataset.format.frames", "FrameFlag"),
+    "flag_names": ("hilrec.daemon.dataset.format.frames", "flag_names"),
     "recorded_body_mode": ("hilrec.daemon.dataset.format.joint_units", "recorded_body_mode"),
     "PARQUET_OPTIONS": ("hilrec.daemon.dataset.format.layout", "PARQUET_OPTIONS"),
     "data_schema": ("hilrec.daemon.dataset.format.layout", "data_schema"),
@@ -90,6 +94,7 @@ __all__ = [
     "DEFAULT_FEATURES",
     "DEFAULT_SPILL_BYTES_LIMIT",
     "INFO_PATH",
+    "LATE_BUDGET_S",
     "LOCK_NAME",
     "PARQUET_OPTIONS",
     "STATS_PATH",
@@ -99,8 +104,10 @@ __all__ = [
     "DatasetStats",
     "DatasetWriter",
     "EpisodeBundle",
+    "EpisodeVerdict",
     "FileRef",
     "Findings",
+    "FrameFlag",
     "FrameSink",
     "ImageSampler",
     "LeRobotInfo",
@@ -131,6 +138,7 @@ __all__ = [
     "episodes_path",
     "episodes_table",
     "finishing",
+    "flag_names",
     "flatten_episode_stats",
     "holds_nothing",
     "journal",
@@ -174,6 +182,10 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.format.features import DEFAULT_FEATURES as DEFAULT_FEATURES
     from hilrec.daemon.dataset.format.features import data_keys as data_keys
     from hilrec.daemon.dataset.format.features import video_keys as video_keys
+    from hilrec.daemon.dataset.format.frames import LATE_BUDGET_S as LATE_BUDGET_S
+    from hilrec.daemon.dataset.format.frames import EpisodeVerdict as EpisodeVerdict
+    from hilrec.daemon.dataset.format.frames import FrameFlag as FrameFlag
+    from hilrec.daemon.dataset.format.frames import flag_names as flag_names
     from hilrec.daemon.dataset.format.joint_units import recorded_body_mode as recorded_body_mode
     from hilrec.daemon.dataset.format.layout import PARQUET_OPTIONS as PARQUET_OPTIONS
     from hilrec.daemon.dataset.format.layout import data_schema as data_schema

@@ -43,8 +43,8 @@ from hilrec.daemon.replay.results import (
     GripperResult,
     JointResult,
     LagResult,
+    ReplayVerdict,
     Trajectories,
-    Verdict,
 )
 from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
 from hilrec.daemon.so101 import JOINT_NAMES
@@ -185,7 +185,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
 
     result = EpisodeResult(
         episode_index=episode_index,
-        verdict=Verdict.CONSISTENT,
+        verdict=ReplayVerdict.CONSISTENT,
         reason="",
         frames=n,
         fps=fps,
@@ -248,7 +248,7 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
         others = sorted({j.name for _, j in diverged} - {joint.name})
         if others:
             reason += f"; also diverged: {', '.join(others)}"
-        result.verdict, result.reason = Verdict.DIVERGED, reason
+        result.verdict, result.reason = ReplayVerdict.DIVERGED, reason
         result.divergence_joint, result.divergence_onset = joint.name, onset
     else:
         over = []
@@ -256,17 +256,17 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
             if j.judged_rms_error > j.limits.rms:
                 over.append(f"{j.name} RMS error {j.judged_rms_error:.2f} > {j.limits.rms:g}")
         if over:
-            result.verdict = Verdict.DIVERGED
+            result.verdict = ReplayVerdict.DIVERGED
             result.reason = "no single departure, but " + "; ".join(over)
         elif lag.frames is not None and abs(lag.frames) > settings.lag.tolerance_frames:
             direction = "lags" if lag.frames > 0 else "leads"
-            result.verdict = Verdict.LAGGING
+            result.verdict = ReplayVerdict.LAGGING
             result.reason = (
                 f"the recorded state {direction} the replay by {abs(lag.frames):.2f} "
                 f"frames ({abs(lag.frames) * 1000.0 / fps:.0f} ms)"
             )
         else:
-            result.verdict = Verdict.CONSISTENT
+            result.verdict = ReplayVerdict.CONSISTENT
             result.reason = "tracks the twin within the limits"
             if lag.frames is None:
                 result.reason += f" (lag not estimable: no joint moved {settings.lag.min_motion_deg:g} deg)"

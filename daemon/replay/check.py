@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset import load_dataset_sidecar, load_episode_sidecar, reader
+from hilrec.daemon.dataset import FrameFlag, load_dataset_sidecar, load_episode_sidecar, reader
 from hilrec.daemon.errors import HilrecError, ReplayError
 from hilrec.daemon.replay.analysis import analyse
 from hilrec.daemon.replay.engine import ReplayEngine
@@ -33,15 +33,14 @@ from hilrec.daemon.replay.results import (
     EXIT_CODES,
     SEVERITY,
     EpisodeResult,
+    ReplayVerdict,
     Trajectories,
-    Verdict,
     to_json,
     worst,
 )
 from hilrec.daemon.replay.settings import ReplaySettings
 from hilrec.daemon.replay.units import ColumnUnits, resolve_units
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
-from hilrec.daemon.wire.protocol import FrameFlag
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class DatasetCheck:
     seconds: float = 0.0
 
     @property
-    def worst_verdict(self) -> Verdict:
+    def worst_verdict(self) -> ReplayVerdict:
         return worst([r.verdict for r in self.results])
 
     @property
@@ -81,7 +80,7 @@ class DatasetCheck:
         return {v.value: sum(1 for r in self.results if r.verdict is v) for v in SEVERITY}
 
     def to_document(self) -> dict[str, Any]:
-        frames = sum(r.frames for r in self.results if r.verdict is not Verdict.NOT_REPLAYABLE)
+        frames = sum(r.frames for r in self.results if r.verdict is not ReplayVerdict.NOT_REPLAYABLE)
         return {
             "dataset": {"root": str(self.root), "fps": self.fps, "robot_type": self.robot_type},
             "units": self.units.describe()
@@ -170,7 +169,7 @@ def check_episode_job(job: EpisodeJob) -> EpisodeResult:
         )
 
 
-def check_dataset(
+def replay_dataset(
     root: str | Path,
     *,
     settings: ReplaySettings,

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from hilrec.daemon.dataset import load_dataset_sidecar, reader
 from hilrec.daemon.errors import FlagError, ReplayError
-from hilrec.daemon.replay.check import DatasetCheck, check_dataset
-from hilrec.daemon.replay.results import Verdict, verdict_table
+from hilrec.daemon.replay.check import DatasetCheck, replay_dataset
+from hilrec.daemon.replay.results import ReplayVerdict, verdict_table
 from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
 if TYPE_CHECKING:  # the twin imports MuJoCo; it is imported only when a replay runs
@@ -54,9 +54,9 @@ DESCRIPTIONS: dict[ReplayKind, str] = {
     ReplayKind.SIM: "bit-exact sim replay (every state row and the outcome equal the twin's)",
     ReplayKind.HARDWARE: "hardware replay check, as hilrec replay runs it (consistent / lagging / diverged)",
 }
-PASSING: dict[bool, frozenset[Verdict]] = {  # strict -> the verdicts that pass
-    False: frozenset({Verdict.CONSISTENT, Verdict.LAGGING}),
-    True: frozenset({Verdict.CONSISTENT}),
+PASSING: dict[bool, frozenset[ReplayVerdict]] = {  # strict -> the verdicts that pass
+    False: frozenset({ReplayVerdict.CONSISTENT, ReplayVerdict.LAGGING}),
+    True: frozenset({ReplayVerdict.CONSISTENT}),
 }
 
 
@@ -132,7 +132,7 @@ class HardwareReplaySection:
             lines.extend(f"  {row}" for row in verdict_table(check.results).splitlines())
         for r in check.results:
             lines.extend(f"  episode {r.episode_index}: {note}" for note in r.notes)
-        if self.strict and any(r.verdict is Verdict.LAGGING for r in check.results):
+        if self.strict and any(r.verdict is ReplayVerdict.LAGGING for r in check.results):
             lines.append("  --strict: a lagging episode fails the check")
         return "\n".join(lines)
 
@@ -185,7 +185,7 @@ def replay_for_check(
             )
         return SimReplaySection(_sim_replay(root, workers=workers, ray_address=ray_address))
     settings = load_replay_settings(config)
-    check = check_dataset(
+    check = replay_dataset(
         root,
         settings=settings,
         settings_source=str(config or DEFAULT_CONFIG_PATH),

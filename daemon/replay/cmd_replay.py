@@ -80,13 +80,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.replay.check import check_dataset, parse_episode_spec
+    from hilrec.daemon.replay.check import parse_episode_spec, replay_dataset
     from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
     settings = load_replay_settings(args.config)
     source = str(args.config or DEFAULT_CONFIG_PATH)
     episodes = parse_episode_spec(args.episodes) if args.episodes else None
-    check = check_dataset(
+    check = replay_dataset(
         args.root,
         settings=settings,
         settings_source=source,

@@ -22,7 +22,7 @@ import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json
 from hilrec.daemon.replay.check import DatasetCheck
-from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, Verdict
+from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, ReplayVerdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
 if TYPE_CHECKING:
@@ -37,10 +37,10 @@ _COLOURS = {
     "limit": "#2ca02c",
 }
 _VERDICT_MARK = {
-    Verdict.CONSISTENT: "OK",
-    Verdict.LAGGING: "LAG",
-    Verdict.DIVERGED: "FAIL",
-    Verdict.NOT_REPLAYABLE: "N/A",
+    ReplayVerdict.CONSISTENT: "OK",
+    ReplayVerdict.LAGGING: "LAG",
+    ReplayVerdict.DIVERGED: "FAIL",
+    ReplayVerdict.NOT_REPLAYABLE: "N/A",
 }
 
 
@@ -226,7 +226,7 @@ def summary_markdown(
         "|---:|---:|---|---:|---:|---|---|---|",
     ]
     for r in results:
-        if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
+        if r.verdict is ReplayVerdict.NOT_REPLAYABLE or r.lag is None:
             lines.append(
                 f"| {r.episode_index} | {r.frames} | {_VERDICT_MARK[r.verdict]} "
                 f"{r.verdict.value} | | | | | {_cell(r.reason)} |"
@@ -242,7 +242,7 @@ def summary_markdown(
             f"{_cell(r.reason)} |"
         )
     for r in results:
-        if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
+        if r.verdict is ReplayVerdict.NOT_REPLAYABLE or r.lag is None:
             continue
         lines += ["", f"## Episode {r.episode_index}", "", f"**{r.verdict.value}**: {r.reason}", ""]
         for note in r.notes:
@@ -279,7 +279,7 @@ def summary_markdown(
         )
         if r.episode_index in plots:
             lines += ["", f"![episode {r.episode_index}]({plots[r.episode_index]})"]
-    not_replayable = [r for r in results if r.verdict is Verdict.NOT_REPLAYABLE]
+    not_replayable = [r for r in results if r.verdict is ReplayVerdict.NOT_REPLAYABLE]
     if not_replayable:
         lines += ["", "## Not replayable", ""]
         lines += [f"- episode {r.episode_index}: {r.reason}" for r in not_replayable]
@@ -298,7 +298,7 @@ def write_report(directory: str | os.PathLike[str], check: DatasetCheck, documen
     directory.mkdir(parents=True, exist_ok=True)
     plots: dict[int, str] = {}
     for result in check.results:
-        if result.verdict is Verdict.NOT_REPLAYABLE or result.trajectories is None:
+        if result.verdict is ReplayVerdict.NOT_REPLAYABLE or result.trajectories is None:
             continue
         name = plot_name(result.episode_index)
         plot_episode(result, directory / name)

@@ -24,8 +24,10 @@ GRIPPER = JOINT_NAMES.index("gripper")
 BODY = tuple(i for i in range(len(JOINT_NAMES)) if i != GRIPPER)
 
 
-class Verdict(StrEnum):
-    """The verdict on one episode, best first; :mod:`hilrec.daemon.replay.analysis` says what earns each."""
+class ReplayVerdict(StrEnum):
+    """The hardware replay check's verdict on one episode, best first (the verdict on a take as a
+    whole is :class:`hilrec.daemon.dataset.EpisodeVerdict`); :mod:`hilrec.daemon.replay.analysis`
+    says what earns each."""
 
     CONSISTENT = "consistent"
     LAGGING = "lagging"
@@ -35,22 +37,22 @@ class Verdict(StrEnum):
 
 # The exit status of `hilrec replay` is the code of the worst verdict among the episodes checked.
 # 1 is left to Python's own failures and 2 to usage/config errors (argparse, HilrecError).
-EXIT_CODES: dict[Verdict, int] = {
-    Verdict.CONSISTENT: 0,
-    Verdict.LAGGING: 3,
-    Verdict.DIVERGED: 4,
-    Verdict.NOT_REPLAYABLE: 5,
+EXIT_CODES: dict[ReplayVerdict, int] = {
+    ReplayVerdict.CONSISTENT: 0,
+    ReplayVerdict.LAGGING: 3,
+    ReplayVerdict.DIVERGED: 4,
+    ReplayVerdict.NOT_REPLAYABLE: 5,
 }
-SEVERITY: tuple[Verdict, ...] = (
-    Verdict.CONSISTENT,
-    Verdict.LAGGING,
-    Verdict.DIVERGED,
-    Verdict.NOT_REPLAYABLE,
+SEVERITY: tuple[ReplayVerdict, ...] = (
+    ReplayVerdict.CONSISTENT,
+    ReplayVerdict.LAGGING,
+    ReplayVerdict.DIVERGED,
+    ReplayVerdict.NOT_REPLAYABLE,
 )
 
 
-def worst(verdicts: list[Verdict]) -> Verdict:
-    return max(verdicts, key=SEVERITY.index, default=Verdict.CONSISTENT)
+def worst(verdicts: list[ReplayVerdict]) -> ReplayVerdict:
+    return max(verdicts, key=SEVERITY.index, default=ReplayVerdict.CONSISTENT)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class EpisodeResult:
     """Everything the check found about one episode; a ``not_replayable`` one has only the reason."""
 
     episode_index: int
-    verdict: Verdict
+    verdict: ReplayVerdict
     reason: str
     frames: int
     fps: int
@@ -143,7 +145,11 @@ class EpisodeResult:
         cls, episode_index: int, reason: str, *, frames: int = 0, fps: int = 0
     ) -> EpisodeResult:
         return cls(
-            episode_index=episode_index, verdict=Verdict.NOT_REPLAYABLE, reason=reason, frames=frames, fps=fps
+            episode_index=episode_index,
+            verdict=ReplayVerdict.NOT_REPLAYABLE,
+            reason=reason,
+            frames=frames,
+            fps=fps,
         )
 
     def ms(self, frames: float | None) -> float | None:
@@ -177,7 +183,7 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
             name: {"frames": n, "first_frame": first} for name, (n, first) in result.recorder_flags.items()
         },
     }
-    if result.verdict is Verdict.NOT_REPLAYABLE:
+    if result.verdict is ReplayVerdict.NOT_REPLAYABLE:
         return out
     lag = result.lag
     assert lag is not None
@@ -257,7 +263,7 @@ def verdict_table(results: list[EpisodeResult]) -> str:
     """One line per episode: frames, verdict, lag, worst joint and the reason (as people read it)."""
     rows = [("episode", "frames", "verdict", "lag", "worst joint", "reason")]
     for r in results:
-        if r.verdict is Verdict.NOT_REPLAYABLE or r.lag is None:
+        if r.verdict is ReplayVerdict.NOT_REPLAYABLE or r.lag is None:
             rows.append((str(r.episode_index), str(r.frames), r.verdict.value, "", "", r.reason))
             continue
         lag = "n/a" if r.lag.frames is None else f"{r.lag.frames:+.2f} fr {r.ms(r.lag.frames):+.0f} ms"

@@ -42,9 +42,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.control.settings import load_settings
     from hilrec.daemon.ui.bridge import Bridge
     from hilrec.daemon.wire.security import endpoint
+    from hilrec.daemon.wire.settings import load_settings
 
     settings = load_settings(args.config)
     overrides = {

@@ -5,7 +5,7 @@ A subscriber of the daemon's telemetry socket only (the ports come from the daem
 for ``hilrec ui``, or ``--telemetry`` names the socket): it never slows the loop, it can only miss
 messages. SIGINT or SIGTERM (or ``--duration``) ends it; the recording is flushed first, so an
 ``.rrd`` is complete. The daemon's ``[display]`` and ``hilrec collect --display rerun`` run it as
-a child (:mod:`hilrec.daemon.control.display_child`).
+a child (:mod:`hilrec.daemon.wire.display_child`).
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.control.settings import load_settings
     from hilrec.daemon.viz.display import Display
     from hilrec.daemon.viz.sink import import_rerun, open_output
     from hilrec.daemon.wire.security import endpoint
+    from hilrec.daemon.wire.settings import load_settings
 
     if args.duration is not None and args.duration <= 0:
         raise FlagError("--duration", f"must be positive, got {args.duration}")

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from hilrec.daemon.dataset import EpisodeVerdict
 from hilrec.daemon.errors import HilrecError
 from hilrec.daemon.so101 import JOINT_NAMES
 from hilrec.daemon.wire.client import ClientKeys, TelemetryClient
@@ -35,7 +36,11 @@ log = logging.getLogger(__name__)
 
 DIVERGENCES = ("commanded_vs_measured", "measured_vs_twin", "commanded_vs_twin")
 JOINT_SERIES = ("state", "action", "leader", "twin")
-VERDICT_LEVELS = {"sound": "INFO", "warning": "WARN", "bad": "ERROR"}
+VERDICT_LEVELS: dict[str, str] = {
+    EpisodeVerdict.SOUND: "INFO",
+    EpisodeVerdict.WARNING: "WARN",
+    EpisodeVerdict.BAD: "ERROR",
+}
 RECEIVE_TIMEOUT_MS = 200
 DRAIN_S = 2.0
 

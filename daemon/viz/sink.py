@@ -123,7 +123,7 @@ class Output:
 
 def open_output(args: argparse.Namespace, recording_name: str) -> Output:
     """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``)."""
-    from hilrec.daemon.control.display_child import die_with_parent_hook
+    from hilrec.daemon.wire.display_child import die_with_parent_hook
 
     rr = import_rerun()
     recording = rr.new_recording(APPLICATION_ID, recording_id=recording_name)

@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.dataset import load_dataset_sidecar, load_episode_sidecar, reader
+from hilrec.daemon.dataset import flag_names, load_dataset_sidecar, load_episode_sidecar, reader
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
-from hilrec.daemon.wire.protocol import flag_names
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +148,10 @@ def _at(rr: Any, recording: Any, frame: int, seconds: float) -> None:
 
 
 def _log_replay(rr: Any, recording: Any, root: Path, index: int, summary: ViewSummary, send: Any) -> None:
-    from hilrec.daemon.replay.check import check_dataset
+    from hilrec.daemon.replay.check import replay_dataset
     from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
-    check = check_dataset(
+    check = replay_dataset(
         root, settings=load_replay_settings(None), settings_source=str(DEFAULT_CONFIG_PATH), episodes=[index]
     )
     result = check.results[0]

@@ -24,7 +24,6 @@ names the problem; the server turns it into an error reply and carries on.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import uuid
@@ -66,32 +65,6 @@ CODE_BAD_STATE: Final[str] = "bad_state"
 CODE_FAULT: Final[str] = "fault"
 CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
-
-
-class FrameFlag(enum.IntFlag):
-    """Per-frame marks, stored as a uint32 ``flags`` array beside the dataset and published by name.
-
-    The bit values are part of the protocol version: never renumber, only add.
-    """
-
-    FOLLOWER_RETRIED = 1 << 0  # the follower read needed bus retries, then succeeded
-    FOLLOWER_FAILED = 1 << 1  # the follower read failed after retries: observation is the last good one
-    LEADER_RETRIED = 1 << 2
-    LEADER_FAILED = 1 << 3  # the leader read failed after retries: the follower held position
-    WRITE_FAILED = 1 << 4  # the follower write failed: the action was not executed
-    LEADER_STALE = 1 << 5  # no live leader command (watchdog): the follower held position
-    CLAMPED = 1 << 6  # the goal was clamped (joint range, max_relative_target); the action is the clamped one
-    CAMERA_REPEATED = 1 << 7  # a camera had no new frame since the last tick (same image again)
-    LATE = 1 << 8  # the tick started after its deadline by more than the jitter budget
-    SKIPPED = 1 << 9  # one or more whole tick slots were missed before this tick
-    OVERRUN = 1 << 10  # the tick's work ran past the next deadline
-
-
-def flag_names(flags: int) -> list[str]:
-    return [f.name.lower() for f in FrameFlag if f.name and flags & f]
-
-
-LATE_BUDGET_S: Final[float] = 0.002  # tick start later than this is flagged LATE
 
 
 # command -> {argument: (accepted python types, required)}. The table *is* the request schema.

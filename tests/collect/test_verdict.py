@@ -17,7 +17,8 @@ import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.control.verdict import BAD, NOT_CHECKED, SOUND, VerdictWorker, judge_episode
+from hilrec.daemon.control.verdict import VerdictWorker, judge_episode
+from hilrec.daemon.dataset import EpisodeVerdict
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root
         assert os.sched_getscheduler(pid) == os.SCHED_IDLE
     finally:
         worker.close()
-    assert verdict["episode_index"] == 1 and verdict["verdict"] == SOUND, verdict
+    assert verdict["episode_index"] == 1 and verdict["verdict"] == EpisodeVerdict.SOUND, verdict
     assert "replays bit for bit" in verdict["summary"]
     details = verdict["details"]
     assert details["data_problems"] == [] and details["replay"]["status"] == "passed"
@@ -59,10 +60,10 @@ def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
     finally:
         twin.close()
     good = judge_episode(root, 0, mode="emulated")
-    assert good["verdict"] == SOUND, good
+    assert good["verdict"] == EpisodeVerdict.SOUND, good
     assert "consistent with the twin" in good["summary"]
     bad = judge_episode(root, 1, mode="emulated")
-    assert bad["verdict"] == BAD, bad
+    assert bad["verdict"] == EpisodeVerdict.BAD, bad
     # One sentence a person acts on: which joint, from when, and what to do.
     # The servo froze at frame 100 (4.0 s); the reading may have been still for a few frames
     # before, and the stall is dated from where it stopped moving.
@@ -75,7 +76,7 @@ def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
 
 def test_an_episode_that_never_gets_merged_is_not_checked(sim_root: Path) -> None:
     verdict = judge_episode(sim_root, 7, mode="sim", merge_timeout_s=0.2)
-    assert verdict["verdict"] == NOT_CHECKED
+    assert verdict["verdict"] == EpisodeVerdict.NOT_CHECKED
     assert "not merged into LeRobot's files within" in verdict["summary"]
 
 

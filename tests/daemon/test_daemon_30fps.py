@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from _daemon import Daemon, check_passes, emulated_config, run_cli, sim_config
 
-from hilrec.daemon.control.settings import DaemonSettings, load_settings
 from hilrec.daemon.dataset.format.reader import load_episodes, load_info
 from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.wire.settings import DaemonSettings, load_settings
 
 STEP_30 = 1 / 210
 

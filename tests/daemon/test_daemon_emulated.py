@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from _daemon import Daemon, check_passes, emulated_config, write_test_video
 
+from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
-from hilrec.daemon.wire.protocol import FrameFlag
 
 
 @pytest.fixture

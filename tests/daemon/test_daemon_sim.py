@@ -20,11 +20,12 @@ import zmq
 import zmq.auth
 from _daemon import Daemon, check_passes, run_cli, sim_config
 
+from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ClientKeys, ControlClient
-from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, FrameFlag, new_request
+from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, new_request
 
 
 @pytest.fixture

@@ -24,11 +24,12 @@ from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig
 from hilrec.daemon.control.session import Session, SessionState
 from hilrec.daemon.control.sources import JointReading, WriteResult
+from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
 from hilrec.daemon.errors import PortGoneError, RequestRefusedError
 from hilrec.daemon.so101 import ACTION_KEY, ROBOT_TYPE, STATE_KEY, so101_features
-from hilrec.daemon.wire.protocol import CODE_FAULT, FrameFlag, new_request
+from hilrec.daemon.wire.protocol import CODE_FAULT, new_request
 from hilrec.daemon.wire.telemetry import Telemetry
 
 FPS = 25

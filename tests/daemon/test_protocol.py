@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hilrec.daemon.dataset import FrameFlag, flag_names
 from hilrec.daemon.errors import (
     OversizedMessageError,
     ProtocolError,
@@ -18,11 +19,9 @@ from hilrec.daemon.wire.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,
     TOPIC_TICK,
-    FrameFlag,
     encode_leader,
     error_code,
     error_reply,
-    flag_names,
     new_request,
     ok_reply,
     parse_leader,

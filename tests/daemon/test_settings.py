@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hilrec.daemon.control.settings import load_settings
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.wire.security import is_loopback
+from hilrec.daemon.wire.settings import load_settings
 
 REPO = Path(__file__).resolve().parents[2]
 MINIMAL = """
@@ -207,7 +207,7 @@ def test_a_bad_display_section_is_refused_naming_the_key(
 
 
 def test_a_display_section_loads_and_the_daemon_refuses_a_bad_one_at_start(tmp_path: Path) -> None:
-    from hilrec.daemon.control.settings import RerunViewer
+    from hilrec.daemon.wire.settings import RerunViewer
 
     path = tmp_path / "display.toml"
     path.write_text(MINIMAL + f'[display]\nrerun = "rrd"\nrrd = "{tmp_path / "live.rrd"}"\n')

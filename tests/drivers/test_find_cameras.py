@@ -11,8 +11,8 @@ import pytest
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.config import from_mapping
-from hilrec.daemon.control.settings import CameraSettings
 from hilrec.daemon.errors import CameraError, ConfigError
+from hilrec.daemon.wire.settings import CameraSettings
 from hilrec.drivers.camera import CameraConfig, OpenCVCamera, video_devices
 
 

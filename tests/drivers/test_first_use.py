@@ -17,9 +17,9 @@ import pytest
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.control.hardware import open_with_retries
-from hilrec.daemon.control.settings import FollowerSettings, LeaderSettings
 from hilrec.daemon.errors import CalibrationError, ConfigError
 from hilrec.daemon.so101 import Role
+from hilrec.daemon.wire.settings import FollowerSettings, LeaderSettings
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.calibration import DEFAULT_ARM_IDS, ArmCalibration, load_calibration, save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm

@@ -274,9 +274,9 @@ def record_emulated(
     and is flagged FOLLOWER_FAILED, and the goals are still written.
     """
     from hilrec.daemon.control.clock import TickPacer
+    from hilrec.daemon.dataset import FrameFlag
     from hilrec.daemon.errors import BusError
     from hilrec.daemon.so101 import MOTORS, Role
-    from hilrec.daemon.wire.protocol import FrameFlag
     from hilrec.drivers.arm import FollowerConfig, SO101Follower
     from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
     from hilrec.drivers.emulated.faults import Fault

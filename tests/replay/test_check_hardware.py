@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.replay.check import check_dataset
+from hilrec.daemon.replay.check import replay_dataset
 from hilrec.daemon.replay.check_replay import HardwareReplaySection, ReplayKind, replay_kind
-from hilrec.daemon.replay.results import Verdict
+from hilrec.daemon.replay.results import ReplayVerdict
 from hilrec.daemon.replay.settings import ReplaySettings
 
 
@@ -57,10 +57,10 @@ def test_a_diverged_hardware_recording_fails_the_check_on_its_replay(
 
 
 def test_lagging_passes_and_fails_only_under_strict(mixed_hardware_root: Path) -> None:
-    check = check_dataset(
+    check = replay_dataset(
         mixed_hardware_root, settings=ReplaySettings(), settings_source="x", episodes=[0, 2]
     )
-    assert [r.verdict for r in check.results] == [Verdict.CONSISTENT, Verdict.LAGGING]
+    assert [r.verdict for r in check.results] == [ReplayVerdict.CONSISTENT, ReplayVerdict.LAGGING]
     assert HardwareReplaySection(check).passed
     strict = HardwareReplaySection(check, strict=True)
     assert not strict.passed and "--strict: a lagging episode fails the check" in strict.format_text()

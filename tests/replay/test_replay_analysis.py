@@ -18,8 +18,8 @@ from hilrec.daemon.replay.results import (
     EXIT_CODES,
     GRIPPER,
     EpisodeResult,
+    ReplayVerdict,
     Trajectories,
-    Verdict,
     to_json,
     worst,
 )
@@ -65,7 +65,7 @@ def test_a_recording_that_matches_the_twin_is_consistent() -> None:
     act = commands()
     rep = servo(act)
     result = judge(rep + 0.05 * np.sin(np.arange(len(act)))[:, None], rep, act)
-    assert result.verdict is Verdict.CONSISTENT
+    assert result.verdict is ReplayVerdict.CONSISTENT
     assert lag_of(result).frames == pytest.approx(0.0, abs=0.05)
     assert all(j.aligned_rms_error < 0.1 for j in result.joints)
 
@@ -74,7 +74,7 @@ def test_a_recording_that_matches_the_twin_is_consistent() -> None:
 def test_a_late_follower_is_lagging_by_its_delay(delay: float) -> None:
     act = commands()
     result = judge(servo(act, delay=delay), servo(act), act)
-    assert result.verdict is Verdict.LAGGING
+    assert result.verdict is ReplayVerdict.LAGGING
     lag = lag_of(result)
     assert lag.frames == pytest.approx(delay, abs=0.1)
     assert f"{delay:.2f} frames ({delay * 1000 / FPS:.0f} ms)" in result.reason
@@ -88,7 +88,7 @@ def test_a_recording_ahead_of_the_twin_is_reported_as_leading() -> None:
     act = commands()
     rep = servo(act)
     result = judge(shift_by(rep, -2.0), rep, act)
-    assert result.verdict is Verdict.LAGGING
+    assert result.verdict is ReplayVerdict.LAGGING
     assert lag_of(result).frames == pytest.approx(-2.0, abs=0.05)
     assert "leads" in result.reason
 
@@ -99,7 +99,7 @@ def test_a_frozen_servo_diverges_from_the_frame_it_froze() -> None:
     rec = rep.copy()
     rec[150:, 1] = rec[150, 1]  # shoulder_lift reads the same from frame 150 on
     result = judge(rec, rep, act)
-    assert result.verdict is Verdict.DIVERGED
+    assert result.verdict is ReplayVerdict.DIVERGED
     assert result.divergence_joint == "shoulder_lift"
     # Frame 150 still matches; 151 is the first off, and the one-frame timing slack may date it 152.
     assert result.divergence_onset in (151, 152)
@@ -120,7 +120,7 @@ def test_a_short_blip_is_counted_but_not_a_divergence() -> None:
     assert result.joints[0].blips == 1
     assert result.joints[0].divergence is None
     # ...but 30 deg for two frames of 300 is an RMS of 2.4 deg: over the RMS limit.
-    assert result.verdict is Verdict.DIVERGED and "RMS error" in result.reason
+    assert result.verdict is ReplayVerdict.DIVERGED and "RMS error" in result.reason
 
 
 def test_a_grasp_is_gripper_behaviour_not_divergence() -> None:
@@ -135,7 +135,7 @@ def test_a_grasp_is_gripper_behaviour_not_divergence() -> None:
     assert g.grasp_frames > 0 and g.held_opening == pytest.approx(30.0, abs=0.5)
     assert g.grasp_frames <= int(held.sum())
     assert result.joints[GRIPPER].divergence is None
-    assert result.verdict is Verdict.CONSISTENT
+    assert result.verdict is ReplayVerdict.CONSISTENT
 
 
 def test_commands_at_and_beyond_the_range_and_leader_mismatch_are_counted() -> None:
@@ -157,10 +157,10 @@ def test_commands_at_and_beyond_the_range_and_leader_mismatch_are_counted() -> N
 def test_too_short_or_still_episodes() -> None:
     act = commands(12)
     short = judge(act, act, act)
-    assert short.verdict is Verdict.NOT_REPLAYABLE and "frames" in short.reason
+    assert short.verdict is ReplayVerdict.NOT_REPLAYABLE and "frames" in short.reason
     still = np.tile(commands()[:1], (100, 1))
     result = judge(still, still, still)
-    assert result.verdict is Verdict.CONSISTENT
+    assert result.verdict is ReplayVerdict.CONSISTENT
     assert lag_of(result).frames is None and "lag not estimable" in result.reason
 
 
@@ -183,13 +183,13 @@ def test_json_is_plain_and_complete() -> None:
 
 
 def test_exit_codes_follow_the_worst_verdict() -> None:
-    assert set(EXIT_CODES) == set(Verdict)
-    assert EXIT_CODES[Verdict.CONSISTENT] == 0
-    assert len(set(EXIT_CODES.values())) == len(Verdict)
-    assert worst([Verdict.CONSISTENT, Verdict.LAGGING]) is Verdict.LAGGING
-    assert worst([Verdict.DIVERGED, Verdict.LAGGING]) is Verdict.DIVERGED
-    assert worst([Verdict.DIVERGED, Verdict.NOT_REPLAYABLE]) is Verdict.NOT_REPLAYABLE
-    assert worst([]) is Verdict.CONSISTENT
+    assert set(EXIT_CODES) == set(ReplayVerdict)
+    assert EXIT_CODES[ReplayVerdict.CONSISTENT] == 0
+    assert len(set(EXIT_CODES.values())) == len(ReplayVerdict)
+    assert worst([ReplayVerdict.CONSISTENT, ReplayVerdict.LAGGING]) is ReplayVerdict.LAGGING
+    assert worst([ReplayVerdict.DIVERGED, ReplayVerdict.LAGGING]) is ReplayVerdict.DIVERGED
+    assert worst([ReplayVerdict.DIVERGED, ReplayVerdict.NOT_REPLAYABLE]) is ReplayVerdict.NOT_REPLAYABLE
+    assert worst([]) is ReplayVerdict.CONSISTENT
 
 
 def test_a_whole_observation_frozen_half_way_does_not_choose_the_lag() -> None:
@@ -200,7 +200,7 @@ def test_a_whole_observation_frozen_half_way_does_not_choose_the_lag() -> None:
     rec = servo(act, delay=2.0)
     rec[150:] = rec[149]
     result = judge(rec, rep, act)
-    assert result.verdict is Verdict.DIVERGED
+    assert result.verdict is ReplayVerdict.DIVERGED
     assert lag_of(result).frames == pytest.approx(2.0, abs=0.1)
     assert lag_of(result).fitted_frames <= 151
     assert 148 <= onset_of(result) <= 152

@@ -33,8 +33,8 @@ from _recordings import (
 from _results import gripper_of, lag_frames, lag_of, onset_of, trajectories_of
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.replay.check import DatasetCheck, check_dataset
-from hilrec.daemon.replay.results import EpisodeResult, Verdict
+from hilrec.daemon.replay.check import DatasetCheck, replay_dataset
+from hilrec.daemon.replay.results import EpisodeResult, ReplayVerdict
 from hilrec.daemon.replay.settings import ReplaySettings
 
 SETTINGS = ReplaySettings()
@@ -77,7 +77,7 @@ def emulated_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def emulated(emulated_root: Path) -> dict[str, EpisodeResult]:
-    check = check_dataset(emulated_root, settings=SETTINGS, settings_source="defaults")
+    check = replay_dataset(emulated_root, settings=SETTINGS, settings_source="defaults")
     return by_name(check, EMULATED)
 
 
@@ -89,7 +89,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EpisodeResu
     episodes = [record(spec, twin) for spec in SYNTHETIC.values()]
     episodes.append(record_operator(0, Twin(fps=25, cameras=())))
     root = write_native(tmp_path_factory.mktemp("synthetic") / "dataset", episodes, twin)
-    check = check_dataset(root, settings=SETTINGS, settings_source="defaults")
+    check = replay_dataset(root, settings=SETTINGS, settings_source="defaults")
     return {**by_name(check, SYNTHETIC), "grasp": check.results[-1]}
 
 
@@ -115,7 +115,7 @@ def lerobot_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_clean_emulated_recording_is_consistent(emulated: dict[str, EpisodeResult]) -> None:
     clean = emulated["clean"]
-    assert clean.verdict is Verdict.CONSISTENT, clean.reason
+    assert clean.verdict is ReplayVerdict.CONSISTENT, clean.reason
     assert abs(lag_frames(clean)) < SETTINGS.lag.tolerance_frames
     # Servo ticks quantise both columns (0.088 deg): the twin tracks to a fraction of a degree.
     assert all(j.aligned_rms_error < 0.5 for j in clean.joints)
@@ -123,7 +123,7 @@ def test_clean_emulated_recording_is_consistent(emulated: dict[str, EpisodeResul
 
 def test_jammed_servo_diverges_from_the_jam(emulated: dict[str, EpisodeResult]) -> None:
     jammed = emulated["jammed"]
-    assert jammed.verdict is Verdict.DIVERGED
+    assert jammed.verdict is ReplayVerdict.DIVERGED
     assert jammed.divergence_joint == "elbow_flex"
     # Jammed as tick 60 starts, so row 60 already reads a joint that missed row 59's goal.
     assert 60 <= onset_of(jammed) <= 62, jammed.reason
@@ -134,7 +134,7 @@ def test_jammed_servo_diverges_from_the_jam(emulated: dict[str, EpisodeResult]) 
 
 def test_silent_servo_diverges_from_the_silence(emulated: dict[str, EpisodeResult]) -> None:
     silent = emulated["silent"]
-    assert silent.verdict is Verdict.DIVERGED
+    assert silent.verdict is ReplayVerdict.DIVERGED
     # From frame 50 every read fails and the row repeats the last good one (frame 49's).
     assert 49 <= onset_of(silent) <= 51, silent.reason
     count, first = silent.recorder_flags["follower_failed"]
@@ -145,7 +145,7 @@ def test_silent_servo_diverges_from_the_silence(emulated: dict[str, EpisodeResul
 
 def test_follower_latency_is_measured_within_a_frame(emulated: dict[str, EpisodeResult]) -> None:
     late = emulated["latency"]
-    assert late.verdict is Verdict.LAGGING, late.reason
+    assert late.verdict is ReplayVerdict.LAGGING, late.reason
     lag = lag_frames(late)
     assert abs(lag - 70.0 / 40.0) <= 1.0
     assert late.ms(lag) == pytest.approx(lag * 40.0)
@@ -156,7 +156,7 @@ def test_follower_latency_is_measured_within_a_frame(emulated: dict[str, Episode
 
 def test_clean_twin_recording_matches_exactly(synthetic: dict[str, EpisodeResult]) -> None:
     clean = synthetic["clean"]
-    assert clean.verdict is Verdict.CONSISTENT
+    assert clean.verdict is ReplayVerdict.CONSISTENT
     assert max(j.max_error for j in clean.joints) < 1e-3
 
 
@@ -164,7 +164,7 @@ def test_observations_written_a_frame_late_are_lagging_by_one_frame(
     synthetic: dict[str, EpisodeResult],
 ) -> None:
     late = synthetic["obs_late"]
-    assert late.verdict is Verdict.LAGGING
+    assert late.verdict is ReplayVerdict.LAGGING
     assert lag_of(late).frames == pytest.approx(1.0, abs=0.1)
     assert lag_of(late).best_shift == 1
     assert "lags the replay by 1.00 frames (40 ms)" in late.reason
@@ -172,7 +172,7 @@ def test_observations_written_a_frame_late_are_lagging_by_one_frame(
 
 def test_latency_of_three_frames_is_found(synthetic: dict[str, EpisodeResult]) -> None:
     late = synthetic["latency"]
-    assert late.verdict is Verdict.LAGGING
+    assert late.verdict is ReplayVerdict.LAGGING
     lag = lag_of(late)
     assert lag.frames == pytest.approx(3.0, abs=0.25)
     assert lag.response_recorded is not None and lag.response_replayed is not None
@@ -182,7 +182,7 @@ def test_latency_of_three_frames_is_found(synthetic: dict[str, EpisodeResult]) -
 
 def test_frozen_servo_diverges_from_the_frame_it_froze(synthetic: dict[str, EpisodeResult]) -> None:
     frozen = synthetic["frozen"]
-    assert frozen.verdict is Verdict.DIVERGED
+    assert frozen.verdict is ReplayVerdict.DIVERGED
     assert frozen.divergence_joint == "shoulder_lift"
     assert 120 <= onset_of(frozen) <= 123
 
@@ -192,7 +192,7 @@ def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict[str, Episode
     # as the follower did, and matches exactly; without them the rows look 1/fps apart and the
     # recording jumps ahead of the replay at the missed slots (a transient the servo recovers).
     missed = synthetic["missed"]
-    assert missed.verdict is Verdict.CONSISTENT, missed.reason
+    assert missed.verdict is ReplayVerdict.CONSISTENT, missed.reason
     assert max(j.max_error for j in missed.joints) < 1e-3
     assert any("5 missed slot(s)" in note for note in missed.notes)
     unknown = synthetic["missed_unknown"]
@@ -204,7 +204,7 @@ def test_missed_tick_slots_are_replayed_as_recorded(synthetic: dict[str, Episode
 def test_a_grasp_is_reported_and_not_judged(synthetic: dict[str, EpisodeResult]) -> None:
     # The follower's jaw stops on the cube; the replay's twin has no cube in reach and closes.
     grasp = synthetic["grasp"]
-    assert grasp.verdict is Verdict.CONSISTENT, grasp.reason
+    assert grasp.verdict is ReplayVerdict.CONSISTENT, grasp.reason
     g = gripper_of(grasp)
     assert len(g.grasps) == 1 and g.grasp_frames >= 20
     assert g.held_opening is not None
@@ -217,38 +217,38 @@ def test_a_grasp_is_reported_and_not_judged(synthetic: dict[str, EpisodeResult])
 
 
 def test_lerobot_dataset_without_units_is_not_replayable(lerobot_roots: dict[str, Path]) -> None:
-    check = check_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults")
-    assert [r.verdict for r in check.results] == [Verdict.NOT_REPLAYABLE] * 2
+    check = replay_dataset(lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults")
+    assert [r.verdict for r in check.results] == [ReplayVerdict.NOT_REPLAYABLE] * 2
     reason = check.results[0].reason
     assert "no hilrec metadata" in reason and "--units" in reason
     assert check.exit_status == 5
 
 
 def test_lerobot_dataset_replays_with_the_units_flag(lerobot_roots: dict[str, Path]) -> None:
-    check = check_dataset(
+    check = replay_dataset(
         lerobot_roots["degrees"], settings=SETTINGS, settings_source="defaults", units_flag="degrees"
     )
     assert check.twin["substeps"] == 7 and check.twin["fps"] == 30
     clean, late = check.results
-    assert clean.verdict is Verdict.CONSISTENT, clean.reason
-    assert late.verdict is Verdict.LAGGING and lag_of(late).frames == pytest.approx(1.0, abs=0.1)
+    assert clean.verdict is ReplayVerdict.CONSISTENT, clean.reason
+    assert late.verdict is ReplayVerdict.LAGGING and lag_of(late).frames == pytest.approx(1.0, abs=0.1)
     assert "33 ms" in late.reason  # one frame at 30 fps
 
 
 def test_m100_dataset_needs_the_calibration(lerobot_roots: dict[str, Path]) -> None:
-    check = check_dataset(
+    check = replay_dataset(
         lerobot_roots["m100"], settings=SETTINGS, settings_source="defaults", units_flag="m100_100"
     )
-    assert check.results[0].verdict is Verdict.NOT_REPLAYABLE
+    assert check.results[0].verdict is ReplayVerdict.NOT_REPLAYABLE
     assert "--calibration" in check.results[0].reason
-    check = check_dataset(
+    check = replay_dataset(
         lerobot_roots["m100"],
         settings=SETTINGS,
         settings_source="defaults",
         units_flag="m100_100",
         calibration_flag=lerobot_roots["calibration"],
     )
-    assert check.results[0].verdict is Verdict.CONSISTENT, check.results[0].reason
+    assert check.results[0].verdict is ReplayVerdict.CONSISTENT, check.results[0].reason
     assert max(j.max_error for j in check.results[0].joints) < 0.01
 
 
@@ -260,7 +260,7 @@ def test_a_calibration_too_wide_drives_commands_past_the_range(
     wrong = {name: dict(cal) for name, cal in ARM_CALIBRATION.items()}
     wrong["shoulder_lift"].update(range_min=0, range_max=4095)  # 1.6x the arm's 2500 ticks
     path = write_calibration(tmp_path / "wrong.json", wrong)
-    check = check_dataset(
+    check = replay_dataset(
         lerobot_roots["m100"],
         settings=SETTINGS,
         settings_source="defaults",
@@ -271,7 +271,7 @@ def test_a_calibration_too_wide_drives_commands_past_the_range(
     lift = result.joints[1]
     assert lift.beyond_range_frames > 0
     assert any("shoulder_lift" in note and "beyond the joint range" in note for note in result.notes)
-    assert result.verdict is Verdict.DIVERGED and result.divergence_joint == "shoulder_lift"
+    assert result.verdict is ReplayVerdict.DIVERGED and result.divergence_joint == "shoulder_lift"
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -324,6 +324,6 @@ def test_cli_not_replayable_and_usage_errors(
 
 
 def test_replay_is_deterministic(emulated_root: Path) -> None:
-    a = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
-    b = check_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
+    a = replay_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
+    b = replay_dataset(emulated_root, settings=SETTINGS, settings_source="x", episodes=[1])
     assert np.array_equal(trajectories_of(a.results[0]).replayed, trajectories_of(b.results[0]).replayed)

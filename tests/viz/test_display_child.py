@@ -15,7 +15,7 @@ from pathlib import Path
 from _daemon import sim_config
 
 from hilrec.daemon.collect.launch import LiveDisplay
-from hilrec.daemon.control.display_child import RECEIVING, DisplayChild
+from hilrec.daemon.wire.display_child import RECEIVING, DisplayChild
 
 STUBBORN = (
     "import signal, sys, time\n"

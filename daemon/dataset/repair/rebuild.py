@@ -94,13 +94,13 @@ def rebuild(root: Path, report: RepairReport, reason: str) -> None:
                 report.episodes = sorted(outcomes, key=lambda o: o.episode)
                 report.unrepaired.append(f"the rebuild failed: {exc}")
                 return
-            verdict = check_dataset(work)
+            checked = check_dataset(work)
             report.episodes = sorted(outcomes, key=lambda o: o.episode)
-            if verdict.passed:
+            if checked.passed:
                 _swap_in(root, work, report, built)
                 return
             by_new = {o.new_index: o for o in outcomes if o.new_index is not None}
-            errors = check_errors(verdict)
+            errors = check_errors(checked)
             bad = {by_new[f.episode].episode: f.format() for f in errors if f.episode in by_new}
             # Dropping episodes helps against damage to some of them; a failure of no episode,
             # or of every one, is the dataset's own (e.g. rows and videos at different rates).
@@ -115,7 +115,7 @@ def rebuild(root: Path, report: RepairReport, reason: str) -> None:
             if work.exists():
                 shutil.rmtree(work)
     report.unrepaired = [
-        f"the rebuilt dataset would still fail check: {f.format()}" for f in check_errors(verdict)
+        f"the rebuilt dataset would still fail check: {f.format()}" for f in check_errors(checked)
     ]
 
 

@@ -174,9 +174,9 @@ def _settled_and_checked(root: Path, report: RepairReport) -> Problem | None:
         if not_damage(exc):
             raise
         return Problem(str(exc))
-    verdict = check_dataset(root)
-    if not verdict.passed:
-        return Problem(check_summary(verdict), {f.file for f in check_errors(verdict)})
+    checked = check_dataset(root)
+    if not checked.passed:
+        return Problem(check_summary(checked), {f.file for f in check_errors(checked)})
     drop_stale(root, state, report)
     report.kept = list(range(len(state.episodes)))
     for i, row in enumerate(state.episodes):
@@ -184,6 +184,6 @@ def _settled_and_checked(root: Path, report: RepairReport) -> Problem | None:
         origin = ("journal", SPILL_ORIGIN) if report.spilled(i) else ("dataset", "dataset")
         report.episodes.append(EpisodeOutcome(i, i, int(row["length"]), *origin))
     report.episodes.sort(key=lambda e: e.episode)
-    if verdict.summary.get("notes") or any(f.rule == checks_journal.RULE for f in verdict.failures):
+    if checked.summary.get("notes") or any(f.rule == checks_journal.RULE for f in checked.failures):
         restore_journal(root, state, report)
     return None

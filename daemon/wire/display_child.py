@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Final
 
-from hilrec.daemon.control.settings import DisplaySettings, RerunViewer
+from hilrec.daemon.wire.settings import DisplaySettings, RerunViewer
 
 log = logging.getLogger(__name__)
 
