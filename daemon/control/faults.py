@@ -23,6 +23,7 @@ class FaultKind(StrEnum):
     WRITER_STALLED = "writer_stalled"  # the writer thread did not take a frame in time
     SPILL_FULL = "spill_full"  # the video spill reached its disk bound: the take ended there
     LOOP = "loop"  # the loop itself died; only status and shutdown are served after it
+    POLICY = "policy"  # the policy cannot drive (its process died): the follower holds
 
 
 @dataclass(frozen=True)

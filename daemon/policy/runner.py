@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -231,6 +232,10 @@ def serve(spec: str, device: str, conn: Connection) -> None:
     """The policy process: load, say ready, then answer each observation until told to stop."""
     # Ctrl-C at the terminal reaches the whole process group: the parent decides when this ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Started from the loop's thread, this process may have inherited SCHED_FIFO: inference
+    # at real-time priority would starve the very loop it serves.
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     try:
         policy = load_policy(spec, device=device)
     except Exception as exc:  # noqa: BLE001 - said to the parent, which raises it as a PolicyError

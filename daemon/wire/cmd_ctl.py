@@ -1,4 +1,5 @@
-"""``hilrec ctl status|start|stop|discard|finalize|shutdown``: talk to a running daemon.
+"""``hilrec ctl status|start|stop|discard|finalize|shutdown|takeover|handback``: talk to a running
+daemon (``takeover`` / ``handback``: a person takes the arm from the policy, and gives it back).
 
 Prints the daemon's JSON reply. Exit status: 0 when the reply is ``ok``, 1 when the daemon refused
 (the reply says why), 3 when no reply came within ``--timeout-ms`` after ``--retries`` attempts, or
@@ -28,6 +29,8 @@ VERBS: dict[str, str] = {
     "discard": "discard_episode",
     "finalize": "finalize",
     "shutdown": "shutdown",
+    "takeover": "takeover",
+    "handback": "handback",
 }
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3

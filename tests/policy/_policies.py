@@ -65,3 +65,23 @@ def suicide_after_three() -> Any:
 
 
 suicidal = suicide_after_three()
+
+
+class Sway:
+    """Chunks of ten goals swinging the shoulder pan +-10 degrees around where the arm started."""
+
+    def __init__(self) -> None:
+        self.start: np.ndarray | None = None
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.start = None
+
+    def __call__(self, observation: Mapping[str, Any]) -> np.ndarray:
+        state = np.asarray(observation["observation.state"], dtype=np.float32)
+        if self.start is None:
+            self.start = state.copy()
+        self.calls += 1
+        chunk = np.repeat(self.start[None, :], 10, axis=0)
+        chunk[:, 0] += np.float32(10.0 * np.sin(self.calls / 5.0))
+        return chunk
