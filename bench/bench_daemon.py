@@ -11,6 +11,9 @@ baseline), and is driven only over ZeroMQ. Reported, from the episode's own per-
 - missed deadlines: ticks whose work ran past the next deadline (overruns) plus slots with no
   tick at all (skipped); target 0;
 - tick jitter: |tick start - its deadline| (absolute grid), p50/p99/max; target p99 <= 2 ms;
+- bus time: the tick's arm reads, from the first one's start until both have returned (the
+  episode's ``tick_bus_s``; the leader is read on its own thread while the follower is), and the
+  span from the tick's start until the leader's reading is in hand, for runs before it;
 - leader read -> follower write latency: from the leader's reading in hand to the follower's
   sync-write returned, p50/p99/max; target p99 <= 5 ms;
 - control round trip while recording: ``status`` requests at 10 Hz from a REQ client, send to
@@ -142,6 +145,11 @@ wire_timing = true
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def three(values: np.ndarray) -> str:
+    """p50 / p99 / max, ms."""
+    return f"{pct(values, 50):.3f} / {pct(values, 99):.3f} / {values.max():.3f}"
 
 
 def pct(values: np.ndarray, q: float) -> float:
@@ -415,6 +423,9 @@ MEASURES = [
     ("leader read -> follower write p99, ms", "latency", "p99 <= 5"),
     ("control round trip p50 / p99 / max, ms", "rtt", "p99 <= 5"),
     ("tick work p99, ms", "work", "< 40"),
+    ("bus time (arm reads) p50 / p99 / max, ms", "bus", "reported"),
+    ("tick start -> leader read p50 / p99 / max, ms", "reads", "reported"),
+    ("ticks with a bus retry (follower / leader)", "retried", "reported"),
     ("CPU daemon (+ encoder processes), % of one core", "cpu", "reported"),
     ("video backlog at end of take, s", "backlog", "reported"),
     ("stop -> saved (durable), s", "save", "reported"),
@@ -430,6 +441,11 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     overruns = int(np.count_nonzero(arrays["tick_end"] > deadline + PERIOD))
     skipped = int(arrays["tick_skipped"].sum())
     work = (arrays["tick_end"] - start) * 1e3
+    # Both arms read: until the leader's reading is in hand (the same span before and after the
+    # concurrent reads, for runs recorded without tick_bus_s).
+    reads = (arrays["tick_leader_read"] - start) * 1e3
+    bus = arrays["tick_bus_s"] * 1e3 if "tick_bus_s" in arrays else None
+    counts = r["meta"]["frame_flags"]["counts"]
     rtt = r["rtt"]
     backlog = r["backlog_s"]
     return {
@@ -446,6 +462,11 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "latency": f"{pct(latency, 99):.3f}",
         "rtt": f"{pct(rtt, 50):.3f} / {pct(rtt, 99):.3f} / {rtt.max():.3f} (n={len(rtt)})",
         "work": f"{pct(work, 99):.3f}",
+        "bus": "not recorded"
+        if bus is None
+        else f"{pct(bus, 50):.3f} / {pct(bus, 99):.3f} / {bus.max():.3f}",
+        "reads": f"{pct(reads, 50):.3f} / {pct(reads, 99):.3f} / {reads.max():.3f}",
+        "retried": f"{counts.get('follower_retried', 0)} / {counts.get('leader_retried', 0)}",
         "cpu": f"{r['cpu_daemon']:.1f} (+ {r['cpu_encoders']:.1f})",
         "backlog": "in RAM queue" if backlog is None else f"{backlog:.1f}",
         "save": f"{r['save_s']:.2f}",

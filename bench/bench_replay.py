@@ -35,8 +35,8 @@ from _recordings import RecordingSpec, make_twin, record, record_emulated, write
 
 from hilrec.daemon.dataset.format import reader
 from hilrec.daemon.errors import BusError
-from hilrec.daemon.replay.analysis import Trajectories, Verdict, analyse
-from hilrec.daemon.replay.check import check_dataset
+from hilrec.daemon.replay.analysis import ReplayVerdict, Trajectories, analyse
+from hilrec.daemon.replay.check import replay_dataset
 from hilrec.daemon.replay.engine import ReplayEngine
 from hilrec.daemon.replay.report import plot_episode
 from hilrec.daemon.replay.settings import ReplaySettings, load_replay_settings
@@ -97,9 +97,9 @@ def speed(args: argparse.Namespace, settings: ReplaySettings) -> None:
         runs = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            check = check_dataset(root, settings=settings, settings_source="bench")
+            check = replay_dataset(root, settings=settings, settings_source="bench")
             runs.append(time.perf_counter() - t0)
-        verdicts = {v.value: sum(r.verdict is v for r in check.results) for v in Verdict}
+        verdicts = {v.value: sum(r.verdict is v for r in check.results) for v in ReplayVerdict}
         stages = [stage_times(root, args.episodes, settings) for _ in range(args.repeats)]
         plot_s = []
         for result in check.results[:3]:
@@ -117,7 +117,7 @@ def speed(args: argparse.Namespace, settings: ReplaySettings) -> None:
     print("| what | median s | frames/s | vs target 2000/s |")
     print("|---|---:|---:|---:|")
     print(
-        f"| check_dataset end to end (read + replay + analyse) | {med:.3f} | {rate:,.0f} | "
+        f"| replay_dataset end to end (read + replay + analyse) | {med:.3f} | {rate:,.0f} | "
         f"{rate / TARGET:.2f}x |"
     )
     for stage in ("read", "replay", "analyse"):
@@ -159,7 +159,7 @@ def thresholds(args: argparse.Namespace, settings: ReplaySettings) -> None:
                 raise SystemExit("the emulated follower failed three times in a row")
         recorded_s = time.perf_counter() - t0
         root = write_native(work / "dataset", episodes, make_twin())
-        check = check_dataset(root, settings=settings, settings_source="bench")
+        check = replay_dataset(root, settings=settings, settings_source="bench")
     body = [j for r in check.results for j in r.joints if j.name != "gripper"]
     grip = [j for r in check.results for j in r.joints if j.name == "gripper"]
     lags = [r.lag.frames for r in check.results if r.lag and r.lag.frames is not None]

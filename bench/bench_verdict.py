@@ -234,6 +234,39 @@ def median(rows: list[dict[str, Any]], key: str) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
+def gate_hold_share(periods: int) -> tuple[int, int, int]:
+    """(samples stopped, samples, holds) of the tick gate on a busy loop, sampled mid-hold.
+
+    The worker's tick gate stops it (SIGSTOP) from a guard before each deadline to a resume
+    after it. This samples the busy process's state in the middle of each hold for ``periods``
+    periods of 40 ms: the share found stopped is how well the gate keeps the worker off the
+    tick on this machine (a loaded machine wakes the gate, or this sampler, late).
+    """
+    from hilrec.daemon.control.verdict import GATE_GUARD_S, GATE_RESUME_S, TickGate
+
+    def state(pid: int) -> str:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+
+    period = 1.0 / FPS
+    origin = time.monotonic()
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        gate = TickGate(busy.pid, lambda: (origin, period))
+        gate.start()
+        states = []
+        for _ in range(periods):
+            now = time.monotonic()
+            next_deadline = origin + (int((now - origin) / period) + 1) * period
+            time.sleep(max(0.0, next_deadline + (GATE_RESUME_S - GATE_GUARD_S) / 2 - time.monotonic()))
+            states.append(state(busy.pid))
+        held = gate.stop()
+    finally:
+        busy.kill()
+        busy.wait(10)
+    return states.count("T"), len(states), held
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--takes", type=int, default=3)
@@ -249,7 +282,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=1, help="sessions per daemon kind, alternating")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
+    parser.add_argument("--gate-periods", type=int, default=250, help="tick periods the gate is sampled")
+    parser.add_argument(
+        "--smoke", action="store_true", help="smallest run: one 2 s take, the default worker only"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.takes, args.take_s, args.reset_s, args.window_s = 1, 2.0, 2.0, 1.0
+        args.kinds, args.rounds, args.gate_periods = "gated", 1, 10
 
     work = Path(tempfile.mkdtemp(prefix="bench-verdict-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
@@ -308,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     for line in table:
         print("  " + "  ".join(text.ljust(w) for text, w in zip(line, widths, strict=True)))
+    stopped, samples, held = gate_hold_share(args.gate_periods)
+    print(
+        f"tick gate on a busy loop: stopped in {stopped} of {samples} mid-hold samples "
+        f"({stopped / samples:.0%}), {held} holds; load average {_loads(os.getloadavg())}"
+    )
     return 0
 
 

@@ -60,7 +60,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "edit": (
         "hilrec.daemon.tools.cmd_edit",
-        "edit a dataset safely: delete, keep, merge, split, set-task, remove-feature, recompute-stats",
+        "edit a dataset safely: recompute-stats, delete-episodes, keep, set-task, remove-feature, "
+        "merge, split, convert-units, for-lerobot",
     ),
     "ui": ("hilrec.daemon.ui.cmd_ui", "a local web page for a running daemon: cameras, joints, takes"),
     "collect": (
@@ -149,6 +150,11 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def error_prefix(command: str) -> str:
+    """How every command's error line starts (collect finds its daemon's by it)."""
+    return f"hilrec {command}: error: "
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -163,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args) or 0)
     except HilrecError as exc:
-        print(f"hilrec {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{error_prefix(args.command)}{exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

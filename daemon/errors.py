@@ -70,10 +70,20 @@ class DatasetLockedError(DatasetStateError):
     """Another process is writing this dataset root (names its pid and command)."""
 
 
-class SpillFullError(DatasetStateError):
+class TakeEndedError(DatasetStateError):
+    """A frame the writer refuses because the take cannot go on: the frames before it are whole,
+    and ``save_episode`` keeps them (the daemon ends the take there and saves it)."""
+
+
+class SpillFullError(TakeEndedError):
     """The video spill (raw frames waiting for the encoder) reached its disk bound
     (``spill_bytes_limit``): no frame is dropped, the take cannot go on, no new take may start
     until the encoder catches up (``DatasetWriter.video_backlog_s``)."""
+
+
+class DiskFullError(TakeEndedError):
+    """The root's disk is (nearly) full during a take: the take ends at this frame and its
+    frames so far fit in the room the writer held back for its save."""
 
 
 class CorruptDatasetError(DatasetError):

@@ -49,7 +49,16 @@ MOTOR_IDS: Final[tuple[int, ...]] = tuple(mid for mid, _ in MOTORS.values())
 POSITION_NAMES: Final[list[str]] = [f"{name}.pos" for name in JOINT_NAMES]
 NUM_JOINTS: Final[int] = len(JOINT_NAMES)
 
+# The STS3215's encoder: ticks per turn, and the highest tick, LeRobot's ``max_res`` (the divisor
+# of its DEGREES formula, so a degree is 4096/4095 of a servo's own degree).
+TICKS_PER_TURN: Final[int] = 4096
+MAX_TICK: Final[int] = TICKS_PER_TURN - 1
+
 ROBOT_TYPE: Final[str] = "so_follower"  # LeRobot >= 0.4.3 robot.name for SO-100/SO-101 followers
+# Every robot_type LeRobot has written for this arm: its 0.3 datasets say so100_follower or
+# so101_follower (the robot.name of two classes then), 0.4 merged them into one SOFollower
+# class (both config names are still registered as aliases of it).
+ROBOT_TYPE_SPELLINGS: Final[frozenset[str]] = frozenset({ROBOT_TYPE, "so100_follower", "so101_follower"})
 
 ACTION_KEY: Final[str] = "action"
 STATE_KEY: Final[str] = "observation.state"

@@ -16,6 +16,8 @@ import unicodedata
 from typing import Final
 
 MAX_TASK_CHARS: Final[int] = 1000
+# The task of a take nobody named (``hilrec record --sim``, ``hilrec collect``, ``hilrec eval``).
+DEFAULT_TASK: Final[str] = "Pick up the red cube and place it in the blue bin."
 
 
 def task_problem(task: object) -> str | None:

@@ -1,7 +1,7 @@
 """A Feetech STS3215 bus on pyserial and the unmodified scservo_sdk 1.0.0.
 
-The SDK frames packets and computes checksums; this class adds what it lacks (see
-``shared/docs/reference/feetech-sts3215.md`` §3 and §6):
+The SDK frames packets and computes checksums; this class adds what it lacks (the registers
+it reads and writes are :mod:`hilrec.drivers.tables`):
 
 - **One owner per port**: the port is opened with ``exclusive=True`` (flock, taken before
   anything touches the port, so a refused second opener cannot flush the owner's input), and

@@ -29,10 +29,8 @@ import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes, temp_path
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode, Role
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTORS, BodyMode, NormMode, Role
 
-RESOLUTION: Final[int] = 4096
-MAX_TICK: Final[int] = RESOLUTION - 1  # LeRobot's ``max_res`` in the DEGREES formula
 HALF_TURN: Final[int] = MAX_TICK // 2  # 2047: where set_half_turn_homings puts the present pose
 HOMING_OFFSET_LIMIT: Final[int] = 2047  # sign-magnitude, sign at bit 11
 FULL_TURN_JOINT: Final[str] = "wrist_roll"  # LeRobot records no range for it: 0..4095

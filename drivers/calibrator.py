@@ -22,11 +22,10 @@ import time
 from collections.abc import Callable
 
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTOR_IDS
 from hilrec.drivers.bus import FeetechBus
 from hilrec.drivers.calibration import (
     FULL_TURN_JOINT,
-    MAX_TICK,
     ArmCalibration,
     MotorCalibration,
     half_turn_homing,
@@ -67,9 +66,16 @@ class Calibrator:
         return offsets
 
     def record_ranges(
-        self, until: Callable[[], bool], *, on_sample: Sample | None = None, interval_s: float = 0.01
+        self,
+        until: Callable[[], bool],
+        *,
+        on_sample: Sample | None = None,
+        interval_s: float = 0.01,
+        every_joint: bool = True,
     ) -> tuple[dict[str, int], dict[str, int]]:
-        """Step 3: sample positions until ``until()`` is true; return (mins, maxes)."""
+        """Step 3: sample positions until ``until()`` is true; return (mins, maxes). With
+        ``every_joint`` a joint that did not move at all is an error (not on a second pass,
+        which adds to a first one only the joints moved again)."""
         joints = [name for name in JOINT_NAMES if name != FULL_TURN_JOINT]
         ids = [MOTOR_IDS[JOINT_NAMES.index(name)] for name in joints]
 
@@ -89,7 +95,7 @@ class Calibrator:
             if until():
                 break
             time.sleep(interval_s)
-        still = [name for name in joints if mins[name] == maxes[name]]
+        still = [name for name in joints if mins[name] == maxes[name] and every_joint]
         if still:
             raise CalibrationError(
                 f"joints {', '.join(still)} did not move: their range of motion was not recorded"

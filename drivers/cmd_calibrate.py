@@ -30,6 +30,9 @@ from hilrec.drivers.calibration import (
 )
 from hilrec.drivers.calibrator import Calibrator
 
+# The narrowest SO-101 travel (the gripper's) is over 1000 ticks; a range below this one was
+# not moved through, and a daemon would clamp that joint to almost nothing.
+MIN_RANGE_TICKS = 200
 _FULL_TURN_NOTE = "wrist_roll is a full-turn joint: it is not recorded (0..4095, as LeRobot)"
 
 
@@ -70,6 +73,31 @@ def _enter_pressed() -> bool:
     return bool(readable) and sys.stdin.readline() is not None
 
 
+def _record(
+    calibrator: Calibrator, args: argparse.Namespace, prompt: str, *, again: bool = False
+) -> tuple[dict[str, int], dict[str, int]]:
+    print(prompt)
+    if args.duration is None:
+        print("Recording positions. Press ENTER to stop...")
+        return calibrator.record_ranges(_enter_pressed, every_joint=not again)
+    deadline = time.monotonic() + args.duration
+    print(f"Recording positions for {args.duration:g} s...")
+    return calibrator.record_ranges(lambda: time.monotonic() >= deadline, every_joint=not again)
+
+
+def _narrow(mins: dict[str, int], maxes: dict[str, int]) -> str | None:
+    """What is wrong with ranges too narrow to be a joint's travel; None when all are wide enough."""
+    narrow = [
+        f"{name} {mins[name]}..{maxes[name]}" for name in mins if maxes[name] - mins[name] < MIN_RANGE_TICKS
+    ]
+    if not narrow:
+        return None
+    return (
+        f"joint(s) barely moved: {', '.join(narrow)} (less than {MIN_RANGE_TICKS} ticks, "
+        f"{MIN_RANGE_TICKS * 360 / 4096:.0f} degrees): their range of motion was not recorded"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     arm_id = args.id or default_arm_id(args.role)
     # Before any servo is touched: a bad path must not cost the person the whole procedure.
@@ -88,18 +116,24 @@ def run(args: argparse.Namespace) -> int:
             input(f"Move the {args.role} to the middle of its range of motion and press ENTER...")
         offsets = calibrator.set_middle()
         print("homing offsets:", ", ".join(f"{k} {v}" for k, v in offsets.items()))
-        print(f"Move every joint through its entire range of motion ({_FULL_TURN_NOTE}).")
-        if args.duration is None:
-            print("Recording positions. Press ENTER to stop...")
-            until = _enter_pressed
-        else:
-            deadline = time.monotonic() + args.duration
-            print(f"Recording positions for {args.duration:g} s...")
-
-            def until() -> bool:
-                return time.monotonic() >= deadline
-
-        mins, maxes = calibrator.record_ranges(until)
+        mins, maxes = _record(
+            calibrator, args, f"Move every joint through its entire range of motion ({_FULL_TURN_NOTE})."
+        )
+        while narrow := _narrow(mins, maxes):
+            print(f"WARNING: {narrow}")
+            if args.duration is not None:
+                raise CalibrationError(
+                    f"{narrow}; run it again and move every joint (an emulated arm moves by itself "
+                    "with `hilrec emulate ... --motion sweep`)"
+                )
+            answer = input("Press ENTER to record the ranges again (they add up), or type keep and ENTER: ")
+            if answer.strip().lower() == "keep":
+                break
+            more_mins, more_maxes = _record(
+                calibrator, args, "Move those joints through their entire range.", again=True
+            )
+            mins = {k: min(v, more_mins[k]) for k, v in mins.items()}
+            maxes = {k: max(v, more_maxes[k]) for k, v in maxes.items()}
         calibration = calibrator.finish(mins, maxes, source=str(output))
     for name, cal in calibration.items():
         print(f"{name:<14} offset {cal.homing_offset:>5}  range {cal.range_min:>4}..{cal.range_max}")

@@ -14,14 +14,15 @@ person connects the controller board to that servo only and presses Enter; then:
 4. at 1 Mbps the servo is pinged under its new id and its ID register read back, then Lock 1.
 
 A servo that cannot be found is asked for again (Enter retries, Ctrl-C stops), as are two
-servos answering at once. ``--joints`` sets only some joints (e.g. one replaced servo).
+servos answering at once and a servo this run has just set (Enter pressed before the cable was
+moved on: it would silently get the next id). ``--joints`` sets only some joints (e.g. one replaced servo).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from hilrec.daemon.errors import ConfigError, DeviceError, HilrecError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
@@ -86,9 +87,19 @@ def _rate(rate: int) -> str:
     return f"{rate // 1000} kbps" if rate % 1000 == 0 else f"{rate} bps"
 
 
-def setup_servo(port: str, target_id: int) -> tuple[int, int]:
-    """Give the one connected servo id ``target_id`` and 1 Mbps; returns where it was found."""
+def setup_servo(port: str, target_id: int, just_set: Mapping[int, str] | None = None) -> tuple[int, int]:
+    """Give the one connected servo id ``target_id`` and 1 Mbps; returns where it was found.
+
+    ``just_set``: the ids this run gave, and their joints. The servo still connected is one of
+    them when the cable was not moved on; it is refused, not given a second id.
+    """
     rate, found_id = find_single_servo(port)
+    joint = (just_set or {}).get(found_id)
+    if joint is not None and found_id != target_id:
+        raise DeviceError(
+            f"the servo connected is the '{joint}' motor, given id {found_id} just now: connect the "
+            "board to the next motor only (unplug the cable from this one)"
+        )
     with FeetechBus(BusConfig(port=port, baudrate=rate)) as bus:
         bus.set_torque([found_id], enabled=False)  # Torque_Enable 0, then Lock 0: EEPROM writable
         if found_id != target_id:
@@ -121,12 +132,13 @@ def _ask(prompt: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     joints: Sequence[str] = _joints(args.joints)
+    just_set: dict[int, str] = {}
     for joint in joints:
         target = MOTORS[joint][0]
         _ask(f"Connect the controller board to the '{joint}' motor only and press Enter.")
         while True:
             try:
-                rate, found = setup_servo(args.port, target)
+                rate, found = setup_servo(args.port, target, just_set)
                 break
             except DeviceError as exc:  # none, two at once, a bus error: the person fixes it
                 print(f"'{joint}': {exc}", flush=True)
@@ -135,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             f"'{joint}' motor id set to {target} (was id {found} at {_rate(rate)}), baud rate 1 Mbps",
             flush=True,
         )
+        just_set[target] = joint
     print(
         f"Done. Chain the servos together and calibrate: hilrec calibrate {args.role} --port {args.port}",
         flush=True,

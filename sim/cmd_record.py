@@ -17,7 +17,8 @@ from pathlib import Path
 from hilrec.daemon.config import flag_errors
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.record import TakeoverMode
-from hilrec.sim.recorder import DEFAULT_TASK, RecordConfig, record
+from hilrec.daemon.text import DEFAULT_TASK
+from hilrec.sim.recorder import RecordConfig, record
 from hilrec.sim.rollout import RolloutConfig
 from hilrec.sim.scene import SceneConfig
 
@@ -314,8 +315,9 @@ def _rerun_hint(config: RecordConfig, seeds: list[int]) -> str:
 
 def _saved_episodes(root: Path) -> int:
     from hilrec.daemon.atomic import read_json
+    from hilrec.daemon.dataset import INFO_PATH
 
-    info = read_json(root / "meta" / "info.json", if_missing=None)
+    info = read_json(root / INFO_PATH, if_missing=None)
     return int(info.get("total_episodes", 0)) if isinstance(info, dict) else 0
 
 

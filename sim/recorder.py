@@ -25,7 +25,7 @@ from hilrec.daemon.dataset import FrameSink, holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.driver import PolicyDriver
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
-from hilrec.daemon.text import task_problem
+from hilrec.daemon.text import DEFAULT_TASK, task_problem
 from hilrec.sim.episode import (
     ContactTally,
     Push,
@@ -42,7 +42,6 @@ from hilrec.sim.rollout import RolloutConfig, run_policy_episode
 from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import EpisodeStart, Twin
 
-DEFAULT_TASK = "Pick up the red cube and place it in the blue bin."
 SOURCE = "hilrec.sim.recorder"
 # Saved episodes wait in the writer's journal (durable) up to this long before they are merged
 # into LeRobot's files: one merge per interval, not one per episode, when episodes take ~50 ms.

@@ -25,18 +25,17 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.errors import SimError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, NUM_JOINTS
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTORS, NUM_JOINTS, TICKS_PER_TURN
 
-TICKS_PER_RAD: Final[float] = 4096 / (2 * math.pi)
-MAX_RES: Final[int] = 4095  # LeRobot's DEGREES divisor: model resolution - 1
+TICKS_PER_RAD: Final[float] = TICKS_PER_TURN / (2 * math.pi)
 MID_TICKS: Final[int] = 2047  # Present_Position at the calibrated middle
 SIM_ZERO_RAW_TICKS: Final[int] = 2048  # the emulated encoder's raw reading at sim angle 0
-DEG_PER_RAD: Final[float] = TICKS_PER_RAD * 360 / MAX_RES
+DEG_PER_RAD: Final[float] = TICKS_PER_RAD * 360 / MAX_TICK
 GRIPPER_INDEX: Final[int] = JOINT_NAMES.index("gripper")
 # LeRobot's calibration records no range for wrist_roll (a full turn): it always writes 0..4095,
 # whose middle is 2047.5, half a tick from MID_TICKS; its zero is that half tick off sim angle 0.
 FULL_TURN_INDEX: Final[int] = JOINT_NAMES.index("wrist_roll")
-FULL_TURN_RANGE: Final[tuple[int, int]] = (0, MAX_RES)
+FULL_TURN_RANGE: Final[tuple[int, int]] = (0, MAX_TICK)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -95,3 +95,18 @@ def test_the_dataset_argument_is_ROOT_everywhere(capsys: pytest.CaptureFixture[s
     usage = help_of(capsys, command).split("\n\n", 1)[0]
     assert re.search(r"\bROOT\b", usage), usage
     assert not re.search(r"\broot\b", usage), usage
+
+
+def test_the_edit_help_line_names_every_edit_sub_command(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    def sub_commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    edit = sub_commands(build_parser(["edit"]))["edit"]
+    names = list(sub_commands(edit))
+    line = COMMANDS["edit"][1]
+    missing = [name for name in names if name not in line]
+    assert names and not missing, f"`hilrec --help` says {line!r}, without {missing}"
+    listed = "".join(help_of(capsys).split())  # wrapped lines (argparse breaks after a hyphen) joined
+    assert all(name in listed for name in names), listed

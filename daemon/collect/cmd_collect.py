@@ -18,9 +18,9 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
-DEFAULT_TASK: Final[str] = "Pick up the red cube and place it in the blue bin."
+from hilrec.daemon.text import DEFAULT_TASK
 
 
 def register(subparsers: Any) -> None:
@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.collect.sounds import Speaker
     from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
     from hilrec.daemon.wire.client import ControlClient
+    from hilrec.daemon.wire.root import check_settings_root
     from hilrec.daemon.wire.settings import load_settings
 
     logging.getLogger("OpenGL").setLevel(logging.WARNING)  # the config's checks import MuJoCo
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     daemon: DaemonProcess | None = None
     display: LiveDisplay | None = None
     if not args.attach:
+        # The daemon's own rule, before anything starts: a refused root is one line, at once.
+        check_settings_root(settings, resume=args.resume)
         log_path = args.daemon_log or default_log_path(Path(settings.dataset.root))
         daemon = DaemonProcess(
             args.config,

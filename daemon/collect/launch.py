@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from hilrec.daemon.cli import error_prefix
 from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
 from hilrec.daemon.wire.client import ControlClient
 from hilrec.daemon.wire.display_child import DisplayChild
@@ -29,6 +30,7 @@ START_TIMEOUT_S: Final[float] = 120.0
 STOP_TIMEOUT_S: Final[float] = 180.0
 LOG_TAIL_CHARS: Final[int] = 3000
 DISPLAY_READY_TIMEOUT_S: Final[float] = 60.0
+DAEMON_ERROR_PREFIX: Final[str] = error_prefix("daemon")
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,8 @@ class DaemonProcess:
         while True:
             if self.process.poll() is not None:
                 raise HilrecError(
-                    f"the daemon exited with status {self.process.returncode} before serving; "
-                    f"its log {self.log_path} ends:\n{self.log_tail()}"
+                    f"the daemon exited with status {self.process.returncode} before serving: "
+                    f"{self.log_error()}"
                 )
             try:
                 return client.call("status")
@@ -140,6 +142,18 @@ class DaemonProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+
+    def log_error(self) -> str:
+        """The daemon's own error line (the cause, first), then where its whole log is; the log's
+        end when it printed no error line (a crash)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"it left no log ({self.log_path})"
+        said = [ln for ln in lines if ln.startswith(DAEMON_ERROR_PREFIX)]
+        if said:
+            return f"{said[-1].removeprefix(DAEMON_ERROR_PREFIX)}\n(its whole log: {self.log_path})"
+        return f"it printed no error; its log {self.log_path} ends:\n{self.log_tail()}"
 
     def log_tail(self) -> str:
         try:

@@ -10,7 +10,9 @@ for (bounded), and a summary comes back to :mod:`hilrec.daemon.collect.cmd_colle
 Keys (:mod:`hilrec.daemon.collect.keys`) during a take: → save now, ← discard and record it again,
 Esc/q/Ctrl-C save and finish. During the reset: space pauses/resumes, → starts the next take now,
 ← records the last take again (it was saved, and a saved episode stays in the dataset with its
-verdict beside it; the new take is recorded in addition), Esc/q/Ctrl-C finish.
+verdict beside it; the new take is recorded in addition), Esc/q/Ctrl-C finish. After the last
+take the reset waits for its verdict, then runs its time (→ finishes now, ← records it again);
+only then is the dataset finalized.
 
 Only this thread uses the control client; the panel and the telemetry monitor run beside it.
 """
@@ -21,14 +23,13 @@ import enum
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from hilrec.daemon.collect.keys import Key, KeyReader
 from hilrec.daemon.collect.monitor import Monitor
 from hilrec.daemon.collect.panel import VERDICT_STYLE, Panel
 from hilrec.daemon.collect.sounds import Speaker
-from hilrec.daemon.dataset import EpisodeVerdict
+from hilrec.daemon.dataset import EpisodeVerdict, episode_json_path
 from hilrec.daemon.errors import HilrecError, ProtocolError
 from hilrec.daemon.wire.client import ControlClient
 
@@ -96,6 +97,7 @@ class CollectSession:
         self.summary = Summary()
         self._printed: set[int] = set()
         self._next_status = 0.0
+        self._next_sidecar = 0.0
         self._quit = False
 
     # --- the session -------------------------------------------------------------------------------
@@ -112,19 +114,16 @@ class CollectSession:
                 break
             if end is TakeEnd.REDO:
                 self.summary.rerecorded += 1
-            elif end is TakeEnd.SAVED and number == self.episodes:
-                break  # the last take is in: no reset after it
-            again = self._reset(number)
+            # After the last take too: its verdict arrives in this reset, while ← can still use it.
+            again = self._reset(number, end, final=end is TakeEnd.SAVED and number == self.episodes)
             if self._quit:
                 continue
-            if again:  # ← in the reset: that take once more
+            if again and end is TakeEnd.SAVED:  # ← in the reset: a saved take once more
                 self.summary.rerecorded += 1
-                if end is TakeEnd.SAVED:
-                    self.summary.kept[-1].superseded = True
-                continue
-            if end is TakeEnd.SAVED:
+                self.summary.kept[-1].superseded = True
+            elif not again and end is TakeEnd.SAVED:
                 number += 1
-            # REDO, or LOST (nothing saved: the daemon discarded it): the same take again
+            # REDO (counted above), or LOST (nothing saved: the daemon discarded it): the same take again
         self._finish()
         status = self._status(force=True)
         self.summary.late_ticks = int((status.get("loop") or {}).get("late_ticks") or 0) - late0
@@ -171,8 +170,12 @@ class CollectSession:
             if time.monotonic() >= deadline:
                 return self._stop(number, index, task, f"{self.episode_time_s:g} s")
 
-    def _reset(self, number: int) -> bool:
-        """The reset period after take ``number``; True when ← asks for that take again."""
+    def _reset(self, number: int, end: TakeEnd, *, final: bool = False) -> bool:
+        """The reset period after take ``number``; True when ← asks for that take again.
+
+        After the last take (``final``) the countdown starts only once the take's verdict is
+        in (bounded by ``VERDICT_WAIT_S``), so ← can still act on it; → finishes at once.
+        """
         state = self.panel.state
         state.phase, state.episode_index, state.limit_s = "reset", None, self.reset_time_s
         state.started = time.monotonic()
@@ -180,14 +183,18 @@ class CollectSession:
         remaining = self.reset_time_s
         paused = False
         last = time.monotonic()
-        while remaining > 0 or paused:
-            key = self.keys.wait(KEY_POLL_S if paused else min(KEY_POLL_S, remaining))
+        waiting = self._verdict_wait(number) if final else None
+        while remaining > 0 or paused or waiting is not None:
+            key = self.keys.wait(KEY_POLL_S if paused or waiting else min(KEY_POLL_S, remaining))
             now = time.monotonic()
-            if not paused:
+            if not paused and waiting is None:
                 remaining -= now - last
             last = now
             self._poll_events()
             self._status()
+            if waiting is not None and (self._verdict_known(waiting[0], now) or now >= waiting[1]):
+                waiting = None
+                self._verdict_in(number, now)
             if key is Key.PAUSE:
                 paused = not paused
                 state.phase = "paused" if paused else "reset"
@@ -199,17 +206,47 @@ class CollectSession:
             elif key is Key.NEXT:
                 break
             elif key is Key.REDO:
-                self.panel.line(
-                    f"take {number} will be recorded again; its episode stays in the dataset "
-                    "(a saved episode is never taken back), its verdict beside it",
-                    "yellow",
-                )
+                self.panel.line(self._redo_line(number, end), "yellow")
                 return True
             elif key in (Key.QUIT, Key.INTERRUPT):
                 self._say_quit(key)
                 self._quit = True
                 break
         return False
+
+    def _verdict_wait(self, number: int) -> tuple[int, float] | None:
+        """The last take's episode and the time its verdict is waited for until, shown."""
+        index = self.summary.kept[-1].episode_index
+        if index in self._printed:
+            return None
+        state = self.panel.state
+        state.phase, state.limit_s = "verdict", None
+        state.message = f"waiting for take {number}'s verdict: ← records it again, → finishes now"
+        return index, time.monotonic() + VERDICT_WAIT_S
+
+    def _verdict_known(self, index: int, now: float) -> bool:
+        """Printed from its event, or (an event dropped) read from the sidecar, once a second."""
+        if index not in self._printed and now >= self._next_sidecar:
+            self._next_sidecar = now + 1.0
+            if (verdict := self._sidecar_verdict(index)) is not None:
+                self._report_verdict(verdict)
+        return index in self._printed
+
+    def _verdict_in(self, number: int, now: float) -> None:
+        state = self.panel.state
+        state.phase, state.started, state.limit_s = "reset", now, self.reset_time_s
+        state.message = f"last take: ← records take {number} again, → finishes now"
+        self.panel.line(
+            f"the last take is in: {self.reset_time_s:g} s to press ← to record it again, → to finish now"
+        )
+
+    def _redo_line(self, number: int, end: TakeEnd) -> str:
+        if end is TakeEnd.SAVED:
+            return (
+                f"take {number} will be recorded again; its episode stays in the dataset "
+                "(a saved episode is never taken back), its verdict beside it"
+            )
+        return f"take {number}: nothing of it was saved; recording it now"
 
     def _finish(self) -> None:
         state = self.panel.state
@@ -353,7 +390,7 @@ class CollectSession:
         """The verdict as stored beside the episode (for one whose event was dropped)."""
         if not self.summary.root:
             return None
-        path = Path(self.summary.root) / "hilrec" / "episodes" / f"episode-{index:06d}.json"
+        path = episode_json_path(self.summary.root, index)
         try:
             stored = json.loads(path.read_text()).get("verdict")
         except (OSError, ValueError, HilrecError):

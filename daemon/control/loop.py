@@ -1,6 +1,7 @@
 """The 25 Hz loop: observe, read the leader, command, hand the frame over, mirror, publish.
 
-One tick, in this order (the order is the recording's meaning, see COMMON contract 1):
+One tick, in this order (the order is the recording's meaning: README.md, "The contracts
+a recording keeps", 1, observe, then command, then step):
 
 1. read the follower and the cameras: the observation;
 2. read the leader: the action;

@@ -9,10 +9,11 @@ futures so the control thread can answer at once and report the outcome later.
 
 A frame the sink refuses, or a failed save, is kept as an error with the episode it belongs to
 (``errors``) and published by the daemon; the episode is then discarded rather than saved short.
-One refusal is different: :class:`SpillFullError` (the video spill at its disk bound) ends the
-take at that frame. The frames before it are kept, every later one of the episode is refused too
-(a gap would be a dropped frame), :attr:`Recorder.spill_full` says why for the session to raise a
-fault, and the save keeps the frames the writer took, its sidecar arrays cut to match.
+One refusal is different: :class:`TakeEndedError` (the video spill at its bound,
+:class:`SpillFullError`, or the disk full, :class:`DiskFullError`) ends the take at that frame.
+The frames before it are kept, every later one of the episode is refused too (a gap would be a
+dropped frame), :meth:`Recorder.take_ended` says why for the session to raise a fault, and the
+save keeps the frames the writer took, its sidecar arrays cut to match.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from typing import Any, Final
 import numpy as np
 
 from hilrec.daemon.control.clock import TIMING_ARRAYS
+from hilrec.daemon.control.faults import FaultKind
 from hilrec.daemon.dataset import FrameSink, finishing
-from hilrec.daemon.errors import DatasetStateError, SpillFullError, WriterStalledError
+from hilrec.daemon.errors import DatasetStateError, DiskFullError, TakeEndedError, WriterStalledError
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +96,12 @@ class Recorder:
         self._stats = RecorderStats()
         self._episode_error: str | None = None  # first refusal in the open episode
         self._episode_frames = 0  # frames of the open episode the sink took
-        # (episode ordinal, why) when the spill's bound ended a take, set on the writer thread.
+        # (episode ordinal, fault kind, why) when the spill's bound or a full disk ended a take,
+        # set on the writer thread.
         # Ordinals count the saves and discards before an episode, on the loop's side as they
         # are asked for and on the writer's as they are done: so the loop can tell its open take
         # from the one before, whose frames the writer may still be taking.
-        self._spill_full: tuple[int, str] | None = None
+        self._take_ended: tuple[int, FaultKind, str] | None = None
         self._truncated_at: int | None = None
         self._closes_asked = 0
         self._closes_done = 0
@@ -163,12 +166,13 @@ class Recorder:
         self._closes_asked += 1
         return future
 
-    def spill_full(self) -> str | None:
-        """Why the open take was ended at the spill's bound, or None (loop thread)."""
-        full = self._spill_full
-        if full is None or full[0] != self._closes_asked:
+    def take_ended(self) -> tuple[FaultKind, str] | None:
+        """Why the writer ended the open take (the spill's bound, a full disk), or None (loop
+        thread)."""
+        ended = self._take_ended
+        if ended is None or ended[0] != self._closes_asked:
             return None
-        return full[1]
+        return ended[1], ended[2]
 
     def finalize(self) -> Future[None]:
         return self._submit(_Op(WriterOp.FINALIZE))
@@ -217,6 +221,13 @@ class Recorder:
         or None; safe from any thread."""
         sink = self._sink
         ask = getattr(sink, "spill_problem", None)
+        return ask() if ask is not None else None
+
+    def space_problem(self) -> str | None:
+        """Why the sink's disk cannot hold one more take (see the writer's ``space_problem``),
+        or None; safe from any thread."""
+        sink = self._sink
+        ask = getattr(sink, "space_problem", None)
         return ask() if ask is not None else None
 
     def video_backlog_s(self) -> float | None:
@@ -306,10 +317,11 @@ class Recorder:
             return  # the episode is broken (its stop turns into a discard) or ended at the bound
         try:
             self._sink.add_frame(op.frame)
-        except SpillFullError as exc:
+        except TakeEndedError as exc:
             self._truncated_at = self._episode_frames
             self._record_error(f"take ended at frame {self._episode_frames}: {exc}")
-            self._spill_full = (self._closes_done, str(exc))
+            kind = FaultKind.DISK_FULL if isinstance(exc, DiskFullError) else FaultKind.SPILL_FULL
+            self._take_ended = (self._closes_done, kind, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - the episode is marked broken, never saved short
             self._episode_error = f"{type(exc).__name__}: {exc}"
@@ -339,9 +351,10 @@ class Recorder:
                         self._stats.episodes_discarded += 1
                     raise DatasetStateError(
                         "episode discarded: its first frame was refused "
-                        f"({self._spill_full[1] if self._spill_full else 'spill full'})"
+                        f"({self._take_ended[2] if self._take_ended else 'spill full'})"
                     )
-                sidecar, arrays = _cut(sidecar, arrays, truncated)
+                kind = self._take_ended[1] if self._take_ended else FaultKind.SPILL_FULL
+                sidecar, arrays = _cut(sidecar, arrays, truncated, kind)
             index = sink.save_episode(sidecar=sidecar, arrays=arrays)
             with self._lock:
                 self._stats.episodes_saved += 1
@@ -379,17 +392,18 @@ class Recorder:
 
 
 def _cut(
-    sidecar: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray] | None, frames: int
+    sidecar: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray] | None, frames: int, kind: FaultKind
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The sidecar of a take ended at ``frames`` by the spill's bound: its per-frame arrays cut
-    to the frames the writer took, and the count and the reason said."""
+    """The sidecar of a take ended at ``frames`` by the spill's bound or a full disk: its
+    per-frame arrays cut to the frames the writer took, and the count and the reason said."""
     out = dict(sidecar or {})
     recorded = int(out.get("frames", frames))
     cut = {
         key: value[:frames] if key in PER_FRAME_ARRAYS and len(value) == recorded else value
         for key, value in (arrays or {}).items()
     }
-    out.update(frames=frames, ticks_recorded=recorded, ended_at_spill_bound=True)
+    out.update(frames=frames, ticks_recorded=recorded)
+    out["ended_at_spill_bound" if kind == FaultKind.SPILL_FULL else "ended_at_full_disk"] = True
     return out, cut
 
 

@@ -36,12 +36,12 @@ from hilrec.daemon.control.recorder import Recorder
 from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.verdict import VerdictWorker
-from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.policy.record import ControlSource
-from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.so101 import ROBOT_TYPE
 from hilrec.daemon.wire.display_child import DisplayChild, settings_argv
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
+from hilrec.daemon.wire.root import check_root, daemon_features
 from hilrec.daemon.wire.security import Security, endpoint
 from hilrec.daemon.wire.server import ControlServer
 from hilrec.daemon.wire.settings import DaemonSettings, RerunViewer
@@ -138,6 +138,7 @@ class Daemon:
         self.verdicts = verdicts
         self.verdict_gate = verdict_gate
         self.verdict_worker: VerdictWorker | None = None
+        self.server: ControlServer | None = None
         self._rig_factory_for = rig_factory_for or default_rig_factory
         self._stop = threading.Event()
         self._stop_reason = "shutdown"
@@ -162,6 +163,7 @@ class Daemon:
             security = Security(context, s.zmq.curve)
             stack.callback(security.close)
             server = ControlServer(context, s.zmq, security, self._handle)
+            self.server = server
             stack.callback(server.close)
             self.telemetry = Telemetry(
                 context,
@@ -311,13 +313,7 @@ class Daemon:
     # --- the dataset ---------------------------------------------------------------------------
 
     def features(self) -> dict[str, Any]:
-        cameras = self.settings.cameras.items()
-        features = so101_features({name: (cam.height, cam.width) for name, cam in cameras})
-        if self.settings.policy.spec:
-            from hilrec.daemon.policy.record import INTERVENTION_KEY, intervention_feature
-
-            features[INTERVENTION_KEY] = intervention_feature()
-        return features
+        return daemon_features(self.settings)
 
     def _open_sink(self) -> Any:
         from hilrec.daemon.dataset import DatasetWriter, update_dataset_sidecar
@@ -470,6 +466,9 @@ class Daemon:
                 "cameras": sorted(s.cameras),
                 "devices": rig.devices if rig is not None else {},
                 "telemetry": {"sent": self.telemetry.sent, "dropped": self.telemetry.dropped},
+                "control": {"requests": self.server.requests, "refused": self.server.refused}
+                if self.server is not None
+                else None,
                 "verdicts": self.verdict_worker.status() if self.verdict_worker is not None else None,
             }
         )
@@ -486,27 +485,6 @@ def default_rig_factory(
     from hilrec.daemon.control.hardware import hardware_rig_factory
 
     return hardware_rig_factory(settings, context, security)
-
-
-def check_root(root: Path, *, resume: bool, fps: int, features: dict[str, Any]) -> bool:
-    """True when ``root`` holds a dataset to resume, False when it is new (missing or empty).
-
-    An existing, non-empty root is refused without ``resume``; with it, it must be a dataset of
-    the same features, fps and robot type (the error names what differs)."""
-    if holds_nothing(root):  # missing, empty, or only a leftover lock file
-        return False
-    if not resume:
-        raise ConfigError(
-            "dataset.root",
-            f"{root} already exists and is not empty; pass --resume to add episodes to the "
-            "dataset in it, or choose a new root",
-        )
-    from hilrec.sim.recorder import resume_mismatch
-
-    problems = resume_mismatch(root, fps=fps, features=features, robot_type=ROBOT_TYPE)
-    if problems:
-        raise ConfigError("dataset.root", f"cannot resume {root}: " + "; ".join(problems))
-    return True
 
 
 def _jsonable(value: Any) -> Any:

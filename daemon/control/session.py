@@ -17,7 +17,10 @@ The video backlog (encoder processes behind, frames in the spill) is the writer'
 started while ``writer.spill_problem()`` says the spill could not hold it (refused, naming the
 bound ``spill_bytes_limit``), and a take whose frame met the bound ends there with a
 ``spill_full`` fault and is saved with the frames before it (whatever ``on_device_lost`` says:
-nothing is lost by keeping them). The fault clears once a take may start again.
+nothing is lost by keeping them). The disk likewise: a take is not started while
+``writer.space_problem()`` says the disk cannot hold one, and a take the disk fills under ends
+with a ``disk_full`` fault and is saved into the room the writer held back for it. Either fault
+clears once a take may start again.
 
 Locking: ``_lock`` guards the state, the open episode and the last episode's result, which the
 control thread reads for status while the loop thread changes them.
@@ -156,11 +159,11 @@ class Session:
         """Run the requests submitted since the last tick, in order (and end a take the
         spill's bound stopped)."""
         if self._episode is not None:
-            full = self._recorder.spill_full()
-            if full is not None:
-                self.raise_fault(
-                    Fault(kind=FaultKind.SPILL_FULL, device="writer", message=full, ends_episode=True)
-                )
+            ended = self._recorder.take_ended()
+            if ended is not None:
+                kind, why = ended
+                message = f"{why}; the daemon ended the take there and saves it"
+                self.raise_fault(Fault(kind=kind, device="writer", message=message, ends_episode=True))
         while True:
             try:
                 pending = self._pending.get_nowait()
@@ -256,9 +259,13 @@ class Session:
             )
         if self._episode is not None:
             raise _refused(f"episode {self._episode.index} is already recording; stop or discard it first")
-        if self._recorder.spill_problem() is None:
-            # The backlog that stopped the last take is gone: so is its fault.
+        spill_problem = self._recorder.spill_problem()
+        space_problem = self._recorder.space_problem()
+        # What stopped the last take is gone (the backlog, the full disk): so is its fault.
+        if spill_problem is None:
             self.clear_fault("writer", kinds=frozenset({FaultKind.SPILL_FULL}))
+        if space_problem is None:
+            self.clear_fault("writer", kinds=frozenset({FaultKind.DISK_FULL}))
         blocking = self.faults.blocking()
         if blocking:
             raise _refused(
@@ -267,7 +274,7 @@ class Session:
             )
         if not self._recorder.alive:
             raise _refused("the dataset writer is not running", CODE_FAULT)
-        problem = self._recorder.spill_problem()
+        problem = spill_problem or space_problem
         if problem is not None:
             raise _refused(f"cannot start an episode: {problem}", CODE_FAULT)
         index = self._recorder.initial_episodes + self._saves_queued
@@ -321,7 +328,7 @@ class Session:
 
     def _end_for_fault(self, fault: Fault) -> None:
         assert self._episode is not None
-        keep = self._on_device_lost == "save" or fault.kind == FaultKind.SPILL_FULL
+        keep = self._on_device_lost == "save" or fault.kind in (FaultKind.SPILL_FULL, FaultKind.DISK_FULL)
         save = keep and self._episode.frames > 0
         self._close_episode(save=save, success=None, ended_by=f"fault:{fault.kind}:{fault.device}")
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from hilrec.daemon.dataset import EpisodeVerdict
+from hilrec.daemon.dataset import INFO_PATH, EpisodeVerdict
 
 if TYPE_CHECKING:  # the replay check imports MuJoCo: only in the worker, only when it judges
     from hilrec.daemon.replay.metrics import Stall
@@ -99,7 +99,7 @@ def wait_merged(root: Path, episode_index: int, timeout_s: float) -> float | Non
     follows at once on the writer's merge thread, and info.json is the last file it replaces."""
     from hilrec.daemon.atomic import read_json
 
-    info_path = root / "meta" / "info.json"
+    info_path = root / INFO_PATH
     started = time.monotonic()
     while True:
         info = read_json(info_path, if_missing=None)
@@ -326,7 +326,7 @@ def _seconds(frame: int | None, fps: int) -> float:
 def _fps(root: Path) -> int:
     from hilrec.daemon.atomic import read_json
 
-    return int((read_json(root / "meta" / "info.json", if_missing=None) or {}).get("fps") or 0)
+    return int((read_json(root / INFO_PATH, if_missing=None) or {}).get("fps") or 0)
 
 
 # --- priority (in the worker) ----------------------------------------------------------------------

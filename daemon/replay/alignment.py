@@ -187,7 +187,7 @@ class Alignment:
 
     fit: ShiftFit | None  # None: no joint moved enough to fit a lag
     joints: tuple[int, ...]  # joints the lag was fitted on
-    window: int  # frames [0, window) it was fitted on
+    window: int  # frames [start, window) it was fitted on (start: the first judged frame)
     aligned: np.ndarray  # the replay shifted by the lag, (n, d)
     excursions: dict[int, Excursion]
 
@@ -212,15 +212,18 @@ def align(
     min_shift: int,
     max_shift: int,
     find_excursions: ExcursionFinder,
+    start: int = 0,
 ) -> Alignment:
-    """The alignment of ``recorded`` to ``replayed`` that stays consistent longest (see module)."""
+    """The alignment of ``recorded`` to ``replayed`` that stays consistent longest (see module).
+
+    Frames before ``start`` (a take's approach) are not fitted on."""
     n = recorded.shape[0]
-    min_window = max(2 * (max_shift - min_shift), 25)
+    min_window = start + max(2 * (max_shift - min_shift), 25)
 
     def evaluate(joints: tuple[int, ...], window: int) -> Alignment:
         fit = fit_shift(
-            recorded[:window, list(joints)],
-            replayed[:window, list(joints)],
+            recorded[start:window, list(joints)],
+            replayed[start:window, list(joints)],
             min_shift=min_shift,
             max_shift=max_shift,
         )

@@ -17,6 +17,12 @@ measures), while a joint that does something else stays far from the replay at e
 A gripper closed on an object reads more open than commanded while the twin, which has no object
 in its hand, closes fully. Those frames (on either side) are grasps, reported as gripper
 behaviour and left out of the gripper's error judgement.
+
+A take that opens with the follower swinging from where it rested to the leader (its
+``approach``, found by :func:`hilrec.daemon.replay.metrics.approach_end`) is judged from the frame
+the follower caught up: the replay restarts there from the recorded state
+(:mod:`hilrec.daemon.replay.check`), and the frames before it, and the few after it whose aligned
+replay would reach back into them, are reported and not judged.
 """
 
 from __future__ import annotations
@@ -50,16 +56,22 @@ from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
 from hilrec.daemon.so101 import JOINT_NAMES
 
 
-def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: ReplaySettings) -> EpisodeResult:
-    """Errors, lag, gripper and saturation of one replayed episode, and its verdict."""
+def analyse(
+    episode_index: int, traj: Trajectories, *, fps: int, settings: ReplaySettings, approach: int = 0
+) -> EpisodeResult:
+    """Errors, lag, gripper and saturation of one replayed episode, and its verdict.
+
+    ``approach``: frames [0, approach) are the follower's swing to the leader, not judged."""
     rec, rep, act = traj.recorded, traj.replayed, traj.action
     n = rec.shape[0]
     lag_cfg, cons = settings.lag, settings.consistency
-    if n < settings.engine.min_frames or n <= lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 2:
+    judged_frames = n - approach
+    needed = max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)
+    if judged_frames < needed:
+        after = f" after the approach (first {approach / fps:.2f} s)" if approach else ""
         return EpisodeResult.not_replayable(
             episode_index,
-            f"only {n} frames; the check needs at least "
-            f"{max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)}",
+            f"only {judged_frames} frames{after}; the check needs at least {needed}",
             frames=n,
             fps=fps,
         )
@@ -70,8 +82,17 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
     grasp_rep = grasp_mask(act[:, GRIPPER], rep[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
     valid = np.ones_like(rec, dtype=bool)
     valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+    valid[:approach] = False
 
-    motion = np.ptp(rep, axis=0)
+    def valid_at(lag: float) -> np.ndarray:
+        """``valid`` less the frames whose aligned replay reaches back into the approach."""
+        if not approach:
+            return valid
+        out = valid.copy()
+        out[: approach + max(0, math.ceil(lag)) + cons.timing_slack_frames] = False
+        return out
+
+    motion = np.ptp(rep[approach:], axis=0)
     moving = [j for j in BODY if motion[j] >= lag_cfg.min_motion_deg]
 
     def limits_of(j: int) -> ErrorLimits:
@@ -82,11 +103,12 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
 
     def excursions(aligned: np.ndarray, lag: float) -> dict[int, Excursion]:
         error = judged(aligned, lag)
+        ok = valid_at(lag)
         found = {}
         for j in range(rec.shape[1]):
             lim = limits_of(j)
             exc = sustained_excursion(
-                error[:, j], limit=lim.max, min_frames=min_frames, floor=lim.floor, valid=valid[:, j]
+                error[:, j], limit=lim.max, min_frames=min_frames, floor=lim.floor, valid=ok[:, j]
             )
             if exc is not None:
                 found[j] = exc
@@ -99,6 +121,7 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
         min_shift=lag_cfg.min_shift_frames,
         max_shift=lag_cfg.max_shift_frames,
         find_excursions=excursions,
+        start=approach,
     )
     fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned, alignment.excursions)
     lag = alignment.lag
@@ -112,10 +135,14 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
         mse=fit.mse if fit is not None else None,
         joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
         fitted_frames=alignment.window if fit is not None else 0,
-        response_recorded=response_lag(act[:, used], rec[:, used], lag_cfg.max_correlation_frames)
+        response_recorded=response_lag(
+            act[approach:, used], rec[approach:, used], lag_cfg.max_correlation_frames
+        )
         if used
         else None,
-        response_replayed=response_lag(act[:, used], rep[:, used], lag_cfg.max_correlation_frames)
+        response_replayed=response_lag(
+            act[approach:, used], rep[approach:, used], lag_cfg.max_correlation_frames
+        )
         if used
         else None,
         at_search_edge=fit is not None
@@ -132,17 +159,18 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
     stall_cfg = settings.stall
     stall_frames = max(1, math.ceil(stall_cfg.min_duration_s * fps))
 
+    judged_valid = valid_at(lag)
     joints: list[JointResult] = []
     for j, name in enumerate(JOINT_NAMES):
-        ok = valid[:, j]
+        ok = judged_valid[:, j]
         raw_j = raw_err[ok, j] if ok.any() else np.zeros(1)
         al_j = al_err[ok, j] if ok.any() else np.zeros(1)
         judged_j = judged_err[ok, j] if ok.any() else np.zeros(1)
         own_lag = None
         if j in moving and j not in exc:
             own_lag = fit_shift(
-                rec[:, [j]],
-                rep[:, [j]],
+                rec[approach:, [j]],
+                rep[approach:, [j]],
                 min_shift=lag_cfg.min_shift_frames,
                 max_shift=lag_cfg.max_shift_frames,
             ).lag
@@ -163,13 +191,17 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
                 blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
                 stalls=[]
                 if j == GRIPPER
-                else find_stalls(
-                    rec[:, j],
-                    rep[:, j],
-                    still=stall_cfg.still_deg,
-                    min_frames=stall_frames,
-                    min_motion=stall_cfg.min_command_motion_deg,
-                ),
+                else [
+                    s
+                    for s in find_stalls(
+                        rec[:, j],
+                        rep[:, j],
+                        still=stall_cfg.still_deg,
+                        min_frames=stall_frames,
+                        min_motion=stall_cfg.min_command_motion_deg,
+                    )
+                    if s.stop > approach
+                ],
                 at_limit_frames=int(at_limit[:, j].sum()),
                 beyond_range_frames=int(beyond[:, j].sum()),
                 leader_mismatch_frames=None
@@ -195,7 +227,8 @@ def analyse(episode_index: int, traj: Trajectories, *, fps: int, settings: Repla
         trajectories=traj,
         aligned_replay=aligned,
         judged_error=judged_err,
-        stale_rows=stale_rows(rec, rep, moved=stall_cfg.still_deg).tolist(),
+        stale_rows=[r for r in stale_rows(rec, rep, moved=stall_cfg.still_deg).tolist() if r >= approach],
+        approach_frames=approach,
     )
     _judge(result, settings)
     return result
@@ -270,6 +303,13 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
             result.reason = "tracks the twin within the limits"
             if lag.frames is None:
                 result.reason += f" (lag not estimable: no joint moved {settings.lag.min_motion_deg:g} deg)"
+    if result.approach_frames:
+        approach = (
+            f"approach: first {result.approach_frames / fps:.2f} s ({result.approach_frames} frames), "
+            "follower moving to the leader; judged from there on"
+        )
+        result.reason += f"; {approach}"
+        result.notes.insert(0, approach)
     if lag.at_search_edge:
         result.notes.append(
             f"the best shift {lag.best_shift} is at the edge of the search range "

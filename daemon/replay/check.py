@@ -29,7 +29,9 @@ from hilrec.daemon.dataset import FrameFlag, load_dataset_sidecar, load_episode_
 from hilrec.daemon.errors import HilrecError, ReplayError
 from hilrec.daemon.replay.analysis import analyse
 from hilrec.daemon.replay.engine import ReplayEngine
+from hilrec.daemon.replay.metrics import approach_end
 from hilrec.daemon.replay.results import (
+    BODY,
     EXIT_CODES,
     SEVERITY,
     EpisodeResult,
@@ -319,14 +321,15 @@ def _check_episode(
         log.warning("episode %d: cannot read its sidecar arrays: %s", index, exc)
         arrays = {}
     gaps = _frames_between(arrays.get(SLOTS_ARRAY), n)
+    approach = _approach(action_t, state_t, fps, settings)
     try:
-        replayed = engine.replay(state_t[0], action_t, gaps)
+        replayed = _replay(engine, state_t, action_t, gaps, approach)
     except ReplayError as exc:
         return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
     leader = arrays.get(LEADER_ARRAY)  # joint order, the action's units
     leader = units.to_twin(leader) if leader is not None and leader.shape == action.shape else None
     traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits, leader=leader)
-    result = analyse(index, traj, fps=fps, settings=settings)
+    result = analyse(index, traj, fps=fps, settings=settings, approach=approach)
     _note_recorder_flags(result, arrays.get(FLAGS_ARRAY), n)
     if gaps is not None:
         result.notes.append(
@@ -334,6 +337,34 @@ def _check_episode(
             f"missed slot(s) held the last command, as the follower did"
         )
     return result
+
+
+def _approach(action: np.ndarray, state: np.ndarray, fps: int, settings: ReplaySettings) -> int:
+    """Where the take's opening swing of the follower to the leader ends (0: it has none)."""
+    cfg = settings.approach
+    return approach_end(
+        action[:, list(BODY)],
+        state[:, list(BODY)],
+        min_gap=cfg.min_gap_deg,
+        settled_gap=cfg.settled_gap_deg,
+        max_frames=round(cfg.max_s * fps),
+    )
+
+
+def _replay(
+    engine: ReplayEngine, state: np.ndarray, action: np.ndarray, gaps: np.ndarray | None, approach: int
+) -> np.ndarray:
+    """The twin's states; after an approach, restarted from the recorded state where it ended.
+
+    The swing itself is the follower's servos on a large move, which the twin does not model: a
+    replay carried through it would start the judged frames from where the twin, not the
+    follower, had got to.
+    """
+    if not approach:
+        return engine.replay(state[0], action, gaps)
+    head = engine.replay(state[0], action[: approach + 1], None if gaps is None else gaps[:approach])
+    rest = engine.replay(state[approach], action[approach:], None if gaps is None else gaps[approach:])
+    return np.concatenate([head[:approach], rest])
 
 
 def _frames_between(slots: np.ndarray | None, n: int) -> np.ndarray | None:

@@ -112,6 +112,26 @@ def find_stalls(
     return found
 
 
+def approach_end(
+    action: np.ndarray, recorded: np.ndarray, *, min_gap: float, settled_gap: float, max_frames: int
+) -> int:
+    """The frame at which a take's opening approach ends (0: none): the follower started at least
+    ``min_gap`` from the leader (``action``) on some joint of the ``(n, d)`` arrays, the gap kept
+    closing (never more than ``settled_gap`` above its smallest so far) and fell to ``settled_gap``
+    on every joint within ``max_frames``."""
+    gap = np.max(np.abs(action - recorded), axis=1)
+    if gap.size == 0 or gap[0] < min_gap:
+        return 0
+    settled = np.flatnonzero(gap[: max_frames + 1] <= settled_gap)
+    if not settled.size:
+        return 0
+    end = int(settled[0])
+    closing = gap[:end]
+    if np.any(closing > np.minimum.accumulate(closing) + settled_gap):
+        return 0  # it moved away from the leader on the way: not an approach
+    return end
+
+
 def grasp_mask(command: np.ndarray, reading: np.ndarray, *, gap: float, still: float) -> np.ndarray:
     """Frames where a gripper is held open by something: commanded more closed than it reads by
     more than ``gap`` and not moving (1-D arrays in 0..100, 0 = closed)."""

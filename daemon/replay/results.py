@@ -101,7 +101,7 @@ class LagResult:
     response_recorded: float | None  # action -> recorded state, frames (cross-correlation)
     response_replayed: float | None  # action -> replayed state, frames
     at_search_edge: bool = False
-    fitted_frames: int = 0  # the lag was fitted on frames [0, fitted_frames)
+    fitted_frames: int = 0  # the lag was fitted on frames [approach, fitted_frames)
 
 
 @dataclass
@@ -136,6 +136,8 @@ class EpisodeResult:
     aligned_replay: np.ndarray | None = None
     judged_error: np.ndarray | None = None  # (n, 6) |error| with the timing slack
     stale_rows: list[int] = field(default_factory=list)  # rows repeating the last while the twin moved
+    # Frames [0, approach) are the follower's swing to the leader at the start: reported, not judged
+    approach_frames: int = 0
     notes: list[str] = field(default_factory=list)
     # What the recorder itself flagged per frame (hilrec's frame_flags): name -> (frames, first)
     recorder_flags: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -179,6 +181,9 @@ def to_json(result: EpisodeResult) -> dict[str, Any]:
         "fps": fps,
         "notes": list(result.notes),
         "stale_rows": list(result.stale_rows),
+        "approach": None
+        if not result.approach_frames
+        else {"frames": result.approach_frames, "s": round(result.approach_frames / fps, 6) if fps else None},
         "recorder_flags": {
             name: {"frames": n, "first_frame": first} for name, (n, first) in result.recorder_flags.items()
         },

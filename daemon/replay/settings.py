@@ -134,6 +134,32 @@ class SaturationSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ApproachSettings:
+    """A take that starts with the follower away from the leader: it swings over, then tracks.
+
+    Those first frames are the follower's own dynamics on a large move (a real servo's speed
+    limit, not the twin's), not tracking, so they are reported and not judged. The approach is
+    recognised only from a start at least ``min_gap_deg`` off the leader on some body joint, while
+    the gap keeps closing (it never widens by more than ``settled_gap_deg`` over its smallest so
+    far), and only when it closes to ``settled_gap_deg`` within ``max_s``; otherwise the whole take
+    is judged, as before.
+    """
+
+    min_gap_deg: float = 10.0
+    settled_gap_deg: float = 5.0
+    max_s: float = 3.0
+
+    def validate(self) -> None:
+        if not 0.0 < self.settled_gap_deg < self.min_gap_deg:
+            raise ConfigError(
+                "settled_gap_deg",
+                f"need 0 < settled_gap_deg < min_gap_deg, got {self.settled_gap_deg} and {self.min_gap_deg}",
+            )
+        if not 0.0 <= self.max_s <= 10.0:
+            raise ConfigError("max_s", f"must be in 0..10 (0 judges every take whole), got {self.max_s}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplaySettings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     lag: LagSettings = field(default_factory=LagSettings)
@@ -141,6 +167,7 @@ class ReplaySettings:
     stall: StallSettings = field(default_factory=StallSettings)
     gripper: GripperSettings = field(default_factory=GripperSettings)
     saturation: SaturationSettings = field(default_factory=SaturationSettings)
+    approach: ApproachSettings = field(default_factory=ApproachSettings)
 
 
 def load_replay_settings(path: str | Path | None = None) -> ReplaySettings:

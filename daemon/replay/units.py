@@ -34,8 +34,8 @@ import numpy as np
 
 from hilrec.daemon.dataset import recorded_body_mode
 from hilrec.daemon.errors import DatasetError, ReplayError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS, BodyMode, NormMode
-from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTORS, BodyMode, NormMode
+from hilrec.drivers.calibration import ArmCalibration, load_calibration
 
 # ``--units`` values: the flag spells -100..100 shorter than the mode's name.
 FLAG_UNITS: Final[dict[str, BodyMode]] = {"degrees": BodyMode.DEGREES, "m100_100": BodyMode.RANGE_M100_100}

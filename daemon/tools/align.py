@@ -1,11 +1,15 @@
 """``hilrec align A B``: do two datasets meant to train one policy line up, column for column?
 
 Typically A is a sim recording and B a real one (recorded by LeRobot or by hilrec). Checked, side
-by side: feature names and order, dtypes and shapes; fps, robot type, camera keys and image
-sizes; the joints' units; and each joint's range in the two datasets, in one unit, with how far
-they overlap. They line up when everything but the ranges is equal: a policy then reads the same
-number as the same thing in both. The ranges are reported, not judged: a narrow sim set inside
-a broad real one is a coverage question (``hilrec coverage``), not a misalignment.
+by side, as a trainer sees them: the feature names, and for each its dtype, shape and names (the
+order within the vector); fps, robot type, camera keys and image sizes; the joints' units; and
+each joint's range in the two datasets, in one unit, with how far they overlap. They line up
+when everything but the ranges is equal: a policy then reads the same number as the same thing in
+both. Not judged, since no trainer sees them: the order of the features in ``info.json`` (LeRobot
+reads features by key), and which of LeRobot's spellings of the SO follower the robot type uses
+(``so100_follower`` and ``so101_follower`` in its 0.3 datasets, ``so_follower`` since 0.4: one
+arm, one class). The ranges are reported, not judged: a narrow sim set inside a broad real one
+is a coverage question (``hilrec coverage``), not a misalignment.
 
 Units, for each dataset, from the first of: the ``--units-*`` flag; hilrec's own metadata
 (``hilrec/dataset.json``); or the ranges themselves, which settle it only when a body joint
@@ -24,7 +28,17 @@ import numpy as np
 
 from hilrec.daemon.dataset import load_dataset_sidecar, load_info, load_stats, recorded_body_mode
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, JOINT_NAMES, MOTORS, STATE_KEY, BodyMode, NormMode
+from hilrec.daemon.so101 import (
+    ACTION_KEY,
+    IMAGE_PREFIX,
+    JOINT_NAMES,
+    MOTORS,
+    ROBOT_TYPE,
+    ROBOT_TYPE_SPELLINGS,
+    STATE_KEY,
+    BodyMode,
+    NormMode,
+)
 
 LEROBOT_DEGREES_LIMIT = 100.0  # a body value beyond this cannot be RANGE_M100_100
 
@@ -111,8 +125,8 @@ def _side(root: Path, stated: BodyMode | None) -> Side:
 def _compare_schema(result: Alignment) -> None:
     fa, fb = result.a.info["features"], result.b.info["features"]
 
-    def add(what: str, va: object, vb: object, fix: str | None = None) -> None:
-        same = va == vb
+    def add(what: str, va: object, vb: object, fix: str | None = None, *, same: bool | None = None) -> None:
+        same = va == vb if same is None else same
         result.rows.append((what, _short(va), _short(vb), same))
         if not same and fix:
             result.fixes.append(fix)
@@ -123,16 +137,28 @@ def _compare_schema(result: Alignment) -> None:
         result.b.info.get("fps"),
         "record both at one fps (hilrec record --sim --fps)",
     )
-    add("robot_type", result.a.info.get("robot_type"), result.b.info.get("robot_type"), "use one robot type")
-    measured = [k for k in fa if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING]
-    theirs = [k for k in fb if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING]
+    type_a, type_b = result.a.info.get("robot_type"), result.b.info.get("robot_type")
     add(
-        "features (order)",
-        measured,
-        theirs,
-        "drop or rename the features only one side has (hilrec edit remove-feature)",
+        "robot_type",
+        type_a,
+        type_b,
+        f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE})",
+        same=_arm(type_a) == _arm(type_b),
     )
-    for key in sorted(set(measured) & set(theirs)):
+    measured = {k for k in fa if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING}
+    theirs = {k for k in fb if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING}
+    only = [
+        f"only {side} has {', '.join(sorted(keys))}"
+        for side, keys in (("A", measured - theirs), ("B", theirs - measured))
+        if keys
+    ]
+    add(
+        "features",
+        sorted(measured),
+        sorted(theirs),
+        f"drop or rename the features only one side has ({'; '.join(only)}): hilrec edit remove-feature",
+    )
+    for key in sorted(measured & theirs):
         for part in ("dtype", "shape", "names"):
             add(f"{key} {part}", fa[key].get(part), fb[key].get(part), f"make '{key}' {part} agree")
     cams_a = {k: fa[k].get("shape") for k in fa if k.startswith(IMAGE_PREFIX)}
@@ -196,6 +222,11 @@ def _m100_to_degrees(low: np.ndarray, high: np.ndarray, calibration: Path) -> tu
     cal = load_calibration(calibration)
     ends = ticks_to_degrees(np.rint(m100_to_ticks(np.stack([low, high]), cal)), cal)
     return np.minimum(ends[0], ends[1]), np.maximum(ends[0], ends[1])
+
+
+def _arm(robot_type: object) -> object:
+    """One name for every spelling LeRobot has used for the SO follower, so none of them differs."""
+    return ROBOT_TYPE if robot_type in ROBOT_TYPE_SPELLINGS else robot_type
 
 
 _LEROBOT_BOOKKEEPING = frozenset({"timestamp", "frame_index", "episode_index", "index", "task_index"})

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hilrec.daemon.cli import COMMANDS
 from hilrec.daemon.dataset import LeRobotInfo
 from hilrec.daemon.so101 import BodyMode
 from hilrec.daemon.tools.cmd_export import parse_episodes
@@ -44,7 +45,7 @@ def _common(parser: argparse.ArgumentParser, *, out: bool = True) -> None:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "edit",
-        help="edit a dataset safely (delete, keep, merge, split, set-task, recompute stats, units)",
+        help=COMMANDS["edit"][1],
         description=__doc__.splitlines()[0],
     )
     sub = parser.add_subparsers(dest="edit_command", metavar="SUBCOMMAND", parser_class=type(parser))

@@ -38,7 +38,7 @@ _FLAGS = {
 
 
 def register(subparsers: Any) -> None:
-    from hilrec.sim.recorder import DEFAULT_TASK
+    from hilrec.daemon.text import DEFAULT_TASK
 
     parser = subparsers.add_parser(
         "eval",

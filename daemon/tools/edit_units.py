@@ -38,11 +38,11 @@ import pyarrow as pa
 
 from hilrec.daemon.dataset import column_to_numpy, recorded_body_mode
 from hilrec.daemon.errors import CalibrationError, DatasetError, FlagError
-from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, MOTORS, STATE_KEY, BodyMode, NormMode
+from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, MAX_TICK, MOTORS, STATE_KEY, BodyMode, NormMode
 from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source
 from hilrec.daemon.tools.edit_write import write_dataset
-from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, load_calibration
+from hilrec.drivers.calibration import ArmCalibration, load_calibration
 
 M100_LIMIT: Final[float] = 100.0
 # float32 holds a value of ±100 to ~8e-6: a stored RANGE_M100_100 value may pass ±100 by that.

@@ -37,7 +37,7 @@ import numpy as np
 from hilrec.daemon.dataset import FrameSink
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY, so101_features
-from hilrec.daemon.text import task_problem
+from hilrec.daemon.text import DEFAULT_TASK, task_problem
 from hilrec.daemon.tools.policies import TASK_KEY, EvalPolicy
 from hilrec.sim.episode import (
     ContactTally,
@@ -48,7 +48,7 @@ from hilrec.sim.episode import (
     pushes_by_frame,
     start_fields,
 )
-from hilrec.sim.recorder import DEFAULT_TASK
+from hilrec.sim.recorder import MERGE_INTERVAL_S
 from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import Twin
 
@@ -57,7 +57,6 @@ Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 LIFTED_M = 0.01  # the cube's centre this far above where it was placed: it left the table
 NOT_GRASPED, DROPPED, NOT_IN_BIN = "not grasped", "dropped", "not in the bin"
 FAILURE_REASONS = (NOT_GRASPED, DROPPED, NOT_IN_BIN)
-MERGE_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,14 +3,23 @@
 The file is robomimic's (its ``SequenceDataset`` reads it as written)::
 
     data/                 attrs: total (samples), env_args (JSON: what this data came from)
-      demo_<episode>/     attrs: num_samples, task, hilrec_episode_index
+      demo_<episode>/     attrs: num_samples, task, tasks, hilrec_episode_index
         actions           float32 (n, 6), the recorded action column, unchanged
         obs/state         float32 (n, 6), observation.state
         obs/<cam>_image   uint8 (n, H, W, 3), decoded from the episode's video ("image" in the
                           name is how robomimic's configs recognise an RGB key)
+        next_obs/<key>    obs/<key> one frame on, the last frame repeated: a virtual dataset
+                          over obs/<key>, so the images are not stored twice
         rewards, dones    float64 / int64 (n,): 1 on the last frame of a successful episode
         states            float64 (n, S): the full simulator state before each frame (sim only)
     mask/all, mask/success    the demo names, as robomimic's filter keys
+
+``next_obs`` is laid out as robomimic's converters write it (``convert_d4rl.py``: the observation
+after each frame, and at an episode's end a copy of its last observation, since nothing was
+observed after it); ``SequenceDataset`` reads it by default (``load_next_obs=True``).
+
+``task`` is the episode's task as the dataset holds it (``meta/tasks.parquet`` through each row's
+``task_index``), the first if the episode holds several; ``tasks`` lists them all, in order.
 
 ``states`` is not in the dataset (it is not measurable on a real arm): it is rebuilt by replaying
 the episode on the twin from its recorded start state, the same bit-exact replay as ``hilrec
@@ -41,10 +50,11 @@ from hilrec.daemon.dataset import (
     load_episode_sidecar,
     load_episodes,
     load_info,
+    load_tasks,
     read_episode,
     read_episode_frames,
 )
-from hilrec.daemon.errors import DatasetError, HilrecError
+from hilrec.daemon.errors import CorruptDatasetError, DatasetError, HilrecError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 
 
@@ -99,6 +109,7 @@ def export_robomimic(
     replayer = _Replayer.for_dataset(root, info)
     if replayer.problem:
         report.notes.append(f"simulator states: {replayer.problem}")
+    tasks = load_tasks(root) if indices else {}
     tmp = temp_path(out)
     try:
         with h5py.File(tmp, "w") as f:
@@ -107,7 +118,9 @@ def export_robomimic(
             successful: list[str] = []
             for index in indices:
                 name = f"demo_{index}"
-                success = _write_demo(data.create_group(name), root, index, video, size, replayer, report)
+                demo = data.create_group(name)
+                success = _write_demo(demo, root, index, video, size, replayer, report)
+                _write_task(demo, root, index, tasks)
                 names.append(name)
                 if success:
                     successful.append(name)
@@ -145,15 +158,18 @@ def _write_demo(
     success = bool((meta or {}).get("success", (meta or {}).get("success_reported")) or False)
     demo.attrs["num_samples"] = n
     demo.attrs["hilrec_episode_index"] = index
-    demo.attrs["task"] = str((meta or {}).get("task", ""))
     demo.create_dataset("actions", data=actions)
     obs = demo.create_group("obs")
-    obs.create_dataset("state", data=observed)
+    next_obs = demo.create_group("next_obs")
+    _write_obs(obs, next_obs, "state", obs.create_dataset("state", data=observed))
     for camera in cameras:
         frames = read_episode_frames(root, index, IMAGE_PREFIX + camera)
         if size is not None:
             frames = np.stack([cv2.resize(f, size, interpolation=cv2.INTER_AREA) for f in frames])
-        obs.create_dataset(f"{camera}_image", data=frames, compression="gzip", compression_opts=4)
+        key = f"{camera}_image"
+        _write_obs(
+            obs, next_obs, key, obs.create_dataset(key, data=frames, compression="gzip", compression_opts=4)
+        )
     rewards = np.zeros(n, dtype=np.float64)
     dones = np.zeros(n, dtype=np.int64)
     if success and n:
@@ -168,6 +184,35 @@ def _write_demo(
         report.notes.append(f"episode {index}: simulator states: {why}")
     report.samples += n
     return success
+
+
+def _write_obs(obs: h5py.Group, next_obs: h5py.Group, key: str, written: h5py.Dataset) -> None:
+    """``next_obs/<key>``: frame i+1 for frame i, the last frame for itself (robomimic's layout)."""
+    n = written.shape[0]
+    if n == 0:
+        next_obs.create_dataset(key, shape=written.shape, dtype=written.dtype)
+        return
+    layout = h5py.VirtualLayout(shape=written.shape, dtype=written.dtype)
+    # "." is this file whatever it is called, so the rename into place keeps the link.
+    source = h5py.VirtualSource(".", f"{obs.name}/{key}", shape=written.shape)
+    layout[: n - 1] = source[1:n]
+    layout[n - 1 :] = source[n - 1 : n]
+    next_obs.create_virtual_dataset(key, layout)
+
+
+def _write_task(demo: h5py.Group, root: Path, index: int, tasks: dict[int, str]) -> None:
+    """The episode's tasks as the dataset holds them: its rows' task_index into meta/tasks."""
+    column = read_episode(root, index, ["task_index"])["task_index"].reshape(-1)
+    _, first = np.unique(column, return_index=True)
+    used = [int(column[i]) for i in sorted(first)]
+    missing = [i for i in used if i not in tasks]
+    if missing:
+        raise CorruptDatasetError(
+            f"{root}/meta/tasks.parquet", f"has no task_index {missing}, which episode {index} uses"
+        )
+    names = [tasks[i] for i in used]
+    demo.attrs["task"] = names[0] if names else ""
+    demo.attrs["tasks"] = json.dumps(names)
 
 
 class _Replayer:

@@ -2,7 +2,8 @@
 
 It reads the daemon's config (the same file ``hilrec daemon --config`` runs): the ``[zmq]``
 ports (and CURVE keys) to reach the daemon, ``dataset.root`` for the takes' files, and ``[ui]``
-``host``, ``port``, ``token``, which the flags override. The result is checked like the config
+``host``, ``port``, ``token``, which the flags override; without a token it makes one for this
+start and prints it in the page's URL. The result is checked like the config
 itself: a page reachable beyond loopback without a token of at least 16 characters is refused
 before anything listens (exit status 2, the message names ``ui.token``).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import secrets
 import signal
 import sys
 from pathlib import Path
@@ -43,7 +45,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.ui.bridge import Bridge
-    from hilrec.daemon.wire.security import endpoint
+    from hilrec.daemon.wire.security import client_host, endpoint
     from hilrec.daemon.wire.settings import load_settings
 
     settings = load_settings(args.config)
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"ui.{exc.key}", exc.problem, source=str(args.config)) from None
     zmq = settings.zmq
     # A daemon bound to a wildcard is reached on loopback; else at the address it names.
-    host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
+    host = client_host(zmq.host)
     bridge = Bridge(
         control=endpoint(host, zmq.control_port),
         telemetry=endpoint(host, zmq.telemetry_port),
@@ -74,7 +76,9 @@ def run(args: argparse.Namespace) -> int:
         "preview_hz": settings.telemetry.preview_hz,
         "cameras": sorted(settings.cameras),
     }
-    return asyncio.run(_serve(bridge, ui.host, ui.port, ui.token, info))
+    # As Jupyter does: without a configured token, a new one for every start, printed in the URL.
+    token = ui.token or secrets.token_urlsafe(32)
+    return asyncio.run(_serve(bridge, ui.host, ui.port, token, info))
 
 
 def _client_keys(curve: Any, client_key: Path | None) -> Any:
@@ -96,8 +100,10 @@ async def _serve(bridge: Any, host: str, port: int, token: str, info: dict[str, 
     from aiohttp import web
 
     from hilrec.daemon.ui.server import build_app
+    from hilrec.daemon.wire.security import is_loopback
 
-    runner = web.AppRunner(build_app(bridge, token=token, info=info), access_log=None)
+    app = build_app(bridge, token=token, loopback_only=is_loopback(host), info=info)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -105,11 +111,7 @@ async def _serve(bridge: Any, host: str, port: int, token: str, info: dict[str, 
         await runner.cleanup()
         raise ConfigError("ui.port", f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     shown = f"[{host}]" if ":" in host else host
-    print(
-        f"hilrec ui: http://{shown}:{port}/ watching {info['control']}"
-        + (" (open it once as /?token=<token>)" if token else ""),
-        flush=True,
-    )
+    print(f"hilrec ui: http://{shown}:{port}/?token={token} watching {info['control']}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

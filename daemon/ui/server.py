@@ -15,20 +15,23 @@ The :class:`Hub` is the one place the bridge's messages arrive on the event loop
 model and fans the model's messages out to every page, dropping the oldest for a page that does
 not keep up (a slow browser costs its own messages, never the server).
 
-Access (:func:`guard`, a middleware in front of every route). With a token (``[ui] token`` or
-``--token``; required beyond loopback) every HTTP request and the WebSocket must carry it:
-``Authorization: Bearer <token>``, or the cookie the page gets when it is first opened as
-``/?token=<token>`` (the server then sets an HttpOnly, SameSite=Strict cookie and redirects to
-``/`` so the token leaves the address bar), or ``?token=`` on the WebSocket URL. Anything else
-gets 401 before any handler runs, so it changes nothing.
+Access (:func:`guard`, a middleware in front of every route). There is always a token: ``[ui]
+token`` or ``--token`` when given (required beyond loopback), else a new one that ``hilrec ui``
+makes at every start (``secrets.token_urlsafe``, as Jupyter does) and prints in the page's URL.
+Every HTTP request and the WebSocket must carry it: ``Authorization: Bearer <token>``, or the
+cookie the page gets when it is first opened as ``/?token=<token>`` (the server then sets an
+HttpOnly, SameSite=Strict cookie and redirects to ``/`` so the token leaves the address bar), or
+``?token=`` on the WebSocket URL. It is compared in constant time. Anything else gets 401
+before any handler runs, so it changes nothing.
 
-Two browser-side holes are closed whether or not there is a token:
+Two browser-side holes are closed besides:
 
 - a page of another site must not drive the buttons: a POST must be ``application/json`` (a
-  cross-site form cannot send that without a CORS preflight, which is never granted) and a POST
-  or WebSocket whose ``Origin`` is not this server's is refused (403);
-- without a token (loopback only), the ``Host`` header must name loopback, so a DNS-rebound
-  name cannot reach the page through the browser (403).
+  cross-site form cannot send that without a CORS preflight, which is never granted) and a
+  request whose ``Origin`` is not exactly this request's ``Host`` is refused (403);
+- served on loopback, the ``Host`` header must be a literal loopback address or ``localhost``
+  (:func:`host_is_loopback`), so a DNS-rebound name (``127.evil.com``) cannot reach the page
+  through the browser (403).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -50,7 +54,6 @@ from aiohttp.typedefs import Handler, Middleware
 from hilrec.daemon.ui.bridge import ACTIONS, Bridge
 from hilrec.daemon.ui.model import BenchModel
 from hilrec.daemon.ui.takes import replay_png_path
-from hilrec.daemon.wire.security import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,8 @@ def encode(message: dict[str, Any]) -> str:
     return json.dumps({**message, "now": time.time()}, separators=(",", ":"))
 
 
-def build_app(bridge: Bridge, *, token: str, info: dict[str, Any]) -> web.Application:
-    app = web.Application(middlewares=[guard(token)], client_max_size=MAX_BODY)
+def build_app(bridge: Bridge, *, token: str, loopback_only: bool, info: dict[str, Any]) -> web.Application:
+    app = web.Application(middlewares=[guard(token, loopback_only=loopback_only)], client_max_size=MAX_BODY)
     app[BRIDGE] = bridge
     app[HUB] = Hub(BenchModel(started_at=time.time()), info)
     app.router.add_get("/", page)
@@ -238,38 +241,60 @@ def presented_token(request: web.Request) -> tuple[str | None, str]:
     return None, "none"
 
 
-def _host_is_loopback(request: web.Request) -> bool:
-    host = request.host
-    name = host[1:].split("]", 1)[0] if host.startswith("[") else host.rsplit(":", 1)[0]
-    return is_loopback(name) or name.startswith("127.")
+def host_is_loopback(host: str) -> bool:
+    """Whether a ``Host`` header names loopback literally: an IPv4 address in 127.0.0.0/8 (four
+    decimal parts, as :mod:`ipaddress` reads them), ``[::1]`` or ``localhost``, each with an
+    optional port. A name that only starts like one (``127.evil.com``, ``127.0.0.1.nip.io``) is
+    what a DNS-rebound page sends, so it is refused."""
+    if host.startswith("["):
+        name, close, port = host[1:].partition("]")
+        if not close or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    else:
+        name, _, port = host.partition(":")
+        if ":" in port:
+            return False
+    if port and not (port.isascii() and port.isdigit() and len(port) <= 5):
+        return False
+    if host.startswith("["):
+        try:
+            return ipaddress.IPv6Address(name) == ipaddress.IPv6Address("::1")
+        except ValueError:
+            return False
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.IPv4Address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _origin_allowed(request: web.Request) -> bool:
     origin = request.headers.get("Origin")
     if origin is None:
-        return True  # not a browser (curl, a script): the token, if any, is the check
+        return True  # not a browser (curl, a script): the token is the check
     parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and parts.netloc == request.host
+    return parts.scheme in ("http", "https") and parts.netloc == request.headers.get("Host")
 
 
-def guard(token: str) -> Middleware:
-    """The middleware: token (when set), Host (when not), Origin and content type."""
+def guard(token: str, *, loopback_only: bool) -> Middleware:
+    """The middleware: Host (when serving loopback), token, Origin and content type."""
+    if not token:
+        raise ValueError("the page needs a token (hilrec ui makes one at start)")
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not token and not _host_is_loopback(request):
-            raise web.HTTPForbidden(text="this page answers to loopback host names only\n")
-        where = "none"
-        if token:
-            given, where = presented_token(request)
-            if not _same(given, token):
-                raise web.HTTPUnauthorized(
-                    text="401: this page needs its access token (Authorization: Bearer <token>, "
-                    "or open it once as /?token=<token>)\n",
-                    headers={"WWW-Authenticate": 'Bearer realm="hilrec ui"'},
-                )
-        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
-        if (request.method == "POST" or websocket) and not _origin_allowed(request):
+        if loopback_only and not host_is_loopback(request.headers.get("Host", "")):
+            raise web.HTTPForbidden(text="this page answers to literal loopback host names only\n")
+        given, where = presented_token(request)
+        if not _same(given, token):
+            raise web.HTTPUnauthorized(
+                text="401: this page needs its access token (Authorization: Bearer <token>, "
+                "or open it once as the URL hilrec ui printed, /?token=<token>)\n",
+                headers={"WWW-Authenticate": 'Bearer realm="hilrec ui"'},
+            )
+        if not _origin_allowed(request):
             raise web.HTTPForbidden(text="requests from another site's page are refused\n")
         if request.method == "POST" and request.content_type != "application/json":
             raise web.HTTPUnsupportedMediaType(text="POST a JSON object (Content-Type: application/json)\n")

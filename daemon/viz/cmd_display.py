@@ -43,7 +43,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.viz.display import Display
     from hilrec.daemon.viz.sink import import_rerun, open_output
-    from hilrec.daemon.wire.security import endpoint
+    from hilrec.daemon.wire.security import client_host, endpoint
     from hilrec.daemon.wire.settings import load_settings
 
     if args.duration is not None and args.duration <= 0:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     rr = import_rerun()
     if args.config is not None:
         zmq = load_settings(args.config).zmq
-        host = "127.0.0.1" if zmq.host in ("*", "0.0.0.0", "::", "") else zmq.host
+        host = client_host(zmq.host)
         keys = _client_keys(zmq.curve, args.client_key)
         telemetry, name = endpoint(host, zmq.telemetry_port), Path(args.config).stem
     else:

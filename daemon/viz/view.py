@@ -27,11 +27,10 @@ import numpy as np
 
 from hilrec.daemon.dataset import flag_names, load_dataset_sidecar, load_episode_sidecar, reader
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, POSITION_NAMES, STATE_KEY
 
 log = logging.getLogger(__name__)
 
-IMAGE_PREFIX = "observation.images."
 HARDWARE_MODES = frozenset({"hil", "emulated"})
 
 

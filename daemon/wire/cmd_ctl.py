@@ -1,9 +1,11 @@
 """``hilrec ctl status|start|stop|discard|finalize|shutdown|takeover|handback``: talk to a running
 daemon (``takeover`` / ``handback``: a person takes the arm from the policy, and gives it back).
 
-Prints the daemon's JSON reply. Exit status: 0 when the reply is ``ok``, 1 when the daemon refused
-(the reply says why), 3 when no reply came within ``--timeout-ms`` after ``--retries`` attempts, or
-at once when nothing listens on the control port (no daemon is running there).
+Prints the daemon's JSON reply. ``--config FILE`` takes the host, control port and CURVE key
+from the daemon's config ([zmq]), as ``ui``, ``display`` and ``collect`` do. Exit status: 0 when
+the reply is ``ok``, 1 when the daemon refused (the reply says why), 3 when no reply came
+within ``--timeout-ms`` after ``--retries`` attempts, or at once when nothing listens on the
+control port (no daemon is running there).
 ``stop --wait`` and ``finalize --wait`` poll ``status`` (bounded by ``--wait-s``) until the save or
 the finalize has finished, so a script knows the episode is on disk; they print the stop's (or
 the finalize's) reply completed with its outcome (``saved``, ``frames``, ``error``...).
@@ -60,8 +62,11 @@ def register(subparsers: Any) -> None:
         "--wait", action="store_true", help="stop/finalize: wait until the save or the finalize has finished"
     )
     parser.add_argument("--wait-s", type=float, default=120.0, help="longest --wait (seconds)")
-    parser.add_argument("--host", default="127.0.0.1", help="the daemon's [zmq] host")
-    parser.add_argument("--port", type=int, default=5555, help="the daemon's [zmq] control_port")
+    parser.add_argument(
+        "--config", type=Path, help="the daemon's TOML config: its [zmq] host, control_port and CURVE key"
+    )
+    parser.add_argument("--host", help="the daemon's [zmq] host (default: the config's, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="the daemon's [zmq] control_port (default: 5555)")
     parser.add_argument("--timeout-ms", type=int, default=2000, help="wait per attempt (ms)")
     parser.add_argument("--retries", type=int, default=3, help="attempts before giving up")
     parser.add_argument("--server-key", type=Path, help="CURVE: the daemon's public certificate")
@@ -76,12 +81,14 @@ def run(args: argparse.Namespace) -> int:
     if args.verb == "start" and not args.task:
         print("hilrec ctl start: --task is required", file=sys.stderr)
         return 2
+    host, port, server_key = _address(args)
     keys = None
-    if args.server_key or args.client_key:
-        if not (args.server_key and args.client_key):
+    if server_key or args.client_key:
+        if not (server_key and args.client_key):
             print("hilrec ctl: CURVE needs both --server-key and --client-key", file=sys.stderr)
             return 2
-        keys = ClientKeys.from_files(args.server_key, args.client_key)
+        keys = ClientKeys.from_files(server_key, args.client_key)
+    args.host, args.port = host, port
     refused = _nobody_listening(args.host, args.port)
     if refused is not None:
         print(f"hilrec ctl: {refused}", file=sys.stderr)
@@ -105,6 +112,25 @@ def run(args: argparse.Namespace) -> int:
     return 0 if reply["ok"] else EXIT_REFUSED
 
 
+def _address(args: argparse.Namespace) -> tuple[str, int, Path | None]:
+    """Host, control port and the server's CURVE certificate: the flags', else the config's."""
+    from hilrec.daemon.config import from_mapping, read_toml
+    from hilrec.daemon.errors import ConfigError, FlagError
+    from hilrec.daemon.wire.security import ZmqSettings, client_host
+
+    if args.config is None:
+        return args.host or "127.0.0.1", 5555 if args.port is None else args.port, args.server_key
+    if args.port is not None:
+        raise FlagError("--port", "goes without --config, which gives the daemon's control_port")
+    data = read_toml(args.config).get("zmq", {})
+    if not isinstance(data, dict):
+        raise ConfigError("zmq", f"expected a table, got {type(data).__name__}", source=str(args.config))
+    zmq = from_mapping(ZmqSettings, data, source=str(args.config), prefix="zmq")
+    host = args.host or client_host(zmq.host)
+    server_key = args.server_key or (zmq.curve.server_secret_key if zmq.curve is not None else None)
+    return host, zmq.control_port, server_key
+
+
 def _nobody_listening(host: str, port: int) -> str | None:
     """Why no daemon can answer, when the control port refuses TCP connections outright (no
     process listens there); None when something listens or it cannot be told (then the request
@@ -115,7 +141,8 @@ def _nobody_listening(host: str, port: int) -> str | None:
     except ConnectionRefusedError:
         return (
             f"no daemon is running at {host}:{port}: nothing listens on that port. Start one with "
-            "`hilrec daemon --config FILE`, or give --host/--port its [zmq] host and control_port"
+            "`hilrec daemon --config FILE` and give ctl the same --config (or --host/--port: its [zmq] "
+            "host and control_port)"
         )
     except OSError:
         return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,12 @@ PROTOCOL_VERSION: Final[int] = 1
 DEFAULT_MAX_REQUEST_BYTES: Final[int] = 64 * 1024
 DEFAULT_MAX_LEADER_BYTES: Final[int] = 4 * 1024
 MAX_ID_CHARS: Final[int] = 128
+# Bounds checked on the raw text before the parser sees it. Python's parser recurses once per
+# level and raises RecursionError near 1,000; int() of thousands of digits is quadratic. No
+# message of this protocol nests deeper than a status reply (5) or needs more digits than a
+# float's repr (24).
+MAX_JSON_DEPTH: Final[int] = 32
+MAX_NUMBER_CHARS: Final[int] = 64
 
 TOPIC_TICK: Final[bytes] = b"tick"
 # Optional tick fields (present when the daemon can tell), name -> meaning.
@@ -149,10 +156,10 @@ def request_id_of(frames: Sequence[bytes]) -> str | None:
     if len(frames) != 1 or len(frames[0]) > DEFAULT_MAX_REQUEST_BYTES:
         return None
     try:
-        obj = json.loads(frames[0])
-    except (ValueError, UnicodeDecodeError):
+        obj = _json_object(frames[0], "request")
+    except ProtocolError:
         return None
-    rid = obj.get("id") if isinstance(obj, dict) else None
+    rid = obj.get("id")
     return rid if isinstance(rid, str) and len(rid) <= MAX_ID_CHARS else None
 
 
@@ -263,13 +270,46 @@ def _json_object(payload: bytes, what: str) -> dict[str, Any]:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"{what} is not UTF-8 (byte {exc.start})") from None
+    _check_shape(text, what)
     try:
         obj = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
-    except ValueError as exc:
-        raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: the shape check should prevent it
+        raise ProtocolError(f"{what} is not valid JSON: {_shorten(str(exc))}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"{what} must be a JSON object, got {_describe(obj)}")
     return obj
+
+
+# A JSON string as the parser lexes it, from its opening quote (or to the end when unterminated),
+# and what the shape check looks for outside strings.
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.DOTALL)
+_LONG_NUMBER = re.compile(rf"[-+0-9.eE]{{{MAX_NUMBER_CHARS + 1},}}")
+_DEPTH_STEP = np.zeros(256, dtype=np.int8)
+_DEPTH_STEP[[ord("["), ord("{")]] = 1
+_DEPTH_STEP[[ord("]"), ord("}")]] = -1
+
+
+def _check_shape(text: str, what: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_JSON_DEPTH` and numbers longer than
+    :data:`MAX_NUMBER_CHARS`, in linear time on the text, before the parser can recurse or
+    convert. Strings are blanked first, as the parser lexes them, so brackets and digits inside
+    a string count for nothing."""
+    bare = _STRING.sub('""', text)
+    long_number = _LONG_NUMBER.search(bare)
+    if long_number is not None:
+        raise ProtocolError(
+            f"{what} has a number of {len(long_number.group())} characters at character "
+            f"{long_number.start()} (of the text without strings), over the limit of {MAX_NUMBER_CHARS}"
+        )
+    codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)
+    if codes.size:
+        depth = int(np.cumsum(_DEPTH_STEP[codes], dtype=np.int64).max())
+        if depth > MAX_JSON_DEPTH:
+            raise ProtocolError(f"{what} is nested {depth} levels deep, over the limit of {MAX_JSON_DEPTH}")
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_version(obj: Mapping[str, Any], what: str, *, required: bool) -> None:

@@ -32,6 +32,11 @@ def is_loopback(host: str) -> bool:
         return False  # "*", "0.0.0.0"-style wildcards and interface names reach beyond loopback
 
 
+def client_host(host: str) -> str:
+    """Where a client on this machine reaches a daemon bound to ``host`` (a wildcard: loopback)."""
+    return "127.0.0.1" if host in ("*", "0.0.0.0", "::", "") else host
+
+
 @dataclass(frozen=True, kw_only=True)
 class CurveSettings:
     """CURVE keys, required whenever the sockets bind beyond loopback.

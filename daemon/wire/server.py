@@ -54,7 +54,8 @@ class ControlServer:
         self._settings = settings
         self._handler = handler
         self._poll_ms = poll_ms
-        self._replies: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._replies: collections.OrderedDict[str, tuple[bytes, bool]] = collections.OrderedDict()
+        # Shown in status (``control``): every request, and those answered ``ok: false``.
         self.requests = 0
         self.refused = 0
         sock = context.socket(zmq.REP)
@@ -85,33 +86,48 @@ class ControlServer:
             log.warning("control reply could not be sent within 1 s; the client has gone")
 
     def _answer(self, frames: list[bytes]) -> bytes:
+        """The reply to ``frames``, whatever they hold: no request, however made, and no
+        handler's failure, reaches :meth:`serve`'s loop (it would end the daemon)."""
         self.requests += 1
+        try:
+            reply, refused = self._reply_to(frames)
+        except Exception as exc:  # the last line of defence of the serving loop
+            log.exception("control request could not be answered")
+            reply, refused = (
+                error_reply(None, f"request could not be read: {type(exc).__name__}", CODE_INTERNAL),
+                True,
+            )
+        if refused:
+            self.refused += 1
+        return reply
+
+    def _reply_to(self, frames: list[bytes]) -> tuple[bytes, bool]:
+        """The reply and whether it is a refusal (``ok: false``, a cached one too)."""
         try:
             request = parse_request(frames, max_bytes=self._settings.max_request_bytes)
         except ProtocolError as exc:
-            self.refused += 1
             log.warning("refused control request: %s", exc)
-            return error_reply(request_id_of(frames), str(exc), error_code(exc))
+            return error_reply(request_id_of(frames), str(exc), error_code(exc)), True
         if request.id is not None and request.id in self._replies:
             return self._replies[request.id]
+        refused = True
         try:
             reply = ok_reply(request.id, cmd=request.cmd, **self._handler(request))
+            refused = False
         except RequestRefusedError as exc:
-            self.refused += 1
             reply = error_reply(request.id, str(exc), exc.code)
         except HilrecError as exc:
-            self.refused += 1
             reply = error_reply(request.id, str(exc), getattr(exc, "code", CODE_INTERNAL))
-        except Exception as exc:
+        except Exception as exc:  # a handler's bug is an error reply, not the end
             log.exception("control request %r failed", request.cmd)
             reply = error_reply(
                 request.id, f"internal error in {request.cmd!r}: {type(exc).__name__}: {exc}", CODE_INTERNAL
             )
         if request.id is not None:
-            self._replies[request.id] = reply
+            self._replies[request.id] = (reply, refused)
             while len(self._replies) > _REPLY_CACHE_SIZE:
                 self._replies.popitem(last=False)
-        return reply
+        return reply, refused
 
     def close(self) -> None:
         self._socket.close(linger=0)

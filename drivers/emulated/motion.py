@@ -194,6 +194,16 @@ class SweepPath:
         self._start: float | None = None
         self.done = threading.Event()
 
+    def restart(self, low: np.ndarray | None = None, high: np.ndarray | None = None) -> None:
+        """Sweep once more, between these ends (ticks; default the frame's): a person who moves
+        only part of a joint's travel, then is asked again."""
+        if low is not None:
+            self._low = np.asarray(low, dtype=float)
+        if high is not None:
+            self._high = np.asarray(high, dtype=float)
+        self.done.clear()
+        self._start = None
+
     def __call__(self, t: float) -> np.ndarray:
         if self._start is None:
             if not self._ready():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hilrec.daemon.so101 import TICKS_PER_TURN
 from hilrec.drivers.tables import (
     EEPROM_END,
     PHASE_MULTI_TURN_BIT,
@@ -33,7 +34,6 @@ from hilrec.drivers.tables import (
     to_bytes,
 )
 
-_RESOLUTION = 4096
 _SET_MIDDLE = 128
 _MIDDLE = 2048
 _WRITABLE = bytearray(TABLE_SIZE)
@@ -118,7 +118,7 @@ class EmulatedServo:
 
     def present_from_actual(self, actual: float) -> int:
         present = round(actual) - self.homing_offset
-        return present if self.multi_turn else present % _RESOLUTION
+        return present if self.multi_turn else present % TICKS_PER_TURN
 
     def goal_target(self) -> float | None:
         """The actual encoder position the servo drives to, or None when it holds no goal."""
@@ -129,7 +129,7 @@ class EmulatedServo:
         if low or high:
             goal = min(high, max(low, goal))
         target = goal + self.homing_offset
-        return float(target if self.multi_turn else target % _RESOLUTION)
+        return float(target if self.multi_turn else target % TICKS_PER_TURN)
 
     # --- the wire-facing operations ---------------------------------------------------------
 
@@ -163,9 +163,9 @@ class EmulatedServo:
             self.table[_TORQUE.address] = self.table[_TORQUE.address] or 1
 
     def _centring_offset(self, actual: float) -> int:
-        offset = (round(actual) - _MIDDLE) % _RESOLUTION
+        offset = (round(actual) - _MIDDLE) % TICKS_PER_TURN
         # +-2048 does not fit the 11-bit magnitude; that one pose reads 2047 instead.
-        return max(-2047, offset - _RESOLUTION) if offset > 2047 else offset
+        return max(-2047, offset - TICKS_PER_TURN) if offset > 2047 else offset
 
     def apply_faults(self, bits: int) -> None:
         """Raise injected condition bits; overload drops torque if Unloading_Condition says so."""

@@ -43,11 +43,11 @@ def test_deadlines_stay_on_the_grid_and_a_missed_slot_is_reported_not_hidden() -
     assert ticks[-1].slot == len(ticks) - 1 + sum(t.skipped for t in ticks)
 
 
+@pytest.mark.timeout(120)
 def test_non_realtime_pacer_never_waits() -> None:
-    pacer = TickPacer(1.0, realtime=False)
-    began = time.monotonic()
+    # An hour a tick: a pacer that waited would hold this test for four hours, past its timeout.
+    pacer = TickPacer(3600.0, realtime=False)
     ticks = [pacer.next_tick() for _ in range(5)]
-    assert time.monotonic() - began < 0.5
     assert [t.slot for t in ticks] == [0, 1, 2, 3, 4] and all(t.late_s == 0 for t in ticks)
 
 
@@ -107,6 +107,7 @@ class GatedSink:
         return len(self.saved)
 
 
+@pytest.mark.timeout(120)
 def test_a_full_writer_queue_raises_after_the_stall_timeout_and_nothing_is_dropped(tmp_path: Path) -> None:
     sink = GatedSink(tmp_path)
     recorder = Recorder(lambda: sink, queue_frames=3, stall_s=0.2)
@@ -116,7 +117,7 @@ def test_a_full_writer_queue_raises_after_the_stall_timeout_and_nothing_is_dropp
     began = time.monotonic()
     with pytest.raises(WriterStalledError, match=r"took no frame for 0\.2 s"):
         recorder.add_frame({"n": 99})
-    assert 0.15 < time.monotonic() - began < 5.0
+    assert time.monotonic() - began > 0.15  # it waited for the stall timeout (a wait is never short)
     sink.gate.set()
     saved = recorder.save(sidecar={}, arrays={})
     assert saved.result(timeout=10) == 0

@@ -34,6 +34,7 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support import wait_until
 
 from hilrec.daemon.dataset.format.reader import column_to_numpy
 from hilrec.daemon.dataset.repair.recover import repair
@@ -48,7 +49,8 @@ LENGTHS = (20, 13, 26, 9, 11)  # the child records the first CHILD_EPISODES
 CHILD_EPISODES = 4
 
 BOOTSTRAP = (
-    "import importlib.util, sys\n"
+    "import importlib.util, pathlib, sys\n"
+    "sys.path.insert(0, str(pathlib.Path(sys.argv[1]).resolve().parents[1]))  # tests/: support\n"
     "spec = importlib.util.spec_from_file_location('crash_child', sys.argv[1])\n"
     "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
     "module.child_main(sys.argv[2:])\n"
@@ -111,8 +113,7 @@ def child_main(argv: list[str]) -> None:
             if worker is not None and i == length // 3:
                 # Caught up, then frozen from here to the save: the ring (two slots) fills, the
                 # frames spill, and the episode is cut here, where the encoder fell behind.
-                while worker.backlog_frames:
-                    time.sleep(0.005)
+                wait_until(lambda w=worker: w.backlog_frames == 0, 60, 0.005, "the encoder to catch up")
                 os.kill(worker.pid, signal.SIGSTOP)
             writer.add_frame(frame)
             if i == length // 2:

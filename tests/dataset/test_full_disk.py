@@ -2,9 +2,14 @@
 
 What must hold (issue 10, "one bad string or one mistake must never cost a take"): every
 acknowledged episode survives; the first take recorded after space is freed is saved; a take whose
-commit failed is saved by a retry (or, if the disk never frees, reported lost by name); a take
-whose video could not even be staged is reported lost by name; a failing merge leaves LeRobot's
-files as they were and is retried; ``space_problem`` sees the disk fill up before it bites.
+commit failed is saved by a retry (or, if the disk never frees, reported lost by name); a take the
+disk fills under ends there and is saved with the frames before (issue 23: the writer holds back
+the room for its save); a failing merge leaves LeRobot's files as they were and is retried;
+``space_problem`` sees the disk fill up before it bites.
+
+A take can no longer fill the disk for its own commit (the room is held back while it records), so
+the commit failures are made the way another process would: the disk is filled at the save, after
+the room held back is given back (the writer's ``videos-finished`` hook).
 
 The tests run as root (the machine's test runner is root), so they mount a tmpfs. Where mounting
 is refused, they fall back to ``RLIMIT_FSIZE``, which fails writes with EFBIG instead of ENOSPC:
@@ -32,7 +37,8 @@ from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.dataset.video.codec import probe_video
 from hilrec.daemon.dataset.writer.dataset_writer import MIN_FREE_BYTES, DatasetWriter
-from hilrec.daemon.errors import DatasetError, VideoEncodingError
+from hilrec.daemon.dataset.writer.reserve import FIXED_BYTES, LOW_WATER_BYTES
+from hilrec.daemon.errors import DatasetError, DiskFullError
 from hilrec.daemon.so101 import ACTION_KEY, so101_features
 
 FPS = 25
@@ -49,6 +55,11 @@ class Disk:
         self.kind = kind  # "tmpfs", or "rlimit" (the fallback: a per-file size limit)
         self._filler = path / "filler.bin"
         self._soft, self._hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        self.fill_at_save = False  # the writer's hook fills the disk at each save while set
+
+    def hook(self, name: str) -> None:
+        if name == "videos-finished" and self.fill_at_save:
+            self.fill()
 
     @property
     def free(self) -> int:
@@ -126,6 +137,7 @@ def create(disk: Disk, *, camera: bool) -> DatasetWriter:
         features=so101_features({"front": (H, W)} if camera else {}),
         robot_type=None,
         video_codec="libx264",
+        hook=disk.hook,
     )
 
 
@@ -149,8 +161,9 @@ def assert_holds(root: Path, takes: dict[int, int], lengths: dict[int, int], *, 
 
 
 def test_a_full_disk_at_the_commit_costs_no_take(disk: Disk) -> None:
-    """Fill the disk, record, free it, record again: the take after freeing is saved, and so are
-    the ones that failed while the disk was full (in order, with the numbers they were given)."""
+    """Fill the disk at a save, record, free it, record again: the take after freeing is saved,
+    and so is the one that failed while the disk was full (in order, with the number it was
+    given); a take started on the full disk is refused at its first frame."""
     lengths = {0: 40, 1: 3000, 2: 500, 3: 60}
     writer = create(disk, camera=False)
     root = writer.root
@@ -159,32 +172,30 @@ def test_a_full_disk_at_the_commit_costs_no_take(disk: Disk) -> None:
         assert writer.save_episode(sidecar={"take": 0}) == 0
         writer.wait_consolidated(timeout=60)
         assert writer.space_problem(need_bytes=1024 * 1024) is None
-        disk.fill()
+        # Take 1: the frames went in, the disk fills at its save, which fails.
+        assert record(writer, frames_of(1, lengths[1], camera=False)) is None
+        disk.fill_at_save = True
+        with pytest.raises(DatasetError, match=r"saving episode 1 failed .* kept with its 3000 frames"):
+            writer.save_episode(sidecar={"take": 1})
+        disk.fill_at_save = False
+        assert writer.failed_saves == [1] and not writer.episode_open
         if disk.kind == "tmpfs":
             problem = writer.space_problem(need_bytes=1024 * 1024)
             assert problem is not None and "(1048576 bytes" in problem and f"({disk.free} bytes)" in problem
-        # Take 1: the frames went in (no camera: nothing on disk until the save), the save fails.
-        assert record(writer, frames_of(1, lengths[1], camera=False)) is None
-        with pytest.raises(DatasetError, match=r"saving episode 1 failed .* kept with its 3000 frames"):
-            writer.save_episode(sidecar={"take": 1})
-        assert writer.failed_saves == [1] and not writer.episode_open
-        # Take 2, disk still full: it records (it used to be refused: "episode 1 is being saved")
-        # and waits behind take 1.
-        assert record(writer, frames_of(2, lengths[2], camera=False)) is None
-        with pytest.raises(DatasetError, match="episode 2 is not saved yet: it waits behind episode 1"):
-            writer.save_episode(sidecar={"take": 2})
-        assert writer.failed_saves == [1, 2]
-        assert [p.split(": ")[1][:9] for p in writer.problems()] == ["episode 1", "episode 2"]
+            # Take 2, disk still full: refused at its first frame, the disk named; nothing lost.
+            why = record(writer, frames_of(2, lengths[2], camera=False))
+            assert why is not None and "the disk is full" in why and "ends at frame 0" in why
+        assert [p.split(": ")[1][:9] for p in writer.problems()] == ["episode 1"]
         disk.free_up()
-        # Take 3, after freeing: saved, after the two before it.
+        # Take 3, after freeing: saved, after the one before it.
         assert record(writer, frames_of(3, lengths[3], camera=False)) is None
-        assert writer.save_episode(sidecar={"take": 3}) == 3
-        assert writer.failed_saves == [] and writer.num_episodes == 4
+        assert writer.save_episode(sidecar={"take": 3}) == 2
+        assert writer.failed_saves == [] and writer.num_episodes == 3
         writer.wait_consolidated(timeout=60)
         assert writer.problems() == []
     finally:
         writer.close()
-    assert_holds(root, {0: 0, 1: 1, 2: 2, 3: 3}, lengths, camera=False)
+    assert_holds(root, {0: 0, 1: 1, 2: 3}, lengths, camera=False)
 
 
 def test_a_failed_save_is_retried_on_its_own_once_space_returns(disk: Disk) -> None:
@@ -194,10 +205,11 @@ def test_a_failed_save_is_retried_on_its_own_once_space_returns(disk: Disk) -> N
     try:
         assert record(writer, frames_of(0, lengths[0], camera=False)) is None
         writer.save_episode(sidecar={"take": 0})
-        disk.fill()
         assert record(writer, frames_of(1, lengths[1], camera=False)) is None
+        disk.fill_at_save = True
         with pytest.raises(DatasetError, match="kept with its 2000 frames"):
             writer.save_episode(sidecar={"take": 1})
+        disk.fill_at_save = False
         disk.free_up()
         # No save, no retry_failed(): the commit thread retries every few seconds once it fits.
         deadline = time.monotonic() + 30
@@ -218,10 +230,11 @@ def test_a_disk_that_never_frees_reports_the_lost_take_by_name(disk: Disk) -> No
     assert record(writer, frames_of(0, lengths[0], camera=False)) is None
     writer.save_episode(sidecar={"take": 0})
     writer.wait_consolidated(timeout=60)
-    disk.fill()
     assert record(writer, frames_of(1, lengths[1], camera=False)) is None
+    disk.fill_at_save = True
     with pytest.raises(DatasetError, match="kept"):
         writer.save_episode(sidecar={"take": 1})
+    disk.fill_at_save = False
     with pytest.raises(DatasetError, match=r"episode\(s\) 1 \(2000 frames\) could not be saved .* lost"):
         writer.finalize()
     disk.free_up()
@@ -233,9 +246,10 @@ def test_a_disk_that_never_frees_reports_the_lost_take_by_name(disk: Disk) -> No
     assert_holds(root, {0: 0, 1: 2}, lengths, camera=False)
 
 
-def test_a_full_disk_during_a_take_loses_that_take_only(disk: Disk) -> None:
-    """With a camera the take streams to disk: once it is full, its video cannot be staged, so
-    the take is lost, and said to be, by name. The next one, after freeing, is saved."""
+def test_a_full_disk_during_a_take_ends_it_there_and_keeps_it(disk: Disk) -> None:
+    """With a camera the take streams to disk: when the disk fills, the take ends at that frame
+    (DiskFullError, naming it) and its save keeps every frame before, in the room held back for
+    it. The next one, after freeing, is saved."""
     lengths = {0: 25, 1: 400, 2: 30}
     writer = create(disk, camera=True)
     root = writer.root
@@ -243,32 +257,39 @@ def test_a_full_disk_during_a_take_loses_that_take_only(disk: Disk) -> None:
         assert record(writer, frames_of(0, lengths[0], camera=True)) is None
         assert writer.save_episode(sidecar={"take": 0}) == 0
         writer.wait_consolidated(timeout=60)
+        if disk.kind != "tmpfs":
+            pytest.skip("a file size limit is not a full disk: no free space to watch")
+        take = frames_of(1, lengths[1], camera=True)
+        for frame in take[:100]:
+            writer.add_frame(frame)
         disk.fill()
-        if disk.kind == "tmpfs":
-            assert writer.space_problem() is not None  # what the daemon polls during a take
-        why = record(writer, frames_of(1, lengths[1], camera=True))
-        if why is None:  # every frame was queued before the encoder failed: the save says it
-            with pytest.raises(VideoEncodingError) as failed:
-                writer.save_episode(sidecar={"take": 1})
-            why = str(failed.value)
-        assert "episode 1" in why
-        if disk.kind == "tmpfs":
-            assert "No space left on device" in why and "frames cannot be kept and are lost" in why
-        assert not writer.episode_open
+        assert writer.space_problem() is not None  # what the daemon asks before a take
+        ended = None
+        for frame in take[100:]:
+            try:
+                writer.add_frame(frame)
+            except DiskFullError as exc:
+                ended = exc
+                break
+        assert ended is not None, "the take went on past a full disk"
+        kept = writer._episode.length if writer._episode is not None else 0
+        assert kept >= 100 and f"ends at frame {kept}" in str(ended) and "episode 1" in str(ended)
+        assert writer.save_episode(sidecar={"take": 1}) == 1  # durable, the disk still full
+        lengths[1] = kept
         disk.free_up()
         assert record(writer, frames_of(2, lengths[2], camera=True)) is None
-        assert writer.save_episode(sidecar={"take": 2}) == 1
+        assert writer.save_episode(sidecar={"take": 2}) == 2
         writer.wait_consolidated(timeout=60)
     finally:
         writer.close()
-    assert_holds(root, {0: 0, 1: 2}, lengths, camera=True)
+    assert_holds(root, {0: 0, 1: 1, 2: 2}, lengths, camera=True)
 
 
 def test_a_full_disk_at_the_merge_keeps_lerobot_files_and_is_retried(disk: Disk) -> None:
     """Room for the take and its commit, not for the merge's new copy of the video file: the
     take is saved, the merge fails and is reported by episode, LeRobot's files stay whole (the
     take before is still there), and the merge succeeds on its own once space is freed."""
-    lengths = {0: 600, 1: 20, 2: 20}
+    lengths = {0: 4500, 1: 20, 2: 20}
     writer = create(disk, camera=True)
     root = writer.root
     try:
@@ -277,7 +298,10 @@ def test_a_full_disk_at_the_merge_keeps_lerobot_files_and_is_retried(disk: Disk)
         writer.wait_consolidated(timeout=60)
         video = root / f"videos/{CAM}/chunk-000/file-000.mp4"
         per_frame = video.stat().st_size / lengths[0]
-        leave = int(per_frame * lengths[1] * 2) + 128 * 1024
+        # The take's video twice, and the room the writer holds back while it records (its save's
+        # reserve, above the free space its encoder may still use).
+        held = FIXED_BYTES + LOW_WATER_BYTES + FPS * H * W * 3
+        leave = held + int(per_frame * lengths[1] * 2) + 512 * 1024
         assert video.stat().st_size > 2 * leave  # the merge's copy cannot fit
         disk.fill(leave=leave)
         assert record(writer, frames_of(1, lengths[1], camera=True)) is None

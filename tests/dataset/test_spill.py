@@ -426,11 +426,11 @@ def test_finalize_gives_up_on_a_hung_encoder_in_bounded_time_and_the_reopen_fini
             writer.add_frame(f)
         writer.save_episode()
         resume.start()
-        began = time.monotonic()
+        # Refused, not finished: had finalize waited with no bound, the worker resumed at 4 s
+        # would have encoded the episode and finalize would have returned without a word.
         not_encoded = r"episodes \[0\]: their video was not encoded within 1 s"
         with pytest.raises(VideoEncodingError, match=not_encoded):
             writer.finalize()
-        assert time.monotonic() - began < 60
     finally:
         resume.cancel()
         with contextlib.suppress(ProcessLookupError):  # closed by finalize

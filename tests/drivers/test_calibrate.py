@@ -115,3 +115,59 @@ def test_same_file_as_lerobots_own_calibrate(
     assert not failures, failures
     theirs = tmp_path / "lerobot" / "emulated.json"
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_a_joint_that_barely_moved_is_warned_and_asked_again(emulate, tmp_path: Path) -> None:
+    """A person who forgot wrist_flex (2047..2048): calibrate warns and records again, rather
+    than saving a range the daemon would clamp that joint to; without Enter (--duration) it
+    refuses and names the emulator's --motion sweep."""
+    import pexpect
+
+    from hilrec.daemon.so101 import JOINT_NAMES
+
+    emu = emulate("leader", motion="sweep", factory_fresh=True)
+    assert emu.sweep is not None
+    low, high = emu.frame.range_ends()
+    middle = emu.frame.middle()
+    k = JOINT_NAMES.index("wrist_flex")
+    narrow_low, narrow_high = low.copy(), high.copy()
+    narrow_low[k], narrow_high[k] = middle[k], middle[k] + 1
+    emu.sweep.restart(narrow_low, narrow_high)
+    output = tmp_path / "leader.json"
+    argv = ["-m", "hilrec.daemon.cli", "calibrate", "leader", "--port", emu.port, "--output", str(output)]
+    child = pexpect.spawn(sys.executable, argv, encoding="utf-8", timeout=60, env=dict(os.environ))
+    try:
+        child.expect("middle of its range of motion and press ENTER")
+        child.sendline("")
+        child.expect("Press ENTER to stop")
+        assert emu.sweep.done.wait(60)
+        child.sendline("")
+        child.expect(r"WARNING: joint\(s\) barely moved: wrist_flex \d+\.\.\d+ \(less than 200 ticks")
+        child.expect("Press ENTER to record the ranges again")
+        emu.sweep.restart(low, high)  # the person sweeps again, wrist_flex this time
+        child.sendline("")
+        child.expect("Press ENTER to stop")
+        assert emu.sweep.done.wait(60)
+        child.sendline("")
+        child.expect("Calibration saved to")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert json.loads(output.read_text()) == expected_file(emu)
+
+    emu.sweep.restart(narrow_low, narrow_high)
+    code = main(
+        [
+            "calibrate",
+            "leader",
+            "--port",
+            emu.port,
+            "--output",
+            str(tmp_path / "x.json"),
+            "--yes",
+            "--duration",
+            "2.5",
+        ]
+    )
+    assert code == 2 and not (tmp_path / "x.json").exists()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import pty
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,9 +38,8 @@ def test_list_names_each_port_and_the_servo_ids_on_it(emulate, silent_pty: str, 
     leader.inject(Fault(kind="missing", servo_id=4))
     new = emulate("follower", new_servos=True)  # one factory-new servo: id 1
     ports = [follower.port, leader.port, new.port, silent_pty, "/dev/null"]
-    started = time.monotonic()
+    # How soon a silent port is given up on (about 2 s) is bench/bench_give_up.py's to measure.
     code = main(["find-port", "--list", *(arg for port in ports for arg in ("--port", port))])
-    elapsed = time.monotonic() - started
     lines = {line.split(": ", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
     assert code == 0
     assert lines[follower.port] == f"{follower.port}: servo ids 1, 2, 3, 4, 5, 6 (an SO-101 arm)"
@@ -49,7 +47,6 @@ def test_list_names_each_port_and_the_servo_ids_on_it(emulate, silent_pty: str, 
     assert "servo ids 1 (ids 2, 3, 4, 5, 6 missing)" in lines[new.port]
     assert lines[silent_pty] == f"{silent_pty}: no Feetech servo answers at 1 Mbps"
     assert "not a serial port" in lines["/dev/null"]
-    assert elapsed < 20, elapsed  # a silent port costs about 2 s, not the bus's full patience
 
 
 def test_list_reports_a_servo_at_an_id_beyond_the_arm(emulate, capsys) -> None:

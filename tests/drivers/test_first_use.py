@@ -9,7 +9,6 @@ import pty
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -116,12 +115,10 @@ def test_a_silent_port_fails_in_seconds_naming_the_arm_key_and_checks(
 ) -> None:
     calibration = save_calibration(ArmCalibration.from_mapping(emulated_calibration()), tmp_path / "f.json")
     arm = SO101Follower(FollowerConfig(port=silent_pty, calibration=calibration, reply_timeout_ms=10.0))
-    started = time.monotonic()
+    # How soon (was 21 s: three opens of six pings' patience each) is bench/bench_give_up.py's.
     with pytest.raises(ConfigError) as caught:
         open_with_retries(arm, config_section="follower")
-    elapsed = time.monotonic() - started
     message = str(caught.value)
-    assert elapsed < 5.0, elapsed  # was 21 s: three opens of six pings' patience each
     assert message.startswith("config key 'follower.port'"), message
     for words in (
         "SO-101 follower 'so101_follower'",
@@ -137,9 +134,7 @@ def test_a_silent_port_fails_in_seconds_naming_the_arm_key_and_checks(
 def test_calibrate_on_a_silent_port_or_new_servos_says_what_to_check(
     silent_pty: str, emulate, tmp_path: Path, capsys
 ) -> None:
-    started = time.monotonic()
-    assert calibrate("follower", "--port", silent_pty, "--output", str(tmp_path)) == 2
-    assert time.monotonic() - started < 5.0
+    assert calibrate("follower", "--port", silent_pty, "--output", str(tmp_path)) == 2  # how soon: a bench
     err = capsys.readouterr().err
     assert "no servo answers" in err and "power supply" in err and "hilrec find-port" in err
     new = emulate("follower", new_servos=True)  # not set up yet: only id 1 answers

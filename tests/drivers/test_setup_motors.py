@@ -151,3 +151,25 @@ def test_standalone_emulator_connects_the_next_servo_on_enter() -> None:
     finally:
         child.terminate()
         child.wait(10)
+
+
+def test_enter_before_moving_the_cable_is_refused_naming_the_joint(emulate) -> None:
+    """Enter pressed while the servo just set is still the one connected: it is not re-ided."""
+    arm: EmulatedArm = emulate("follower", new_servos=True)
+    child = setup_motors(arm.port)
+    prompt(child, "gripper")
+    child.sendline("")
+    child.expect("'gripper' motor id set to 6")
+    prompt(child, "wrist_roll")
+    child.sendline("")  # the cable is still on the gripper
+    child.expect("'wrist_roll': the servo connected is the 'gripper' motor, given id 6 just now")
+    child.expect("press Enter to try the 'wrist_roll' motor again")
+    assert arm.connect_next() == "wrist_roll"
+    child.sendline("")
+    child.expect("'wrist_roll' motor id set to 5 \\(was id 1 at 1 Mbps\\)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    with arm.paused():
+        assert arm.servos[JOINT_NAMES.index("gripper")].servo_id == 6
+        assert arm.servos[JOINT_NAMES.index("wrist_roll")].servo_id == 5

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hilrec.daemon.so101 import Role
+from hilrec.daemon.so101 import MAX_TICK, Role
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
 from hilrec.drivers.bus import BusConfig, FeetechBus
-from hilrec.drivers.calibration import MAX_TICK, ArmCalibration, save_calibration
+from hilrec.drivers.calibration import ArmCalibration, save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
 from hilrec.drivers.emulated.motion import TwinMotion
 from hilrec.drivers.emulated.servo import EmulatedServo

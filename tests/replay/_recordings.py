@@ -9,7 +9,11 @@ a real setup would have them:
   row records the leader reading of its own frame (a slow bus or a queue between the two arms);
 - ``obs_shift_frames``: the ``observation.state`` column is written that many frames late;
 - ``frozen``: from a frame on, one servo ignores its goal and holds where it is (it stopped
-  responding to commands), while its reading stays truthful.
+  responding to commands), while its reading stays truthful;
+- ``start`` and ``max_speed_deg_s``: the take starts with the follower away from the leader (at
+  its rest pose, say), and its servos move at most that fast, as a real STS3215 does (about
+  270 deg/s unloaded, less under load) and the twin's actuators do not: the follower swings to
+  the leader more slowly than the twin would, then tracks.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class RecordingSpec:
     unresponsive: Frozen | None = None  # emulated path: the servo stops answering on the bus
     missed_slots: tuple[tuple[int, int], ...] = ()  # (row, tick slots the recorder missed before it)
     keep_slots: bool = True  # write the tick slots beside the episode, as hilrec's daemon does
+    start: tuple[float, ...] | None = None  # the follower's pose at frame 0; None: at the leader
+    max_speed_deg_s: float | None = None  # the follower's servos' speed cap (synthetic recorder)
 
 
 @dataclass(frozen=True)
@@ -112,9 +118,12 @@ def record(spec: RecordingSpec, twin: Twin) -> Episode:
     follower holds the last goal for that frame, and the row after it says which slot it is.
     """
     leader = leader_path(spec.seed, spec.frames, twin.fps)
-    twin.reset(spec.seed, arm_units=leader[0])
+    start = leader[0] if spec.start is None else np.array(spec.start, dtype=np.float32)
+    twin.reset(spec.seed, arm_units=start.tolist())
     frozen_index = JOINT_NAMES.index(spec.frozen.joint) if spec.frozen else None
     held: np.ndarray | None = None
+    servo_goal = start.astype(np.float64)
+    step_cap = None if spec.max_speed_deg_s is None else spec.max_speed_deg_s / twin.fps
     missed = dict(spec.missed_slots)
     states, actions, slots = [], [], []
     slot = -1
@@ -131,6 +140,9 @@ def record(spec: RecordingSpec, twin: Twin) -> Episode:
             if held is None:
                 held = state.copy()
             goal[frozen_index] = held[frozen_index]
+        if step_cap is not None:
+            servo_goal = servo_goal + np.clip(goal - servo_goal, -step_cap, step_cap)
+            goal = servo_goal.astype(np.float32)
         twin.command(goal)
         twin.step_frame()
         states.append(state)

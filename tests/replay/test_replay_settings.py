@@ -38,6 +38,8 @@ def test_a_partial_file_overrides_only_its_keys(tmp_path: Path) -> None:
         ("[consistency.body]\nrms = 1.0\n", "consistency.body.max"),
         ("[engine]\nsettle_iterations = 0\n", "engine.settle_iterations"),
         ("[lag]\ntolerance = 0.5\n", "lag.tolerance"),
+        ("[approach]\nsettled_gap_deg = 12.0\n", "approach.settled_gap_deg"),
+        ("[approach]\nmax_s = -1.0\n", "approach.max_s"),
     ],
 )
 def test_bad_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:

@@ -24,16 +24,33 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def lerobot_style(root: Path, values: np.ndarray, *, fps: int = 25, size: tuple[int, int] = (48, 64)) -> Path:
-    """A dataset as LeRobot's recorder leaves one: no hilrec sidecar saying the units."""
+def lerobot_style(
+    root: Path,
+    values: np.ndarray,
+    *,
+    fps: int = 25,
+    size: tuple[int, int] = (48, 64),
+    robot_type: str = ROBOT_TYPE,
+    order: tuple[str, ...] | None = None,
+    extra: str | None = None,
+) -> Path:
+    """A dataset as LeRobot's recorder leaves one: no hilrec sidecar saying the units.
+
+    ``order`` lists the features in the order info.json will hold them; ``extra`` adds a float32
+    [6] feature of that name.
+    """
     from hilrec.daemon.dataset.writer.lerobot_sink import LeRobotSink
 
-    sink = LeRobotSink.create(
-        root, fps=fps, features=so101_features({"front": size}), robot_type=ROBOT_TYPE, video_codec="libx264"
-    )
+    features = so101_features({"front": size})
+    if extra is not None:
+        features[extra] = dict(features[STATE_KEY])
+    if order is not None:
+        features = {key: features[key] for key in order}
+    sink = LeRobotSink.create(root, fps=fps, features=features, robot_type=robot_type, video_codec="libx264")
     image = np.zeros((*size, 3), np.uint8)
     for row in values:
-        sink.add_frame({STATE_KEY: row, ACTION_KEY: row, "observation.images.front": image, "task": "real"})
+        frame = {STATE_KEY: row, ACTION_KEY: row, "observation.images.front": image, "task": "real"}
+        sink.add_frame({**frame, **({extra: row} if extra else {})})
     sink.save_episode()
     sink.finalize()
     return root
@@ -112,3 +129,55 @@ def test_the_command_exits_0_when_aligned_and_1_otherwise(sim: Path, tmp_path: P
         check=False,
     )
     assert bad.returncode == 1 and "DIFFERS" in bad.stdout
+
+
+def test_the_order_of_features_in_info_json_is_no_difference(sim: Path, tmp_path: Path) -> None:
+    import json
+
+    order = ("observation.images.front", STATE_KEY, ACTION_KEY)
+    real = lerobot_style(tmp_path / "reordered", sweep(120.0), order=order)
+    written = json.loads((real / "meta" / "info.json").read_text())["features"]
+    assert [k for k in written if k in order] == list(order)  # the other order, as LeRobot wrote it
+    result = align(sim, real)
+    assert result.aligned, result.format_text()
+    assert not result.fixes and "drop or rename" not in result.format_text()
+
+
+@pytest.mark.parametrize("spelling", ["so101_follower", "so100_follower", "so_follower"])
+def test_lerobots_spellings_of_the_so_follower_are_one_arm(sim: Path, tmp_path: Path, spelling: str) -> None:
+    real = lerobot_style(tmp_path / spelling, sweep(120.0), robot_type=spelling)
+    result = align(sim, real)
+    assert result.aligned, result.format_text()
+    assert ("robot_type", ROBOT_TYPE, spelling, True) in result.rows
+
+
+def test_another_arm_differs_and_the_advice_names_it(sim: Path, tmp_path: Path) -> None:
+    other = lerobot_style(tmp_path / "koch", sweep(120.0), robot_type="koch_follower")
+    result = align(sim, other)
+    assert not result.aligned
+    assert result.fixes == [f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE})"]
+
+
+def test_a_feature_only_one_side_has_is_named_in_the_advice(sim: Path, tmp_path: Path) -> None:
+    real = lerobot_style(tmp_path / "extra", sweep(120.0), extra="observation.effort")
+    result = align(sim, real)
+    assert not result.aligned
+    assert [what for what, _, _, same in result.rows if not same] == ["features"]
+    assert result.fixes == [
+        "drop or rename the features only one side has (only B has observation.effort): "
+        "hilrec edit remove-feature"
+    ]
+
+
+def test_the_order_within_a_vector_differs(sim: Path, tmp_path: Path) -> None:
+    import json
+
+    real = lerobot_style(tmp_path / "names", sweep(120.0))
+    path = real / "meta" / "info.json"
+    info = json.loads(path.read_text())
+    names = info["features"][STATE_KEY]["names"]
+    info["features"][STATE_KEY]["names"] = [names[1], names[0], *names[2:]]  # one swap: another vector
+    path.write_text(json.dumps(info, indent=4))
+    result = align(sim, real)
+    assert [what for what, _, _, same in result.rows if not same] == [f"{STATE_KEY} names"]
+    assert result.fixes == [f"make '{STATE_KEY}' names agree"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -51,9 +50,8 @@ def test_100k_against_100k_states_takes_seconds() -> None:
     rng = np.random.default_rng(1)
     data = States(values=rng.normal(0, 1, (100_000, 6)), origin=[("episode", 0, 0)], episodes=1)
     test = States(values=rng.normal(0, 1, (100_000, 6)), origin=[("seed", 0, 0)], episodes=1)
-    began = time.monotonic()
+    # An all-pairs loop would take hours: the suite's per-test timeout (pyproject) catches that.
     result = measure(data, "big", test=test)
-    assert time.monotonic() - began < 60  # an all-pairs loop would take hours; this bound only catches that
     assert result.test_coverage is not None and 0.0 < result.test_coverage < 1.0
 
 

@@ -23,11 +23,20 @@ def sim_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("export") / "sim"
     record(
         RecordConfig(
-            root=root, episodes=3, seed=4, image_size=(48, 64), push_rate=0.5, video_codec="libx264"
+            root=root,
+            episodes=3,
+            seed=4,
+            image_size=(48, 64),
+            push_rate=0.5,
+            video_codec="libx264",
+            task=SIM_TASK,
         ),
         progress=False,
     )
     return root
+
+
+SIM_TASK = "put the cube in the bowl"
 
 
 def test_the_export_holds_every_episode_as_recorded(sim_dataset: Path, tmp_path: Path) -> None:
@@ -80,18 +89,68 @@ def test_robomimic_reads_the_export_with_its_own_dataset_class(sim_dataset: Path
     out = tmp_path / "demo.hdf5"
     export_robomimic(sim_dataset, out, size=(32, 24))
     obs_utils.initialize_obs_utils_with_obs_specs({"obs": {"low_dim": ["state"], "rgb": ["front_image"]}})
-    dataset = SequenceDataset(
-        hdf5_path=str(out),
-        obs_keys=("state", "front_image"),
-        dataset_keys=("actions", "rewards", "dones"),
-        load_next_obs=False,
-        hdf5_cache_mode=None,
-        filter_by_attribute="all",
-    )
-    assert len(dataset) == sum(e["length"] for e in load_episodes(sim_dataset))
+    keys = ("state", "front_image")
+    # robomimic's defaults otherwise: load_next_obs=True, no filter key, swmr reads, no cache
+    dataset = SequenceDataset(hdf5_path=str(out), obs_keys=keys, dataset_keys=("actions", "rewards", "dones"))
+    episodes = load_episodes(sim_dataset)
+    assert len(dataset) == sum(e["length"] for e in episodes)
     item = dataset[5]
     assert item["actions"].shape == (1, 6) and item["obs"]["state"].shape == (1, 6)
     assert item["obs"]["front_image"].shape == (1, 24, 32, 3)  # raw HWC; robomimic makes CHW in training
+    assert item["next_obs"]["state"].shape == (1, 6)
+    with h5py.File(out, "r") as f:
+        demo = f["data/demo_0"]
+        np.testing.assert_array_equal(item["next_obs"]["state"][0], demo["obs/state"][6])
+        for key in keys:
+            obs, following = demo[f"obs/{key}"][:], demo[f"next_obs/{key}"][:]
+            np.testing.assert_array_equal(following[:-1], obs[1:])
+            np.testing.assert_array_equal(following[-1], obs[-1])  # nothing observed after the end
+    cached = SequenceDataset(
+        hdf5_path=str(out), obs_keys=keys, dataset_keys=("actions",), hdf5_cache_mode="all"
+    )
+    last = int(episodes[0]["length"]) - 1
+    np.testing.assert_array_equal(cached[last]["next_obs"]["front_image"], cached[last]["obs"]["front_image"])
+
+
+def _lerobot_dataset(root: Path, tasks: list[str]) -> Path:
+    """One episode per task, written by LeRobot 0.4.4's own LeRobotDataset and nothing else."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+
+    features = {k: {**v, "shape": tuple(v["shape"])} for k, v in so101_features().items()}
+    dataset = LeRobotDataset.create(
+        repo_id=f"test/{root.name}",
+        fps=25,
+        features=features,
+        root=root,
+        robot_type=ROBOT_TYPE,
+        use_videos=False,
+    )
+    for e, task in enumerate(tasks):
+        for i in range(5):
+            value = np.full(6, float(e * 10 + i), np.float32)
+            dataset.add_frame({STATE_KEY: value, ACTION_KEY: value, "task": task})
+        dataset.save_episode()
+    dataset.finalize()
+    return root
+
+
+def test_each_demo_carries_its_episodes_task(sim_dataset: Path, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "sim.hdf5"
+    export_robomimic(sim_dataset, out)
+    with h5py.File(out, "r") as f:
+        for name in f["data"]:
+            assert f["data"][name].attrs["task"] == SIM_TASK
+            assert json.loads(f["data"][name].attrs["tasks"]) == [SIM_TASK]
+    tasks = ["fold the towel", "pick the red block", "fold the towel"]
+    root = _lerobot_dataset(tmp_path / "lerobot", tasks)
+    out = tmp_path / "lerobot.hdf5"
+    export_robomimic(root, out)
+    with h5py.File(out, "r") as f:
+        assert [f[f"data/demo_{i}"].attrs["task"] for i in range(3)] == tasks
 
 
 def test_a_refusal_leaves_no_partial_file_and_names_the_problem(sim_dataset: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -78,6 +79,18 @@ class Ui:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def printed_url(self) -> str:
+        """The URL ``hilrec ui`` printed at start, token included (as a person copies it)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while (found := re.search(r"^hilrec ui: (http://\S+)", self.log(), re.MULTILINE)) is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"hilrec ui printed no URL in {START_TIMEOUT_S} s:\n{self.log()}")
+            time.sleep(0.05)  # poll interval between reads of the log
+        return found.group(1)
+
+    def printed_token(self) -> str:
+        return self.printed_url().split("?token=", 1)[1]
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:

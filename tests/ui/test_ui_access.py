@@ -138,7 +138,8 @@ def test_replay_reports_are_served_read_only_and_only_from_inside_the_root(
 ) -> None:
     root = tmp_path / "ds"
     daemon = daemons(Daemon(tmp_path, sim_config(root)))
-    ui = uis(Ui(daemon.config_path, tmp_path))  # loopback, no token
+    ui = uis(Ui(daemon.config_path, tmp_path))  # loopback, the token made at start
+    bearer = {"Authorization": f"Bearer {ui.printed_token()}"}
     reports = root / "hilrec" / "replay"
     reports.mkdir(parents=True, exist_ok=True)
     ok, png = cv2.imencode(".png", np.full((8, 8, 3), 200, np.uint8))
@@ -148,7 +149,7 @@ def test_replay_reports_are_served_read_only_and_only_from_inside_the_root(
     outside.write_bytes(png.tobytes())
     (reports / "episode-000001.png").symlink_to(outside)  # points out of the root
 
-    status, headers, body = fetch("GET", ui.url + "/takes/0/replay.png")
+    status, headers, body = fetch("GET", ui.url + "/takes/0/replay.png", headers=bearer)
     assert status == 200 and headers["Content-Type"] == "image/png" and body == png.tobytes()
     for path in (
         "/takes/1/replay.png",  # a symlink out of the root
@@ -157,14 +158,101 @@ def test_replay_reports_are_served_read_only_and_only_from_inside_the_root(
         "/takes/..%2F..%2Fsecret/replay.png",
         "/static/..%2F..%2F..%2Fpyproject.toml",
     ):
-        status, _, body = fetch("GET", ui.url + path)
+        status, _, body = fetch("GET", ui.url + path, headers=bearer)
         assert status in (403, 404), (path, status)
         assert body != png.tobytes()
-    status, _, _ = fetch("PUT", ui.url + "/takes/0/replay.png", data=b"x")
+    status, _, _ = fetch("PUT", ui.url + "/takes/0/replay.png", data=b"x", headers=bearer)
     assert status == 405
     assert (reports / "episode-000000.png").read_bytes() == png.tobytes()
-    # Without a token the page answers to loopback names only (no DNS-rebound host names).
-    status, _, _ = fetch("GET", ui.url + "/", headers={"Host": f"rebound.example:{ui.port}"})
-    assert status == 403
-    status, _, _ = fetch("GET", ui.url + "/")
-    assert status == 200
+
+
+REBOUND_HOSTS = [
+    "127.evil.com",
+    "127.0.0.1.nip.io",
+    "127.1",  # not a literal ipaddress reads as loopback
+    "0x7f000001",
+    "localhost.evil.com",
+    "evil.localhost.com",
+    "[::1].evil.com",
+    "[::ffff:7f00:1]",  # IPv4-mapped: not ::1
+    "127.0.0.1:80:80",
+    "127.0.0.1:port",
+    "",
+]
+LOOPBACK_HOSTS = ["127.0.0.1", "127.3.2.1", "localhost", "LocalHost", "[::1]"]
+
+
+def test_dns_rebound_names_foreign_origins_and_missing_or_wrong_tokens_are_refused(
+    tmp_path: Path, daemons, uis
+) -> None:
+    daemon = daemons(Daemon(tmp_path, sim_config(tmp_path / "ds")))
+    ui = uis(Ui(daemon.config_path, tmp_path))  # loopback, no token configured
+    url = ui.printed_url()
+    token = ui.printed_token()
+    assert url.startswith(f"http://127.0.0.1:{ui.port}/?token=") and len(token) >= 32, url
+    bearer = {"Authorization": f"Bearer {token}"}
+    before = daemon.call("status")
+    start = {"json": {"task": "never started"}}
+    # No token, a wrong one, or the right one a byte short: 401.
+    for headers in (
+        {},
+        {"Authorization": "Bearer " + "x" * len(token)},
+        {"Authorization": f"Bearer {token[:-1]}"},
+    ):
+        for method, path, kwargs in (("GET", "/api/state", {}), ("POST", "/api/start", start)):
+            status, _, _ = fetch(method, ui.url + path, headers=headers, **kwargs)
+            assert status == 401, (headers, path, status)
+    status, _, _ = fetch("GET", f"{ui.url}/?token={token[:-1]}x")
+    assert status == 401
+    # A rebound name carries the right token no further than a 403, on every port spelling.
+    for name in REBOUND_HOSTS:
+        for host in (name, f"{name}:{ui.port}") if name else ("",):
+            status, _, _ = fetch("GET", ui.url + "/api/state", headers={**bearer, "Host": host})
+            assert status == 403, (host, status)
+            status, _, _ = fetch(
+                "POST",
+                ui.url + "/api/start",
+                **start,
+                headers={**bearer, "Host": host, "Origin": f"http://{host}"},
+            )
+            assert status == 403, (host, status)
+    # An Origin that is not the Host it came to, or not http(s), is refused.
+    for origin in (
+        "http://127.evil.com",
+        f"http://127.evil.com:{ui.port}",
+        f"http://localhost:{ui.port}",  # a loopback name, but not the Host
+        f"https://127.0.0.1:{ui.port}.evil.com",
+        "null",
+        f"file://127.0.0.1:{ui.port}",
+    ):
+        status, _, _ = fetch("POST", ui.url + "/api/start", **start, headers={**bearer, "Origin": origin})
+        assert status == 403, (origin, status)
+        assert ws_refused(f"ws://127.0.0.1:{ui.port}/ws?token={token}", origin=origin) == 403
+    unchanged(before, daemon.call("status"))
+
+    # Literal loopback Hosts, with and without a port, are served; so is a matching Origin.
+    for name in LOOPBACK_HOSTS:
+        for host in (name, f"{name}:{ui.port}"):
+            status, _, _ = fetch("GET", ui.url + "/api/state", headers={**bearer, "Host": host})
+            assert status == 200, (host, status)
+    status, headers, _ = fetch("GET", url)  # the printed URL, once: a cookie
+    assert status == 303 and headers["Set-Cookie"].startswith(f"hilrec_ui_token={token}")
+    status, _, body = fetch("GET", ui.url + "/", headers={"Cookie": f"hilrec_ui_token={token}"})
+    assert status == 200 and b"<canvas" in body
+    same = {"Origin": f"http://127.0.0.1:{ui.port}"}
+    status, _, body = fetch("POST", ui.url + "/api/start", **start, headers={**bearer, **same})
+    assert status == 200 and json.loads(body)["ok"], body
+    assert daemon.call("status")["state"] == "recording"
+    assert (
+        first_ws_message(f"ws://127.0.0.1:{ui.port}/ws?token={token}", origin=same["Origin"])["type"]
+        == "snapshot"
+    )
+
+
+def test_each_start_makes_a_new_token_unless_one_is_configured(tmp_path: Path, uis) -> None:
+    config = tmp_path / "daemon.toml"
+    config.write_text(sim_config(tmp_path / "ds"))
+    first, second = uis(Ui(config, tmp_path)), uis(Ui(config, tmp_path))
+    assert first.printed_token() != second.printed_token()
+    configured = uis(Ui(config, tmp_path, token=TOKEN))
+    assert configured.printed_token() == TOKEN

@@ -58,7 +58,7 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         page.set_default_timeout(WAIT_MS)
         expect.set_options(timeout=WAIT_MS)
         # The first load carries the token; the page then lives on its cookie (WebSocket included).
-        page.goto(f"{ui.url}/?token={TOKEN}")
+        page.goto(ui.printed_url())  # as a person opens it, from what hilrec ui printed
         assert "token" not in page.url
         expect(page.locator("#link")).to_have_text(re.compile(r"^daemon live"))
 

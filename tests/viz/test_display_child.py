@@ -9,9 +9,9 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
+import pytest
 from _daemon import sim_config
 
 from hilrec.daemon.collect.launch import LiveDisplay
@@ -25,13 +25,13 @@ STUBBORN = (
 )
 
 
+@pytest.mark.timeout(120)
 def test_a_display_that_cannot_start_is_reported_at_once(tmp_path: Path) -> None:
     out = io.StringIO()
     display = LiveDisplay([str(tmp_path / "no-such-program")], tmp_path / "display.log")
-    started = time.monotonic()
-    assert display.start(out, ready_timeout_s=30.0) is False
-    # It gives up on the failed start itself, not at the end of the wait (the old code spun 30 s).
-    assert time.monotonic() - started < 10.0
+    # It gives up on the failed start itself, not at the end of the wait (the old code spun the
+    # whole wait): an hour's wait would outlast this test's timeout. How soon: bench_give_up.
+    assert display.start(out, ready_timeout_s=3600.0) is False
     assert "could not start" in out.getvalue() and "goes on without it" in out.getvalue()
     display.stop(out)
 

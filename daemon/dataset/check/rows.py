@@ -4,15 +4,13 @@ finite floats, tasks used by rows, episode ranges and the totals of info.json.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
 from hilrec.daemon.dataset.check.common import Contents, EpisodeRows, Findings
+from hilrec.daemon.dataset.format.features import TIMESTAMP_TOLERANCE_S
 from hilrec.daemon.dataset.format.paths import DATA_DIR, INFO_PATH
-
-# LeRobot's tolerance_s: how far a timestamp may sit from frame_index / fps.
-TIMESTAMP_TOLERANCE_S: Final[float] = 1e-4
 
 
 def check_rows(contents: Contents, findings: Findings) -> None:

@@ -63,6 +63,7 @@ import av
 import numpy as np
 
 from hilrec.daemon.dataset.check.common import Contents, Findings, run_in_pool
+from hilrec.daemon.dataset.format.features import TIMESTAMP_TOLERANCE_S
 from hilrec.daemon.dataset.format.paths import INFO_PATH, video_file_path
 from hilrec.daemon.dataset.format.stats import (
     QUANTILE_KEYS,
@@ -75,7 +76,6 @@ from hilrec.daemon.dataset.video.avlog import open_av
 from hilrec.daemon.dataset.video.codec import VideoProbe, probe_video, stream_time_base
 from hilrec.daemon.errors import CorruptDatasetError
 
-TOLERANCE_S: Final[float] = 1e-4
 # Lossless images (PNG): the decoded pixels are the written ones.
 IMAGE_TOLERANCES: Final[dict[str, float]] = {
     "mean": 0.03,
@@ -201,7 +201,7 @@ def _episode_span(
     start, end = float(meta[names[2]]), float(meta[names[3]])
     length = int(meta["length"])
     duration = length / contents.fps
-    if start < -TOLERANCE_S or abs((end - start) - duration) > TOLERANCE_S:
+    if start < -TIMESTAMP_TOLERANCE_S or abs((end - start) - duration) > TIMESTAMP_TOLERANCE_S:
         findings.add(
             "video.range",
             file,
@@ -225,7 +225,7 @@ def _check_file(
     _check_stream(contents, key, probe, findings)
     spans.sort(key=lambda s: s.start)
     for previous, span in itertools.pairwise(spans):
-        if span.start < previous.end - TOLERANCE_S:
+        if span.start < previous.end - TIMESTAMP_TOLERANCE_S:
             findings.add(
                 "video.range",
                 contents.episodes_file(span.episode),
@@ -236,7 +236,11 @@ def _check_file(
             )
     stamps = probe.frame_timestamps
     for span in spans:
-        inside = int(((stamps >= span.start - TOLERANCE_S) & (stamps < span.end - TOLERANCE_S)).sum())
+        inside = int(
+            (
+                (stamps >= span.start - TIMESTAMP_TOLERANCE_S) & (stamps < span.end - TIMESTAMP_TOLERANCE_S)
+            ).sum()
+        )
         if inside != span.length:
             findings.add(
                 "video.frame_count",
@@ -248,14 +252,14 @@ def _check_file(
             )
         wanted = span.start + np.arange(span.length) / contents.fps
         error = _nearest_distance(stamps, wanted)
-        if (error > TOLERANCE_S).any():
-            i = int(np.flatnonzero(error > TOLERANCE_S)[0])
+        if (error > TIMESTAMP_TOLERANCE_S).any():
+            i = int(np.flatnonzero(error > TIMESTAMP_TOLERANCE_S)[0])
             findings.add(
                 "video.timestamps",
                 path,
                 f"frame {i} is queried at {wanted[i]:.6f} s; the nearest frame is "
-                f"{error[i]:.6f} s away (tolerance {TOLERANCE_S} s; "
-                f"{int((error > TOLERANCE_S).sum())} of {span.length} frames off)",
+                f"{error[i]:.6f} s away (tolerance {TIMESTAMP_TOLERANCE_S} s; "
+                f"{int((error > TIMESTAMP_TOLERANCE_S).sum())} of {span.length} frames off)",
                 episode=span.episode,
                 key=key,
             )
@@ -374,9 +378,9 @@ def _decode_span(job: DecodeJob, *, seek: bool) -> list[_Sampled] | None:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         time_base = stream_time_base(stream, Path(job.path))
-        seeked = seek and first > TOLERANCE_S
+        seeked = seek and first > TIMESTAMP_TOLERANCE_S
         if seeked:
-            target = (Fraction(first) - Fraction(TOLERANCE_S)) / time_base
+            target = (Fraction(first) - Fraction(TIMESTAMP_TOLERANCE_S)) / time_base
             container.seek(math.floor(target), stream=stream, backward=True, any_frame=False)
         decoded_any = False
         for frame in container.decode(stream):
@@ -385,13 +389,13 @@ def _decode_span(job: DecodeJob, *, seek: bool) -> list[_Sampled] | None:
             ts = float(frame.pts * time_base)
             if not decoded_any:
                 decoded_any = True
-                if seeked and ts > first + TOLERANCE_S:
+                if seeked and ts > first + TIMESTAMP_TOLERANCE_S:
                     return None
-            if ts > last + TOLERANCE_S:
+            if ts > last + TIMESTAMP_TOLERANCE_S:
                 break
-            if ts < job.start - TOLERANCE_S or ts >= job.end - TOLERANCE_S:
+            if ts < job.start - TIMESTAMP_TOLERANCE_S or ts >= job.end - TIMESTAMP_TOLERANCE_S:
                 continue
-            if np.abs(wanted - ts).min() <= TOLERANCE_S:
+            if np.abs(wanted - ts).min() <= TIMESTAMP_TOLERANCE_S:
                 found.append(_frame_planes(frame, job.factor))
     return found
 

@@ -42,6 +42,9 @@ DEFAULT_FEATURES: Final[dict[str, dict[str, Any]]] = {
     "task_index": {"dtype": "int64", "shape": [1], "names": None},
 }
 RESERVED_KEYS: Final[frozenset[str]] = frozenset(DEFAULT_FEATURES) | {TASK_KEY}
+# LeRobot's tolerance_s: how far a row's timestamp, or a video frame's presentation time, may sit
+# from frame_index / fps. The checker judges by it and repair trusts a timestamp within it.
+TIMESTAMP_TOLERANCE_S: Final[float] = 1e-4
 
 NUMERIC_DTYPES: Final[frozenset[str]] = frozenset(
     {

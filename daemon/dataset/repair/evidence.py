@@ -14,13 +14,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from hilrec.daemon.atomic import read_json
-from hilrec.daemon.dataset.format.features import DEFAULT_FEATURES, is_video, video_keys
+from hilrec.daemon.dataset.format.features import (
+    DEFAULT_FEATURES,
+    TIMESTAMP_TOLERANCE_S,
+    is_video,
+    video_keys,
+)
 from hilrec.daemon.dataset.format.layout import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_DATA_FILE_SIZE_IN_MB,
@@ -49,8 +54,6 @@ from hilrec.daemon.so101 import (
     camera_feature,
     position_feature,
 )
-
-TIMESTAMP_TOLERANCE_S: Final[float] = 1e-4
 
 
 @dataclass

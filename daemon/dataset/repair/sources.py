@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from hilrec.daemon.dataset.check.journal import same_rows, stats_reproduced, table_columns
-from hilrec.daemon.dataset.format.features import video_keys
+from hilrec.daemon.dataset.format.features import TIMESTAMP_TOLERANCE_S, video_keys
 from hilrec.daemon.dataset.format.layout import DEFAULT_CHUNK_SIZE, data_schema
 from hilrec.daemon.dataset.format.paths import (
     TASKS_PATH,
@@ -43,7 +43,6 @@ from hilrec.daemon.dataset.format.stats import (
     stats_to_json,
     unflatten_episode_stats,
 )
-from hilrec.daemon.dataset.repair.evidence import TIMESTAMP_TOLERANCE_S
 from hilrec.daemon.dataset.repair.space import out_of_space
 from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.dataset.video.codec import Segment, VideoProbe, concat_segments, probe_video

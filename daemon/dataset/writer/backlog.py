@@ -39,7 +39,7 @@ from hilrec.daemon.dataset.video.spill import release_spill
 from hilrec.daemon.dataset.writer.commit import PendingSave
 from hilrec.daemon.dataset.writer.episode import OpenEpisode
 from hilrec.daemon.dataset.writer.space import DEFAULT_TAKE_S, MIN_FREE_BYTES, size_text
-from hilrec.daemon.errors import DatasetError, SpillFullError, VideoEncodingError
+from hilrec.daemon.errors import DatasetError, DiskFullError, SpillFullError, VideoEncodingError
 
 if TYPE_CHECKING:
     from hilrec.daemon.dataset.video.encoder_process import EncoderProcess
@@ -329,20 +329,18 @@ class VideoBacklog:
         used = self.spill_bytes(episode)
         room = self.disk_room()
         if need > room:
-            raise SpillFullError(
+            raise DiskFullError(
                 f"{self.root}: the disk is nearly full for the video spill ({size_text(max(0, room))} "
                 f"left above the {size_text(MIN_FREE_BYTES)} kept free; {self.backlog_s():.0f} s of "
-                f"video wait for the encoder): frame {episode.length if episode else 0} of episode "
-                f"{episode.index if episode else next_index} is refused, not dropped; "
-                "save or discard the take and free disk space or wait for the encoder"
+                f"video wait for the encoder): {_ends_at(episode, next_index)}; "
+                "free disk space or wait for the encoder before the next take"
             )
         if used + need > self.spill_bytes_limit:
             raise SpillFullError(
                 f"{self.root}: the video spill is full ({size_text(used)} of spill_bytes_limit "
                 f"{size_text(self.spill_bytes_limit)}; {self.backlog_s():.0f} s of video wait "
-                f"for the encoder): frame {episode.length if episode else 0} of episode "
-                f"{episode.index if episode else next_index} is refused, not dropped; "
-                "save or discard the take and wait for the encoder to catch up"
+                f"for the encoder): {_ends_at(episode, next_index)}; "
+                "wait for the encoder to catch up before the next take"
             )
 
     def wait(self, timeout: float | None = None, *, progress: bool = False) -> bool:
@@ -375,3 +373,13 @@ class VideoBacklog:
         finally:
             if bar is not None:
                 bar.close()
+
+
+def _ends_at(episode: OpenEpisode | None, next_index: int) -> str:
+    """Where a take the spill cannot go on with ends, and what it keeps (true for every caller:
+    the frames before are whole, and a save keeps them)."""
+    length = episode.length if episode is not None else 0
+    index = episode.index if episode is not None else next_index
+    if length == 0:
+        return f"episode {index} ends at frame 0, with no frame to save"
+    return f"episode {index} ends at frame {length}: saving it keeps its {length} frames"

@@ -332,6 +332,7 @@ class DatasetWriter(WriterHealth):
         if self._backlog.workers:
             self._backlog.check_room(self._episode, self._numbering.next_index)
         episode = self._episode or self._open_episode()
+        episode.check_room()
         episode.add(values, task)
 
     def save_episode(
@@ -536,6 +537,7 @@ class DatasetWriter(WriterHealth):
         if episode is None or episode.length == 0:
             raise DatasetStateError(f"{self.root}: save_episode() with no frames added")
         try:
+            episode.release_reserve()
             episode.finish_videos()
             if self._hook is not None:
                 self._hook("videos-finished")

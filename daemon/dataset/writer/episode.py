@@ -48,6 +48,7 @@ from hilrec.daemon.dataset.video.spill import (
     spill_name,
     write_spill_meta,
 )
+from hilrec.daemon.dataset.writer.reserve import TakeReserve
 from hilrec.daemon.errors import VideoEncodingError
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class OpenEpisode:
         self.fps = 0
         # Set once the encoders are closed (by a save attempt): no frame may be added after that.
         self.videos: dict[str, VideoSummary] | None = None
+        # The room held back for this take's save (see .reserve); set by start().
+        self.reserve: TakeReserve | None = None
 
     @classmethod
     def start(
@@ -123,6 +126,7 @@ class OpenEpisode:
         episode = cls(index, directory, numeric_keys)
         episode.root = root
         episode.fps = fps
+        episode.reserve = TakeReserve(directory, fps=fps, features=features)
         try:
             if workers:
                 try:
@@ -325,8 +329,23 @@ class OpenEpisode:
             column.clear()
         self.samplers.clear()
 
+    def check_room(self) -> None:
+        """Raise :class:`DiskFullError` when the disk cannot take this episode's next frame and
+        still hold its save (see :mod:`.reserve`); grows the room held back when due."""
+        assert self.reserve is not None and self.root is not None
+        unencoded = sum(
+            min(worker.backlog_frames, worker.slots) * worker.frame_bytes for worker in self.workers.values()
+        )
+        self.reserve.check(root=self.root, index=self.index, length=self.length, unencoded_bytes=unencoded)
+
+    def release_reserve(self) -> None:
+        """Give the room held back for the save to the save (before it writes)."""
+        if self.reserve is not None:
+            self.reserve.release()
+
     def discard(self) -> None:
         """Stop the encoders and delete the open directory with everything in it."""
+        self.release_reserve()
         for encoder in self.encoders.values():
             encoder.abort()
         for key, spill in self.spills.items():

@@ -1,0 +1,268 @@
+"""LeRobot's own ``lerobot-teleoperate`` against two standalone ``hilrec emulate`` arms: the
+harness the driver test (does it follow?) and bench/bench_lerobot_clients.py (how often does it
+fail on a loaded machine?) share.
+
+Before each run the leader is put in a new pose, as a person would (its servos hold a goal with
+torque on, then torque off); the run must bring the follower there.
+
+LeRobot runs in a login session of its own weighted as nice -10 against the others (its sched
+autogroup), at nice -10 inside it, where this process may set that: what is measured is the
+emulator's reply timing, not whether LeRobot's own process gets a CPU. The Feetech SDK gives
+up once 34 ms have passed since it sent, checking the clock after a read that found nothing,
+so a client descheduled past that moment fails with the reply already in its buffer ("There is
+no status packet!"); a real servo would not help it. That failure is a matter of timing on the
+machine, which is why its rate is the benchmark's to report, not a test's to assert."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scservo_sdk as scs
+from support import wait_until
+
+from hilrec.drivers.calibration import ArmCalibration, load_calibration
+from hilrec.drivers.emulated.priority import EMULATOR_NICE, EMULATOR_RT_PRIORITY
+from hilrec.drivers.tables import REGISTER
+
+# The console script installed beside this Python (LeRobot 0.4.4's), else the one on PATH.
+TELEOPERATE = str(Path(sys.executable).with_name("lerobot-teleoperate"))
+if not Path(TELEOPERATE).exists():
+    TELEOPERATE = shutil.which("lerobot-teleoperate") or TELEOPERATE
+TELEOP_TIME_S = 5.0
+RUN_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 10.0
+BAUD = 1_000_000
+SDK_ATTEMPTS = 5
+BODY = slice(0, 5)  # the gripper's units are 0..100, not degrees
+NO_STATUS_PACKET = "There is no status packet"
+# LeRobot's units (degrees; the gripper 0..100): one leader pose per run, all near the rest pose.
+POSES = (
+    (30.0, -20.0, 20.0, 40.0, 25.0, 40.0),
+    (-25.0, -55.0, 70.0, 75.0, -20.0, 10.0),
+    (20.0, -30.0, 35.0, 45.0, 30.0, 30.0),
+    (-30.0, -45.0, 55.0, 65.0, -15.0, 15.0),
+)
+
+
+class Arm:
+    """One ``hilrec emulate ROLE`` process; its calibration written where LeRobot looks."""
+
+    def __init__(self, role: str, calibration_dir: Path, *motion: str) -> None:
+        self.role = role
+        self.id = f"emulated_{role}"
+        self.calibration_path = calibration_dir / f"{self.id}.json"
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hilrec.daemon.cli",
+                "emulate",
+                role,
+                "--wire-timing",
+                "--write-calibration",
+                str(self.calibration_path),
+                *motion,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        self.port = self.process.stdout.readline().strip()  # its first line; the test timeout bounds it
+        assert self.port.startswith("/dev/"), self.stop()
+        self.calibration: ArmCalibration = load_calibration(self.calibration_path)
+
+    def read(self, register: str = "Present_Position") -> np.ndarray:
+        """Six registers in LeRobot's units, read with the raw SDK while no other client has the
+        port open. A read is retried: this process, too, may miss a reply on a loaded machine
+        (it is LeRobot's reads that are under test)."""
+        with self._sdk() as (port, handler):
+            ticks = [
+                self._retried(lambda m=motor: handler.read2ByteTxRx(port, m.id, REGISTER[register].address))
+                for motor in self.calibration.motors.values()
+            ]
+        return self.calibration.ticks_to_units(ticks)
+
+    def _retried(self, transaction: Any) -> Any:
+        for _ in range(SDK_ATTEMPTS - 1):
+            *values, result, _error = transaction()
+            if result == scs.COMM_SUCCESS:
+                return values[0] if values else None
+        *values, result, _error = transaction()
+        assert result == scs.COMM_SUCCESS, f"{self.role}: {result} after {SDK_ATTEMPTS} attempts"
+        return values[0] if values else None
+
+    def place(self, pose: tuple[float, ...]) -> None:
+        """Hold ``pose`` with torque on until the servos stand there, then let go (torque off)."""
+        goals = self.calibration.units_to_ticks(pose)
+        self._write_all("Torque_Enable", [1] * len(goals))
+        self._write_all("Goal_Position", goals)
+        wait_until(
+            lambda: np.abs(self.read() - np.asarray(pose))[BODY].max() <= 1.0,
+            SETTLE_TIMEOUT_S,
+            what=f"the {self.role} to reach {pose}",
+        )
+        self._write_all("Torque_Enable", [0] * len(goals))
+
+    def _write_all(self, register: str, values: list[int]) -> None:
+        size = REGISTER[register].size
+        with self._sdk() as (port, handler):
+            for motor, value in zip(self.calibration.motors.values(), values, strict=True):
+                write = handler.write1ByteTxRx if size == 1 else handler.write2ByteTxRx
+                self._retried(lambda w=write, m=motor, v=value: w(port, m.id, REGISTER[register].address, v))
+
+    @contextlib.contextmanager
+    def _sdk(self) -> Iterator[tuple[Any, Any]]:
+        port = scs.PortHandler(self.port)
+        assert port.openPort() and port.setBaudRate(BAUD)
+        try:
+            yield port, scs.PacketHandler(0)
+        finally:
+            port.closePort()
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.terminate()
+        _, err = self.process.communicate(timeout=10)
+        return err
+
+
+def teleoperate(follower: Arm, leader: Arm) -> subprocess.CompletedProcess[str]:
+    command = [
+        TELEOPERATE,
+        "--robot.type=so101_follower",
+        f"--robot.port={follower.port}",
+        f"--robot.id={follower.id}",
+        f"--robot.calibration_dir={follower.calibration_path.parent}",
+        # The follower keeps its last goal afterwards, so where it went can be read back.
+        "--robot.disable_torque_on_disconnect=false",
+        "--teleop.type=so101_leader",
+        f"--teleop.port={leader.port}",
+        f"--teleop.id={leader.id}",
+        f"--teleop.calibration_dir={leader.calibration_path.parent}",
+        f"--teleop_time_s={TELEOP_TIME_S}",
+    ]
+    with subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        start_new_session=True,  # its own autogroup, weighted below
+        preexec_fn=_client_scheduling,  # noqa: PLW1509 - system calls only, before exec
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def may_be_real_time() -> bool:
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(EMULATOR_RT_PRIORITY))
+    except PermissionError:
+        return False
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    return True
+
+
+def _client_scheduling() -> None:
+    with contextlib.suppress(PermissionError):
+        os.setpriority(os.PRIO_PROCESS, 0, EMULATOR_NICE)
+    with contextlib.suppress(OSError):
+        fd = os.open("/proc/self/autogroup", os.O_WRONLY)
+        try:
+            os.write(fd, str(EMULATOR_NICE).encode())
+        finally:
+            os.close(fd)
+
+
+def settled(follower: Arm, pose: np.ndarray) -> np.ndarray:
+    """The follower's pose once it stands at ``pose`` (bounded wait: it may still be moving)."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        present = follower.read()
+        if np.abs(present - pose)[BODY].max() < 3.0 or time.monotonic() > deadline:
+            return present
+
+
+@dataclass(frozen=True)
+class Run:
+    """One ``lerobot-teleoperate`` run from a fresh leader pose, and where the follower went."""
+
+    done: subprocess.CompletedProcess[str]
+    target: np.ndarray  # the leader's pose, read back
+    goal: np.ndarray  # the follower's Goal_Position after the run
+    present: np.ndarray  # the follower's Present_Position once settled (or at the wait's end)
+
+    @property
+    def output(self) -> str:
+        return self.done.stdout + self.done.stderr
+
+    @property
+    def missed_a_status_packet(self) -> bool:
+        return NO_STATUS_PACKET in self.output
+
+    @property
+    def loops(self) -> int:
+        return self.output.count("Teleop loop time")
+
+
+def run_pose(follower: Arm, leader: Arm, pose: tuple[float, ...]) -> Run:
+    """Put the leader in ``pose``, teleoperate for TELEOP_TIME_S, read where the follower went."""
+    leader.place(pose)
+    target = leader.read()
+    assert np.abs(follower.read() - target)[BODY].max() > 10.0, f"the follower is already at {pose}"
+    done = teleoperate(follower, leader)
+    goal = follower.read("Goal_Position")
+    return Run(done=done, target=target, goal=goal, present=settled(follower, target))
+
+
+def real_time_threads(arm: Arm) -> tuple[int, int]:
+    """(threads at SCHED_FIFO, threads) of the emulator process: only its bus thread is real-time."""
+    policies = [os.sched_getscheduler(int(t)) for t in os.listdir(f"/proc/{arm.process.pid}/task")]
+    return policies.count(os.SCHED_FIFO), len(policies)
+
+
+@contextlib.contextmanager
+def emulated_pair(calibration_dir: Path) -> Iterator[tuple[Arm, Arm]]:
+    """The follower (the MuJoCo twin) and the leader, whose joints stay where they are put (no
+    scripted hand), so where the follower must end up is known; both stopped on the way out."""
+    started: list[Arm] = []
+    try:
+        started.append(Arm("follower", calibration_dir))
+        started.append(Arm("leader", calibration_dir, "--motion", "servo"))
+        yield started[0], started[1]
+    finally:
+        for arm in started:
+            arm.stop()
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int | None = None) -> Iterator[int]:
+    """Busy loops in other processes, one fewer than the cores unless told, at the default nice
+    (not above the emulators: see tests/conftest.py), for as long as the block runs."""
+    count = processes if processes is not None else max(1, (os.cpu_count() or 2) - 1)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        for process in busy:
+            assert os.sched_getscheduler(process.pid) == os.SCHED_OTHER, "a real-time busy loop"
+        yield len(busy)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait(10)
