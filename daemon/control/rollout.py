@@ -318,10 +318,14 @@ def rollout_factory(factory: RigFactory, settings: PolicySettings) -> RigFactory
     """``factory``'s rig with the policy of ``settings`` driving (its process started here)."""
 
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        # Started first: torch and the checkpoint load while the rig's devices start.
+        runner = ProcessRunner(
+            settings.spec, device=settings.device, ready_timeout_s=settings.load_timeout_s, wait=False
+        )
+        stack.callback(runner.close)
         rig, hooks = factory(stack)
-        runner = ProcessRunner(settings.spec, device=settings.device, ready_timeout_s=settings.load_timeout_s)
+        runner.await_ready()
         driver = PolicyDriver(runner)
-        stack.callback(driver.close)  # before the devices the factory opened (last in, first out)
         leader = RolloutLeader(rig.leader, driver, settings)
         rig.leader = leader
         rig.follower = RolloutFollower(rig.follower, leader)

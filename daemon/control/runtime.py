@@ -205,7 +205,8 @@ class Daemon:
             )
             # Devices first: a rig that cannot start leaves no dataset behind. Nothing is handed
             # to the writer before start_episode, which needs the control server (below).
-            self.loop_thread.start()
+            # A policy loads in its own process while the rig starts, and may take its own time.
+            self.loop_thread.start(60.0 + (s.policy.load_timeout_s if s.policy.spec else 0.0))
             stack.callback(self.loop_thread.stop, "startup failed", LOOP_STOP_TIMEOUT_S)
             self.recorder.start()
             stack.callback(self.recorder.close, 30.0)

@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+import numpy as np
+
 from hilrec.daemon.errors import PolicyError
-from hilrec.daemon.policy.load import EvalPolicy, act_chunk, load_policy
+from hilrec.daemon.policy.load import TASK_KEY, EvalPolicy, LeRobotPolicy, act_chunk, load_policy
+from hilrec.daemon.so101 import IMAGE_PREFIX, NUM_JOINTS, STATE_KEY
 
 READY_TIMEOUT_S = 120.0  # torch and a LeRobot checkpoint take seconds to import and load
 
@@ -109,7 +112,11 @@ class InlineRunner:
 class ProcessRunner:
     """The policy in a spawned process; see the module's text."""
 
-    def __init__(self, spec: str, *, device: str = "cpu", ready_timeout_s: float = READY_TIMEOUT_S) -> None:
+    def __init__(
+        self, spec: str, *, device: str = "cpu", ready_timeout_s: float = READY_TIMEOUT_S, wait: bool = True
+    ) -> None:
+        """Start the policy's process; with ``wait`` (else call :meth:`await_ready`), until it
+        has loaded (PolicyError when it cannot)."""
         self.name = spec
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe(duplex=True)
@@ -124,7 +131,13 @@ class ProcessRunner:
         self._closing = False
         self._ready: list[Answer] = []
         self._dead: str | None = None
-        self._await_ready(ready_timeout_s)
+        self._ready_timeout_s = ready_timeout_s
+        if wait:
+            self.await_ready()
+
+    def await_ready(self) -> None:
+        """Wait until the policy has loaded, then start serving it (PolicyError if it fails)."""
+        self._await_ready(self._ready_timeout_s)
         self._reader = threading.Thread(target=self._read, name="hilrec-policy-read", daemon=True)
         self._feeder = threading.Thread(target=self._feed, name="hilrec-policy-feed", daemon=True)
         self._reader.start()
@@ -228,6 +241,21 @@ class ProcessRunner:
             self._process.join(5.0)
 
 
+def warm_up(policy: EvalPolicy) -> None:
+    """One inference on a blank observation of the shapes a LeRobot policy wants, before it
+    says ready: torch's first call costs seconds (kernels, allocator, threads), and paid in a
+    take it would leave the first chunk seconds stale."""
+    wants = policy.wants
+    if not isinstance(policy, LeRobotPolicy) or wants.cameras is None:
+        return
+    height, width = wants.image_size or (480, 640)
+    blank: dict[str, Any] = {STATE_KEY: np.zeros(NUM_JOINTS, np.float32), TASK_KEY: ""}
+    for camera in wants.cameras:
+        blank[IMAGE_PREFIX + camera] = np.zeros((height, width, 3), np.uint8)
+    ask(policy, blank)
+    policy.reset()
+
+
 def serve(spec: str, device: str, conn: Connection) -> None:
     """The policy process: load, say ready, then answer each observation until told to stop."""
     # Ctrl-C at the terminal reaches the whole process group: the parent decides when this ends.
@@ -241,6 +269,7 @@ def serve(spec: str, device: str, conn: Connection) -> None:
     except Exception as exc:  # noqa: BLE001 - said to the parent, which raises it as a PolicyError
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    warm_up(policy)
     conn.send(("ready", policy.name))
     while True:
         try:

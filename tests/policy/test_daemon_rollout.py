@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
+import _daemon
 from _daemon import Daemon, check_passes, emulated_config, run_cli
 
 from hilrec.daemon.dataset import FrameFlag
@@ -129,4 +130,47 @@ def test_a_killed_policy_process_faults_holds_and_keeps_every_take(daemon: Daemo
     assert not refused["ok"] and "policy" in refused["error"]
     daemon.shutdown()
     assert [e["episode_index"] for e in load_episodes(root)] == [0, 1]
+    check_passes(root)
+
+
+TWIN_CAMERA = """
+[cameras.front]
+source = "twin"
+height = 48
+width = 64
+fps = 25
+stall_ms = 2000
+"""
+
+
+def test_a_tiny_lerobot_act_drives_the_emulated_follower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from tiny_act import train_tiny_act
+
+    act = train_tiny_act(tmp_path / "act")
+    # torch's import and a warm-up inference in the policy's process, on a shared machine.
+    monkeypatch.setattr(_daemon, "START_TIMEOUT_S", 300.0)
+    root = tmp_path / "ds"
+    extra = f'[policy]\nspec = "{act}"\ntakeover = "off"\n'
+    daemon = Daemon(tmp_path, emulated_config(root, cameras=TWIN_CAMERA, extra=extra)).start()
+    try:
+        daemon.call("start_episode", task="act")
+        daemon.wait_frames(50, timeout_s=120)
+        refused = daemon.request("takeover")
+        assert not refused["ok"] and "off" in refused["error"], refused
+        daemon.call("stop_episode")
+        daemon.wait_saved(1)
+        daemon.shutdown()
+    finally:
+        daemon.close()
+    _, arrays = load_episode_sidecar(root, 0)
+    assert arrays["chunk_fresh"].any()  # chunks arrived and were used
+    used = arrays["action_age_ticks"] >= 0
+    assert used.any()
+    np.testing.assert_array_equal(
+        np.isnan(arrays["policy_action"]).any(axis=1), ~used
+    )  # a proposal on exactly the ticks that had a goal due
+    assert (arrays["control_source"] == 0).all()
     check_passes(root)
