@@ -96,6 +96,7 @@ class RolloutLeader:
         self._catching_up = False
         self.takeovers = 0
         self.starved = 0
+        self.fresh_chunks = 0
 
     # --- control thread ------------------------------------------------------------------------
 
@@ -146,6 +147,7 @@ class RolloutLeader:
             goal = human.values
         goal = self._catch_up(goal)
         self.starved += starved
+        self.fresh_chunks += step.fresh
         self._frame = frame_index
         if frame_index is not None:
             # Kept by frame index: a tick whose frame was not recorded is overwritten by the next.
@@ -260,6 +262,7 @@ class RolloutLeader:
             "takeover": str(self.mode),
             "takeovers": self.takeovers,
             "starved_ticks": self.starved,
+            "fresh_chunks": self.fresh_chunks,
             "refused_answers": self.driver.refused,
             "last_refusal": self.driver.last_refusal,
             "policy_dead": self.driver.runner.dead,
@@ -320,7 +323,11 @@ def rollout_factory(factory: RigFactory, settings: PolicySettings) -> RigFactory
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
         # Started first: torch and the checkpoint load while the rig's devices start.
         runner = ProcessRunner(
-            settings.spec, device=settings.device, ready_timeout_s=settings.load_timeout_s, wait=False
+            settings.spec,
+            device=settings.device,
+            threads=settings.threads,
+            ready_timeout_s=settings.load_timeout_s,
+            wait=False,
         )
         stack.callback(runner.close)
         rig, hooks = factory(stack)

@@ -113,7 +113,13 @@ class ProcessRunner:
     """The policy in a spawned process; see the module's text."""
 
     def __init__(
-        self, spec: str, *, device: str = "cpu", ready_timeout_s: float = READY_TIMEOUT_S, wait: bool = True
+        self,
+        spec: str,
+        *,
+        device: str = "cpu",
+        threads: int = 1,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        wait: bool = True,
     ) -> None:
         """Start the policy's process; with ``wait`` (else call :meth:`await_ready`), until it
         has loaded (PolicyError when it cannot)."""
@@ -121,7 +127,7 @@ class ProcessRunner:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe(duplex=True)
         self._process = context.Process(
-            target=serve, args=(spec, device, child), name="hilrec-policy", daemon=True
+            target=serve, args=(spec, device, threads, child), name="hilrec-policy", daemon=True
         )
         self._process.start()
         child.close()  # the child's death is then this end's EOF
@@ -256,7 +262,7 @@ def warm_up(policy: EvalPolicy) -> None:
     policy.reset()
 
 
-def serve(spec: str, device: str, conn: Connection) -> None:
+def serve(spec: str, device: str, threads: int, conn: Connection) -> None:
     """The policy process: load, say ready, then answer each observation until told to stop."""
     # Ctrl-C at the terminal reaches the whole process group: the parent decides when this ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -269,6 +275,12 @@ def serve(spec: str, device: str, conn: Connection) -> None:
     except Exception as exc:  # noqa: BLE001 - said to the parent, which raises it as a PolicyError
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    if isinstance(policy, LeRobotPolicy):
+        import torch
+
+        # Measured on the bench's 2 cores: torch's default of one thread per core made a tiny
+        # ACT 3-10x slower than one thread, fighting the loop and the encoders for both cores.
+        torch.set_num_threads(threads)
     warm_up(policy)
     conn.send(("ready", policy.name))
     while True:

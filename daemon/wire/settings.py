@@ -304,6 +304,7 @@ class PolicySettings:
     # per tick (the same GoalLimits clamp as every goal), and a switch steps no further.
     max_relative_target: float = 6.0
     device: str = "cpu"
+    threads: int = 1  # torch's intra-op threads in the policy's process
     # Seconds a policy may take to load in its own process before the daemon gives up.
     load_timeout_s: float = 120.0
 
@@ -311,6 +312,8 @@ class PolicySettings:
         for key in ("leader_threshold", "expert_threshold", "max_relative_target", "load_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(key, f"must be positive, got {getattr(self, key)}")
+        if self.threads < 1:
+            raise ConfigError("threads", f"must be at least 1, got {self.threads}")
         if self.expert_ticks < 1:
             raise ConfigError("expert_ticks", f"must be at least 1, got {self.expert_ticks}")
 

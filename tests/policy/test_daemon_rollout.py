@@ -157,7 +157,8 @@ def test_a_tiny_lerobot_act_drives_the_emulated_follower(
     daemon = Daemon(tmp_path, emulated_config(root, cameras=TWIN_CAMERA, extra=extra)).start()
     try:
         daemon.call("start_episode", task="act")
-        daemon.wait_frames(50, timeout_s=120)
+        # Behaviour, not timing: wait until chunks from the policy's process have been used.
+        daemon.wait_status(lambda s: s["leader"]["fresh_chunks"] >= 3, timeout_s=180, what="3 chunks used")
         refused = daemon.request("takeover")
         assert not refused["ok"] and "off" in refused["error"], refused
         daemon.call("stop_episode")
