@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with nothing but Python 3.11:
 #   make demo   record 3 episodes in the MuJoCo twin and check them by replay
-#   make test   run the whole suite (creates the environment, LeRobot compat extra included)
+#   make test   run the whole suite (creates the environment, LeRobot compat extra included),
+#               then every benchmark at its smallest size (bench-smoke)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -15,7 +16,7 @@ export PYOPENGL_PLATFORM ?= egl
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test lint types bench env test-env clean
+.PHONY: demo test test-fast lint types bench bench-smoke env test-env clean
 
 $(RUNTIME_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,8 +53,15 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
+# Everything, and the 25 slowest tests named at the end (where the next minute is to be won).
 test: $(TEST_STAMP) lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
+	$(MAKE) --no-print-directory bench-smoke
+
+# The fast tier, for the edit-test loop: every package's tests but those marked slow (the
+# end-to-end daemons, browsers, LeRobot runs, kill loops). Not in .ci/run: CI runs `make test`.
+test-fast: $(TEST_STAMP)
+	$(BIN)/python -m pytest -q --durations=10 -m "not slow" tests
 
 lint: $(RUNTIME_STAMP) types
 	$(BIN)/ruff check .
@@ -70,6 +78,10 @@ types: $(RUNTIME_STAMP)
 
 bench: $(TEST_STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# Every benchmark at its smallest size (--smoke), so that none can rot: part of `make test`.
+bench-smoke: $(TEST_STAMP)
+	for b in bench/bench_*.py; do echo "== $$b --smoke"; $(BIN)/python $$b --smoke || exit 1; done
 
 # LeRobot 0.6.1 on Python 3.13, both ways: it loads what hilrec (host venv) writes, and
 # `hilrec check`, installed on 3.13, accepts what it writes. Runs in a Debian trixie root cached

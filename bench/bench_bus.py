@@ -17,7 +17,7 @@ Wire time alone for a cycle is 2 x (14 + 6 x 8) + (8 + 6 x 3) = 150 bytes = 1.50
 byte; a client never waits for the SYNC_WRITE, so about 1.24 ms of it is on the critical path.
 On real hardware a 6-servo sync read takes about 1 ms (USB adds frame latency).
 
-Usage: python bench/bench_bus.py [--cycles 1000]
+Usage: python bench/bench_bus.py [--cycles 1000] [--no-lerobot] [--smoke]
 """
 
 from __future__ import annotations
@@ -154,7 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--no-lerobot", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="20 cycles; a failed client fails the run")
     args = parser.parse_args()
+    if args.smoke:
+        args.cycles = 20
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         calibration = workdir / "so101.json"
@@ -185,7 +188,9 @@ def main() -> None:
                 cycle, close = build()
                 try:
                     rows.append((name, measure(cycle, args.cycles, pids)))
-                except Exception as exc:  # noqa: BLE001 - a failed client is a result too
+                except Exception as exc:  # a failed client is a result too (not in a smoke run)
+                    if args.smoke:
+                        raise
                     print(f"  failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                     rows.append((name, {"failed": str(exc)}))
                 finally:

@@ -10,7 +10,7 @@ at a total of 7%). For each total rate, in one run, side by side:
   (bus retries 2, as the daemon's default); LeRobot's ``sync_read`` + ``sync_write`` as its
   ``SOFollower`` calls them (``num_retry=0``).
 
-Run: ``.venv/bin/python bench/bench_bus_faults.py`` (about a minute).
+Run: ``.venv/bin/python bench/bench_bus_faults.py`` (about a minute; ``--smoke``: seconds).
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def main() -> None:
     parser.add_argument("--rates", default="0,0.02,0.07,0.15,0.3")
     parser.add_argument("--opens", type=int, default=5)
     parser.add_argument("--cycles", type=int, default=250)
+    parser.add_argument("--smoke", action="store_true", help="the 7%% rate only, one open, 20 cycles")
     args = parser.parse_args()
+    if args.smoke:
+        args.rates, args.opens, args.cycles = "0.07", 1, 20
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     print("| faults (drop+corrupt) | client | opens ok | failed cycles | cycle ms (mean) |")
     print("|---|---|---:|---:|---:|")

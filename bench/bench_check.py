@@ -1,7 +1,7 @@
 """Benchmark of `hilrec check`: frames checked per second, serial against parallel decoding.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_check.py [--root DIR] [--episodes 20]
-         [--size 320x240] [--repeats 3] [--doctor-path DIR]
+         [--size 320x240] [--repeats 3] [--doctor-path DIR] [--smoke]
 
 A 20-episode sim dataset with one 320x240 (WxH) camera is recorded first (`hilrec record --sim --root R
 --episodes 20 --seed 0 --cameras front --size 320x240`, unless --root names one already there).
@@ -81,7 +81,10 @@ def main() -> int:
     parser.add_argument("--size", default="320x240", help="camera WxH (default 320x240)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--doctor-path", type=Path, help="directory holding an unpacked lerobot_doctor")
+    parser.add_argument("--smoke", action="store_true", help="2 episodes at 64x48, one run each")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.size, args.repeats = 2, "64x48", 1
 
     with tempfile.TemporaryDirectory(prefix="bench-check-") as tmp:
         root = args.root or Path(tmp) / "ds"

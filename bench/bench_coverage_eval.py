@@ -2,7 +2,7 @@
 
 Run: MUJOCO_GL=egl HF_HUB_OFFLINE=1 .venv/bin/python bench/bench_coverage_eval.py
          [--episodes 24] [--steps 400] [--checkpoints 100,200,300,400] [--eval-seeds 12]
-         [--pushes 1.0] [--max-seconds 10] [--out DIR]
+         [--pushes 1.0] [--max-seconds 10] [--out DIR] [--smoke]
 Tens of minutes on two cores; not part of make test.
 
 1. Two training datasets of the same size, recorded with the scripted operator
@@ -262,7 +262,14 @@ def main() -> int:
     parser.add_argument("--pushes", type=float, default=1.0, help="pushes per second (broad data, test)")
     parser.add_argument("--max-seconds", type=float, default=10.0, help="closed-loop episode limit")
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_coverage_eval"))
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 episodes a set, 1 held out, 1 step, 1 s closed loop"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.val_episodes, args.eval_seeds, args.checkpoints = 2, 1, 1, "1"
+        args.batch, args.max_seconds = 4, 1.0
+        args.out = args.out.with_name(args.out.name + "_smoke")
     args.checkpoints = [int(s) for s in args.checkpoints.split(",")]
     if args.steps is not None:
         args.checkpoints = [s for s in args.checkpoints if s < args.steps] + [args.steps]

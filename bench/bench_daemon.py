@@ -36,6 +36,8 @@ A second table runs LeRobot 0.4.4's pacing (``precise_sleep(1/fps - dt)`` after 
 record loop does) and ours (absolute deadlines) side by side on the same synthetic work, in this
 process: achieved rate and drift after ``--pacer-ticks`` ticks.
 
+``--smoke``: a 2 s episode, one camera, the encoder processes only, 25 pacer ticks.
+
 The machine's load average is printed: on a shared 2-core machine the numbers depend on it.
 """
 
@@ -529,7 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a 2 s episode, one camera, encoder processes, 25 pacer ticks"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.duration, args.cameras, args.encoder, args.pacer_ticks = 2.0, 1, "process", 25
     FPS, PERIOD = args.fps, 1.0 / args.fps
 
     encoders = ["thread", "process"] if args.encoder == "both" else [args.encoder]

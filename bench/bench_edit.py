@@ -1,7 +1,7 @@
 """Benchmark of `hilrec edit delete-episodes`: delete one episode of 50, against LeRobot's own.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_edit.py [--root DIR] [--episodes 50]
-         [--size 128x96] [--delete 25] [--repeats 3]
+         [--size 128x96] [--delete 25] [--repeats 3] [--smoke]
 
 A sim dataset is recorded first (`hilrec record --sim --root R --episodes 50 --seed 0 --cameras
 front --size 128x96`, libsvtav1 as LeRobot encodes, unless --root names one already there). Then,
@@ -65,7 +65,11 @@ def main() -> int:
     parser.add_argument("--size", default="128x96", help="camera WxH (default 128x96)")
     parser.add_argument("--delete", type=int, default=25, help="the episode to delete")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="delete episode 1 of 3 at 64x48, once each")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.size, args.delete, args.repeats = 3, "64x48", 1, 1
+        args.root = args.root.with_name("sim3-smoke")
     if not (args.root / "meta/info.json").exists():
         args.root.parent.mkdir(parents=True, exist_ok=True)
         record_sim_dataset(args.root, args.episodes, args.size)

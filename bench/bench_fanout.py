@@ -1,7 +1,7 @@
 """Benchmark of ``hilrec record --sim --workers N`` and ``--ray`` (issue 15, items 2 and 3).
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_fanout.py [--episodes 8] [--repeats 3]
-         [--size 320x240] [--no-ray]
+         [--size 320x240] [--no-ray] [--smoke]
 
 Each run is ``hilrec record --sim`` as a user runs it, a process of its own (start-up, imports
 and the workers' spawn included), into a new root. Two kinds of episode: no camera (physics and
@@ -122,7 +122,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--size", default="320x240", help="camera WxH (default 320x240)")
     parser.add_argument("--no-ray", dest="ray", action="store_false", help="skip the Ray comparison")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 episodes at 64x48 with a camera, one round, no Ray (~20 s to start)",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.repeats, args.size, args.ray = 2, 1, "64x48", False
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     print(f"cores {os.cpu_count()}, python {sys.version.split()[0]}")
@@ -132,6 +139,8 @@ def main() -> None:
             "no camera": ["--cameras", "none"],
             f"front camera {args.size}": ["--cameras", "front", "--size", args.size],
         }
+        if args.smoke:  # the camera kind runs every step the other does, and more
+            del kinds["no camera"]
         for title, kind in kinds.items():
             variants = {
                 "one process": kind,

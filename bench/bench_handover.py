@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=250)
     parser.add_argument("--fps", type=float, default=25.0)
     parser.add_argument("--codec", default="libsvtav1")
+    parser.add_argument("--smoke", action="store_true", help="10 frames")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.frames = 10
     images = frames(args.frames)
     settings = VideoSettings(codec=args.codec)
     results: dict[str, np.ndarray] = {}

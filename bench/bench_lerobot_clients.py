@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, opens = (1, 3) if args.smoke else (args.runs, args.opens)
 
     print(f"# bench_lerobot_clients: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before\n")
-    print("| client | load | runs / opens | exit 0 | no status packet | other failure | followed | s |")
+    print("| client | load | tries | ok | no status packet | failed otherwise | followed | s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="bench-clients-") as tmp:
         for loaded in loads:

@@ -2,7 +2,7 @@
 thresholds.
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_replay.py [--episodes 10] [--frames 500]
-         [--repeats 3] [--thresholds 8]
+         [--repeats 3] [--thresholds 8] [--smoke]
 
 Part 1, speed (target, issue 6: at least 2,000 frames/s). A dataset of hardware-like episodes is
 recorded on the twin (the tests' recorder: leader waypoints, follower = twin, native writer), then
@@ -216,7 +216,12 @@ def main() -> None:
         metavar="N",
         help="also record N clean emulated episodes on the wall clock",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="one 50-frame episode, once; one 50-frame threshold episode"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.frames, args.repeats, args.thresholds = 1, 50, 1, 1
     settings = load_replay_settings()
     speed(args, settings)
     if args.thresholds:

@@ -1,7 +1,7 @@
 """Benchmark of ``--workers`` on ``hilrec replay`` and ``hilrec check --replay`` (issue 15, item 2).
 
 Run: MUJOCO_GL=egl .venv/bin/python bench/bench_replay_workers.py [--sim-episodes 16]
-         [--hardware-episodes 16] [--frames 250] [--repeats 3] [--workers 1 2]
+         [--hardware-episodes 16] [--frames 250] [--repeats 3] [--workers 1 2] [--smoke]
 
 Two datasets are made first: a sim dataset (``hilrec record --sim``, no cameras, with pushes, so
 the bit-exact replay also replays each episode without them) and a hardware-like one (the replay
@@ -108,7 +108,10 @@ def main() -> int:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--smoke", action="store_true", help="2 + 2 episodes (50 frames), one round")
     args = parser.parse_args()
+    if args.smoke:
+        args.sim_episodes, args.hardware_episodes, args.frames, args.repeats = 2, 2, 50, 1
 
     with tempfile.TemporaryDirectory(prefix="bench-replay-workers-") as tmp:
         work = Path(tmp)

@@ -1,6 +1,6 @@
 """Benchmark of the MuJoCo twin: recording speed, rendering, replay checking, operator success.
 
-Run: MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py [--episodes 20] [--seeds 100]
+Run: MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py [--episodes 20] [--seeds 100] [--smoke]
      MUJOCO_GL=egl .venv/bin/python bench/bench_sim.py --compare-fps 30 25 [--repeats 5]
 
 Prints one table. Targets (issue 3): recording without cameras >= 100x real time; with one
@@ -264,7 +264,10 @@ def main() -> int:
         help="only record at these rates side by side (e.g. 30 25), each at its chosen timestep",
     )
     parser.add_argument("--repeats", type=int, default=5, help="runs per rate with --compare-fps")
+    parser.add_argument("--smoke", action="store_true", help="one episode of each kind, one seed")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.camera_episodes, args.seeds, args.repeats = 1, 1, 1, 1
     workdir = Path(tempfile.mkdtemp(prefix="bench_sim_"))
     print(
         f"bench_sim: MuJoCo {mujoco.__version__}, {os.cpu_count()} CPUs, "

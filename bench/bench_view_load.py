@@ -198,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="each episode's length")
     parser.add_argument("--codec", default="libx264", help="the cameras' video codec")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 s episodes; missed deadlines are reported, not a failure"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.seconds = 3.0
     work = Path(tempfile.mkdtemp(prefix="bench_view_load-"))
     daemon = Daemon(work, config_text(work / "data", args.codec))
     results: dict[str, dict[str, Any]] = {}
@@ -239,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  ({name}: the start waited {results[name]['waited']:.1f} s for device faults to clear)")
     print(f"hilrec display over the loaded episode: {display}")
     missed = sum(stats(r["arrays"])["missed"] for r in results.values() if "tick_start" in r["arrays"])
-    return 0 if missed == 0 else 1
+    # A smoke run shows the benchmark runs; on a loaded machine its few ticks may well miss.
+    return 0 if missed == 0 or args.smoke else 1
 
 
 if __name__ == "__main__":

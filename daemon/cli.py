@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -24,11 +25,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "record": ("hilrec.sim.cmd_record", "record episodes in the MuJoCo twin with the scripted operator"),
     "check": ("hilrec.daemon.replay.cmd_check", "check a LeRobot v3.0 dataset (and replay it with --replay)"),
     "repair": (
-        "hilrec.daemon.dataset.repair.cmd_repair",
+        "hilrec.sim.cmd_repair",
         "make a crashed dataset load again, keeping every saved episode",
     ),
     "render": ("hilrec.sim.cmd_render", "re-render the camera videos of sim episodes"),
-    "replay": ("hilrec.daemon.replay.cmd_replay", "replay-check hardware episodes on the twin"),
+    "replay": (
+        "hilrec.daemon.control.cmd_replay",
+        "replay-check hardware episodes on the twin, or play one on the arm (--on-arm)",
+    ),
     "find-port": (
         "hilrec.drivers.cmd_find_port",
         "find an arm's serial port (unplug it), or list the ports with servos",
@@ -74,6 +78,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 _RST_LITERAL = re.compile(r"``(.+?)``")
+_SPHINX_ROLE = re.compile(r":[a-z]+:`([^`]+)`")
 _VERBOSE_HELP = "log debug messages"
 
 
@@ -150,19 +155,40 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def doc_summary(doc: str | None) -> str | None:
+    """A module docstring's first paragraph as one line, for a command's ``description``: the
+    whole first sentence, never its first line only; Sphinx roles (:mod:`x`) as their text."""
+    if not doc:
+        return None
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return _SPHINX_ROLE.sub(r"\1", first)
+
+
 def error_prefix(command: str) -> str:
     """How every command's error line starts (collect finds its daemon's by it)."""
     return f"hilrec {command}: error: "
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # `hilrec check ROOT | head`: the reader has gone, which is not an error of hilrec's.
+        # Output still buffered must not fail again at exit: stdout goes to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a writer the pipe's end stopped
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # PyOpenGL (imported with MuJoCo) says at INFO on every run that an optional speed-up is absent.
+    logging.getLogger("OpenGL.acceleratesupport").setLevel(logging.WARNING)
     func = getattr(args, "func", None)
     if func is None:
         parser.error(f"'{args.command}' needs its arguments; see 'hilrec {args.command} --help'")

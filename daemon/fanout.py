@@ -17,26 +17,25 @@ place that hands the tasks out:
 A task's exception never escapes: its outcome carries it as text (``Type: message``), so one bad
 episode does not lose the others; nor does a task that runs past ``timeout_s`` (its worker is
 killed). Interrupting the parent (Ctrl-C) does escape, after the workers are stopped. A pool
-worker dies with its parent (``PR_SET_PDEATHSIG``), so a killed ``hilrec`` leaves none behind.
+worker dies with its parent (:mod:`hilrec.daemon.procs`), so a killed ``hilrec`` leaves none behind.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import dataclasses
 import logging
 import multiprocessing
 import os
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
+from hilrec.daemon import procs
 from hilrec.daemon.errors import FanoutError
 
 T = TypeVar("T")
@@ -152,20 +151,9 @@ def _worker_init(parent: int) -> None:
     # Ctrl-C reaches the whole foreground process group; only the parent decides what it means
     # (keep what is saved, stop the workers), so a worker must not die of it half-way.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this worker when its parent dies: else a killed ``hilrec`` leaves its workers
-    recording into a dataset nobody adopts, for good."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before the prctl: no signal will come
-        os._exit(1)
+    # SIGKILL when the parent dies: else a killed ``hilrec`` leaves its workers recording into a
+    # dataset nobody adopts, for good. ``parent`` is the pid the parent took before the spawn.
+    procs.die_with(parent, signal.SIGKILL)
 
 
 def _new_slot() -> cf.ProcessPoolExecutor:
@@ -190,19 +178,14 @@ def _stop_slot(slot: cf.ProcessPoolExecutor, *, kill: bool) -> None:
     the same once :data:`EXIT_TIMEOUT_S` has passed (a wedged exit must not hold the parent)."""
     # Python 3.14 has ProcessPoolExecutor.kill_workers(); before it the only handle on the
     # worker processes is the pool's own table (gone after shutdown()).
-    processes = list((getattr(slot, "_processes", None) or {}).values())
+    processes = [procs.PoolChild(p) for p in (getattr(slot, "_processes", None) or {}).values()]
     if kill:
         for process in processes:
-            if process.is_alive():
-                process.kill()
+            procs.stop(process, 0.0, signum=None)
     slot.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + EXIT_TIMEOUT_S
-    while any(process.is_alive() for process in processes):
-        if time.monotonic() > deadline:
-            for process in processes:
-                if process.is_alive():
-                    process.kill()
-        time.sleep(0.02)  # polling the exit, bounded by the kill above
+    for process in processes:
+        procs.stop(process, max(0.0, deadline - time.monotonic()), signum=None)
 
 
 def _run_pool(

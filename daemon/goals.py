@@ -23,24 +23,28 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hilrec.daemon.errors import ActionError
-from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
+from hilrec.daemon.so101 import JOINT_NAMES
 
 
 class GoalLimits:
     """``low``/``high``: float32 (6,) in dataset units; ``max_step``: units per command from the
-    present position (float64 (6,)), or None for no step limit."""
+    present position (float64 (6,)), or None for no step limit. ``names``: the joints, in
+    column order (two arms: ``so101.joint_names(2)``, twelve of each)."""
 
-    def __init__(self, low: np.ndarray, high: np.ndarray, max_step: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        low: np.ndarray,
+        high: np.ndarray,
+        max_step: np.ndarray | None = None,
+        *,
+        names: Sequence[str] = JOINT_NAMES,
+    ) -> None:
+        self.names = tuple(names)
+        count = len(self.names)
         self.low = np.asarray(low, dtype=np.float32)
         self.high = np.asarray(high, dtype=np.float32)
-        if (
-            self.low.shape != (NUM_JOINTS,)
-            or self.high.shape != (NUM_JOINTS,)
-            or not np.all(self.low <= self.high)
-        ):
-            raise ActionError(
-                f"joint limits must be {NUM_JOINTS} ordered pairs, got {self.low} .. {self.high}"
-            )
+        if self.low.shape != (count,) or self.high.shape != (count,) or not np.all(self.low <= self.high):
+            raise ActionError(f"joint limits must be {count} ordered pairs, got {self.low} .. {self.high}")
         self.max_step = None if max_step is None else np.asarray(max_step, dtype=np.float64)
         # Plain floats for the usual in-range test: six comparisons, no numpy call.
         self._bounds = list(zip(self.low.tolist(), self.high.tolist(), strict=True))
@@ -50,9 +54,9 @@ class GoalLimits:
     ) -> tuple[np.ndarray, bool]:
         """The float32 goal to execute and record, and whether it had to be changed."""
         values = np.asarray(goal)
-        if values.shape != (NUM_JOINTS,):
+        if values.shape != self.low.shape:
             raise ActionError(
-                f"a goal is {NUM_JOINTS} numbers ({', '.join(JOINT_NAMES)}), got shape {values.shape}"
+                f"a goal is {len(self.names)} numbers ({', '.join(self.names)}), got shape {values.shape}"
             )
         if values.dtype == np.float32:
             asked = values.astype(np.float32)  # a copy; no cast can overflow
@@ -65,7 +69,7 @@ class GoalLimits:
             if all(lo <= v <= hi for v, (lo, hi) in zip(listed, self._bounds, strict=True)):
                 return asked, False
         if not np.isfinite(asked).all():
-            bad = [name for name, ok in zip(JOINT_NAMES, np.isfinite(asked), strict=True) if not ok]
+            bad = [name for name, ok in zip(self.names, np.isfinite(asked), strict=True) if not ok]
             raise ActionError(f"non-finite goal for {', '.join(bad)}: {values.tolist()}")
         sent = asked
         if self.max_step is not None:
@@ -89,7 +93,7 @@ def inner_bounds(
     servo tick or an actuator value just outside the range it came from."""
     low32 = np.asarray(low, dtype=np.float64).astype(np.float32)
     high32 = np.asarray(high, dtype=np.float64).astype(np.float32)
-    for i in range(NUM_JOINTS):
+    for i in range(len(low32)):
         while not inside(i, float(low32[i])) and low32[i] < high32[i]:
             low32[i] = np.nextafter(low32[i], np.float32(np.inf))
         while not inside(i, float(high32[i])) and high32[i] > low32[i]:

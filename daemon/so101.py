@@ -55,6 +55,10 @@ TICKS_PER_TURN: Final[int] = 4096
 MAX_TICK: Final[int] = TICKS_PER_TURN - 1
 
 ROBOT_TYPE: Final[str] = "so_follower"  # LeRobot >= 0.4.3 robot.name for SO-100/SO-101 followers
+# Two arms, as LeRobot 0.4.4's BiSOFollower / BiSOLeader name them: every motor (and every camera
+# an arm carries) prefixed with its side, left first.
+BIMANUAL_ROBOT_TYPE: Final[str] = "bi_so_follower"
+ARM_SIDES: Final[tuple[str, ...]] = ("left", "right")
 # Every robot_type LeRobot has written for this arm: its 0.3 datasets say so100_follower or
 # so101_follower (the robot.name of two classes then), 0.4 merged them into one SOFollower
 # class (both config names are still registered as aliases of it).
@@ -65,8 +69,39 @@ STATE_KEY: Final[str] = "observation.state"
 IMAGE_PREFIX: Final[str] = "observation.images."
 
 
-def position_feature() -> dict[str, Any]:
-    return {"dtype": "float32", "shape": [NUM_JOINTS], "names": list(POSITION_NAMES)}
+def arm_prefixes(arms: int = 1) -> tuple[str, ...]:
+    """The column prefix of each arm: ``("",)`` for one arm, ``("left_", "right_")`` for two."""
+    if arms == 1:
+        return ("",)
+    if arms == len(ARM_SIDES):
+        return tuple(f"{side}_" for side in ARM_SIDES)
+    raise ValueError(f"an SO-101 bench has 1 or {len(ARM_SIDES)} arms, not {arms}")
+
+
+def joint_names(arms: int = 1) -> tuple[str, ...]:
+    """Every motor of ``arms`` arms in column order: ``left_shoulder_pan ... right_gripper``."""
+    return tuple(prefix + name for prefix in arm_prefixes(arms) for name in JOINT_NAMES)
+
+
+def position_names(arms: int = 1) -> list[str]:
+    return [f"{name}.pos" for name in joint_names(arms)]
+
+
+def robot_type(arms: int = 1) -> str:
+    return ROBOT_TYPE if arms == 1 else BIMANUAL_ROBOT_TYPE
+
+
+def arms_of(names: list[str] | tuple[str, ...]) -> int | None:
+    """How many arms a feature's ``names`` stand for (1 or 2), or None if they are neither."""
+    for arms in (1, len(ARM_SIDES)):
+        if list(names) == position_names(arms):
+            return arms
+    return None
+
+
+def position_feature(arms: int = 1) -> dict[str, Any]:
+    names = position_names(arms)
+    return {"dtype": "float32", "shape": [len(names)], "names": names}
 
 
 def camera_feature(height: int, width: int, *, video: bool = True) -> dict[str, Any]:
@@ -78,15 +113,16 @@ def camera_feature(height: int, width: int, *, video: bool = True) -> dict[str, 
 
 
 def so101_features(
-    cameras: Mapping[str, tuple[int, int]] | None = None, *, video: bool = True
+    cameras: Mapping[str, tuple[int, int]] | None = None, *, video: bool = True, arms: int = 1
 ) -> dict[str, dict[str, Any]]:
-    """The dataset features of an SO-101 follower teleoperated by a leader, as LeRobot builds them.
+    """The dataset features of SO-101 followers teleoperated by leaders, as LeRobot builds them
+    (``arms=2``: its ``bi_so_follower``, 12 columns, left arm first).
 
     ``cameras`` maps a camera name to its (height, width).
     """
     features: dict[str, dict[str, Any]] = {
-        ACTION_KEY: position_feature(),
-        STATE_KEY: position_feature(),
+        ACTION_KEY: position_feature(arms),
+        STATE_KEY: position_feature(arms),
     }
     for name, (height, width) in (cameras or {}).items():
         features[IMAGE_PREFIX + name] = camera_feature(height, width, video=video)

@@ -31,12 +31,11 @@ it reads and writes are :mod:`hilrec.drivers.tables`):
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import scservo_sdk as scs
@@ -50,6 +49,7 @@ from hilrec.daemon.errors import (
     PortGoneError,
     ServoFaultError,
 )
+from hilrec.drivers.sdk_port import ExclusivePort, StatusSyncRead, open_problem
 from hilrec.drivers.tables import (
     BROADCAST_ID,
     Instruction,
@@ -128,95 +128,6 @@ class SyncReading:
         return {sid: bits for sid, bits in self.status.items() if bits}
 
 
-class _ExclusivePort(scs.PortHandler):
-    """The SDK's PortHandler, opening the port exclusively and waiting without spinning."""
-
-    is_open: bool  # set by the SDK's __init__; declared for the type checker
-
-    def __init__(self, port_name: str, *, wait_slice_s: float, reply_timeout_ms: float | None) -> None:
-        super().__init__(port_name)
-        self._wait_slice_s = wait_slice_s
-        self._reply_timeout_ms = reply_timeout_ms
-
-    def setupPort(self, cflag_baud: int) -> bool:
-        if self.is_open:
-            self.closePort()
-        # exclusive=True takes the flock before pyserial configures or flushes anything.
-        self.ser = serial.Serial(
-            port=self.port_name,
-            baudrate=self.baudrate,
-            bytesize=serial.EIGHTBITS,
-            timeout=self._wait_slice_s,
-            exclusive=True,
-        )
-        self.is_open = True
-        self.ser.reset_input_buffer()
-        self.tx_time_per_byte = (1000.0 / self.baudrate) * 10.0
-        return True
-
-    def setPacketTimeout(self, packet_length: int) -> None:
-        if self._reply_timeout_ms is None:
-            super().setPacketTimeout(packet_length)
-            return
-        self.packet_start_time = self.getCurrentTime()
-        self.packet_timeout = self.tx_time_per_byte * packet_length + self._reply_timeout_ms
-
-    def getCurrentTime(self) -> float:
-        return time.monotonic() * 1000.0  # the SDK uses time.time(): wall clock steps
-
-
-def _open_problem(exc: serial.SerialException) -> str:
-    """Why a port did not open, and what to do about it."""
-    cause = exc.__context__
-    code = getattr(exc, "errno", None) or (cause.args[0] if isinstance(cause, termios.error) else None)
-    find = "hilrec find-port names the arm's port"
-    if code == errno.ENOTTY or "Inappropriate ioctl" in str(exc):
-        return (
-            "not a serial port (a USB serial adapter is /dev/ttyACM* or /dev/ttyUSB* on Linux, "
-            f"/dev/tty.usbmodem* on macOS); {find}"
-        )
-    if code == errno.ENOENT:
-        return f"no such port: is the arm's USB cable plugged in? {find}"
-    if code in (errno.EACCES, errno.EPERM):
-        return (
-            "permission denied: add your user to the group that owns the port "
-            "(e.g. `sudo usermod -aG dialout $USER`, then log in again)"
-        )
-    return f"cannot open: {exc}; {find}"
-
-
-_Receive = Callable[[_ExclusivePort, int, int], tuple[list[int], int]]
-
-
-class _StatusSyncRead(scs.GroupSyncRead):
-    """GroupSyncRead that keeps every servo's ERROR byte, remembers which servo failed, and takes
-    each reply through the bus's matching ``receive`` (id and length)."""
-
-    def __init__(
-        self, port: _ExclusivePort, packets: scs.PacketHandler, address: int, length: int, receive: _Receive
-    ) -> None:
-        super().__init__(port, packets, address, length)
-        self._receive = receive
-        self.status: dict[int, int] = {}
-        self.failed_id: int | None = None
-
-    def rxPacket(self) -> int:
-        self.last_result = False
-        self.status = {}
-        self.failed_id = None
-        if not self.data_dict:
-            return scs.COMM_NOT_AVAILABLE
-        for servo_id in self.data_dict:
-            rx, result = self._receive(self.port, servo_id, self.data_length + 2)
-            if result != scs.COMM_SUCCESS:
-                self.failed_id = servo_id
-                return result
-            self.data_dict[servo_id] = rx[_PARAM0 : _PARAM0 + self.data_length]
-            self.status[servo_id] = rx[_ERROR]
-        self.last_result = True
-        return scs.COMM_SUCCESS
-
-
 class FeetechBus:
     """One serial port with a chain of STS3215 servos; open() ... close(), or ``with``."""
 
@@ -224,9 +135,9 @@ class FeetechBus:
         self.config = config
         self.stats = BusStats()
         self._lock = threading.Lock()
-        self._port: _ExclusivePort | None = None
+        self._port: ExclusivePort | None = None
         self._packets = scs.PacketHandler(0)  # protocol_end 0: STS/SMS, little-endian words
-        self._sync_readers: dict[tuple[int, int, tuple[int, ...]], _StatusSyncRead] = {}
+        self._sync_readers: dict[tuple[int, int, tuple[int, ...]], StatusSyncRead] = {}
         # A reply may still be on its way (an attempt failed): fence before the next exchange.
         self._unsettled = False
         self._fence: tuple[int, int] | None = None  # (id, LENGTH) of the fence reply awaited
@@ -245,7 +156,7 @@ class FeetechBus:
     def open(self) -> None:
         if self.is_open:
             raise BusError("already open", port=self.port_name)
-        port = _ExclusivePort(
+        port = ExclusivePort(
             self.port_name,
             wait_slice_s=self.config.wait_slice_s,
             reply_timeout_ms=self.config.reply_timeout_ms,
@@ -263,7 +174,7 @@ class FeetechBus:
                     "calibrate or LeRobot script?)",
                     port=self.port_name,
                 ) from exc
-            raise PortGoneError(_open_problem(exc), port=self.port_name) from exc
+            raise PortGoneError(open_problem(exc), port=self.port_name) from exc
         self._port = port
         self._sync_readers.clear()
         # The port's previous owner may have left a request unanswered: its reply can still land.
@@ -286,7 +197,7 @@ class FeetechBus:
     # --- transactions -----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _transaction(self, servo_id: int | None, what: str) -> Iterator[_ExclusivePort]:
+    def _transaction(self, servo_id: int | None, what: str) -> Iterator[ExclusivePort]:
         """Own the port for one exchange: lock, discard stale input, map I/O errors."""
         port = self._port
         if port is None:
@@ -306,7 +217,7 @@ class FeetechBus:
                     register=what,
                 ) from exc
 
-    def _send(self, port: _ExclusivePort, tx: list[int], reply_bytes: int) -> int:
+    def _send(self, port: ExclusivePort, tx: list[int], reply_bytes: int) -> int:
         """Transmit ``tx`` (the SDK fills header and checksum in) and start the reply timeout."""
         result = self._packets.txPacket(port, tx)
         if result == scs.COMM_SUCCESS:
@@ -314,7 +225,7 @@ class FeetechBus:
         return result
 
     def _receive(
-        self, port: _ExclusivePort, servo_id: int, length: int, tx: list[int] | None = None
+        self, port: ExclusivePort, servo_id: int, length: int, tx: list[int] | None = None
     ) -> tuple[list[int], int]:
         """The first status packet from ``servo_id`` whose LENGTH is ``length``, before the
         reply timeout. Everything else answers another request and is skipped: ``tx`` echoed
@@ -348,7 +259,7 @@ class FeetechBus:
                 return rx, result
             self.stats.stale_skipped += 1
 
-    def _settle(self, port: _ExclusivePort, servo_id: int, length: int) -> None:
+    def _settle(self, port: ExclusivePort, servo_id: int, length: int) -> None:
         """If a reply went missing, fence: READ from ``servo_id`` a length neither the coming
         reply (``length``) nor a pending fence has, and skip everything up to its reply. A fence
         that times out stays pending until the next settle replaces it with a fence of another
@@ -578,12 +489,12 @@ class FeetechBus:
             raise error
         return reading
 
-    def _sync_reader(self, port: _ExclusivePort, reg: Register, ids: tuple[int, ...]) -> _StatusSyncRead:
+    def _sync_reader(self, port: ExclusivePort, reg: Register, ids: tuple[int, ...]) -> StatusSyncRead:
         """The SDK's group reader for these servos and this register, made once per open."""
         key = (reg.address, reg.size, ids)
         reader = self._sync_readers.get(key)
         if reader is None:
-            reader = _StatusSyncRead(port, self._packets, reg.address, reg.size, self._receive)
+            reader = StatusSyncRead(port, self._packets, reg.address, reg.size, self._receive)
             for servo_id in ids:
                 reader.addParam(servo_id)
             self._sync_readers[key] = reader

@@ -11,9 +11,15 @@ device path, an index, a video file or a stream URL.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import platform
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -82,8 +88,39 @@ def _target(source: str) -> str | int:
 
 
 def inspect(source: str | int) -> CameraInfo:
-    """Open ``source`` with OpenCV and read one frame (after a warm-up for devices)."""
+    """Open ``source`` with OpenCV and read one frame (after a warm-up for devices). A file's
+    decoder errors (OpenCV's FFmpeg writes them to fd 2 itself, one or more a frame) are held
+    back: the problem line says what they mean."""
     info = CameraInfo(source)
+    if not info.is_file:
+        return _inspect(info)
+    with tempfile.TemporaryFile() as held, _fd2_to(held):
+        _inspect(info)
+    if info.frame is None and info.problem is not None:
+        av1 = " (LeRobot records AV1)" if info.fourcc == "AV01" else ""
+        info.problem = (
+            f"OpenCV opens this file but cannot decode its {info.fourcc or 'unknown'} video: its FFmpeg "
+            f"has no decoder for it here{av1}. A file, not a camera; a recorded episode: hilrec view ROOT"
+            if info.backend
+            else info.problem
+        )
+    return info
+
+
+@contextlib.contextmanager
+def _fd2_to(target: Any) -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(target.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _inspect(info: CameraInfo) -> CameraInfo:
+    source = info.source
     capture = cv2.VideoCapture(source)
     try:
         if not capture.isOpened():

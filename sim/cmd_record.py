@@ -18,6 +18,7 @@ from hilrec.daemon.config import flag_errors
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.record import TakeoverMode
 from hilrec.daemon.text import DEFAULT_TASK
+from hilrec.sim.bimanual_scene import BIMANUAL_TASK, BimanualSceneConfig
 from hilrec.sim.recorder import RecordConfig, record
 from hilrec.sim.rollout import RolloutConfig
 from hilrec.sim.scene import SceneConfig
@@ -46,6 +47,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--episodes", type=int, required=True, help="number of episodes")
     parser.add_argument(
+        "--arms",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1 (default): one arm picks the cube into the bin; 2: the handover scene, the left arm "
+        "passes the cube to the right arm, which places it in the bin (LeRobot's bi_so_follower "
+        "columns, 12 floats; cameras front, left_wrist, right_wrist)",
+    )
+    parser.add_argument(
         "--seed",
         type=int,
         default=None,
@@ -69,7 +79,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="RATE",
         help="random pushes on the cube or the arm, per second (default 0)",
     )
-    parser.add_argument("--task", default=DEFAULT_TASK, help="task text of every frame")
+    parser.add_argument(
+        "--task", default=None, help="task text of every frame (default: the scene's own task, per --arms)"
+    )
     parser.add_argument(
         "--fps", type=int, default=25, help="frames per second (default 25; 30 lines up with LeRobot's)"
     )
@@ -198,9 +210,10 @@ def run(args: argparse.Namespace) -> int:
             cameras=parse_cameras(args.cameras),
             image_size=parse_size(args.size),
             push_rate=args.pushes,
-            task=args.task,
+            task=args.task if args.task is not None else (DEFAULT_TASK if args.arms == 1 else BIMANUAL_TASK),
             fps=args.fps,
-            scene=SceneConfig(timestep=args.timestep),  # None: the twin chooses the step for fps
+            # timestep None: the twin chooses the step for fps
+            scene=(SceneConfig if args.arms == 1 else BimanualSceneConfig)(timestep=args.timestep),
             realtime=args.realtime,
             video_codec=args.video_codec,
             rollout=rollout,
@@ -302,6 +315,8 @@ def _rerun_hint(config: RecordConfig, seeds: list[int]) -> str:
     ]
     if config.scene.timestep is not None:
         shared.append(f"--timestep={config.scene.timestep!r}")
+    if config.scene.arms != 1:
+        shared.append(f"--arms={config.scene.arms}")
     return "; ".join(
         shlex.join(
             [

@@ -31,7 +31,7 @@ from hilrec.daemon.dataset import (
     read_episode,
 )
 from hilrec.daemon.errors import ReplayError
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, robot_type
 from hilrec.sim.cmd_record import describe_shape, parse_cameras, parse_size
 from hilrec.sim.episode import Push
 from hilrec.sim.features import sim_features
@@ -122,7 +122,7 @@ def render_dataset(
     tasks = load_tasks(root)
     dataset_sidecar = load_dataset_sidecar(root) or {}
     scene = scene_from_sidecar(dataset_sidecar, root)
-    features = sim_features(dict.fromkeys(cameras, size))
+    features = sim_features(dict.fromkeys(cameras, size), arms=scene.arms)
     frames_written = 0
     indices = [int(row["episode_index"]) for row in load_episodes(root)]
     with Twin(
@@ -132,7 +132,7 @@ def render_dataset(
             out,
             fps=int(info["fps"]),
             features=features,
-            robot_type=info.get("robot_type") or ROBOT_TYPE,
+            robot_type=info.get("robot_type") or robot_type(scene.arms),
             video_codec=video_codec,
             lock_command=f"hilrec render {root}",  # the new root is locked while it is written
         )

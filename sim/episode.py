@@ -19,12 +19,11 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from hilrec.daemon.errors import ReplayError
-from hilrec.sim.operator import ScriptedOperator
 from hilrec.sim.scene import (
     ARM_BODIES,
     CUBE_BODY,
@@ -77,16 +76,20 @@ def _vector3(values: Iterable[float]) -> tuple[float, float, float]:
     return x, y, z
 
 
-def push_schedule(seed: int, num_frames: int, fps: int, rate_hz: float) -> list[Push]:
-    """Pushes at a mean of ``rate_hz`` per second (Poisson), drawn from ``seed`` alone."""
+def push_schedule(
+    seed: int, num_frames: int, fps: int, rate_hz: float, arm_prefixes: Sequence[str] = ("",)
+) -> list[Push]:
+    """Pushes at a mean of ``rate_hz`` per second (Poisson), drawn from ``seed`` alone, on the
+    cube or a link of any arm (``arm_prefixes``: the arms' name prefixes in the model)."""
     if rate_hz <= 0 or num_frames <= 0:
         return []
+    links = [prefix + link for prefix in arm_prefixes for link in PUSHED_ARM_LINKS]
     rng = np.random.default_rng([seed, 0x9054])
     probability = min(1.0, rate_hz / fps)
     pushes = []
     for frame in np.nonzero(rng.random(num_frames) < probability)[0]:
         on_cube = bool(rng.random() < 0.5)
-        body = CUBE_BODY if on_cube else str(rng.choice(PUSHED_ARM_LINKS))
+        body = CUBE_BODY if on_cube else str(rng.choice(links))
         low, high = CUBE_PUSH_NEWTONS if on_cube else ARM_PUSH_NEWTONS
         heading = rng.uniform(0, 2 * math.pi)
         # Cube pushes slide it along the table; arm pushes come from any direction.
@@ -122,9 +125,33 @@ def act_and_step(twin: Twin, action: np.ndarray, pushes: Sequence[Push] = ()) ->
     return executed
 
 
-def operator_action(
-    twin: Twin, operator: ScriptedOperator, frame: int, observation: np.ndarray
-) -> np.ndarray:
+class LeaderScript(Protocol):
+    """What the frame loop asks of a scripted operator (one arm's ScriptedOperator, or both
+    arms' BimanualOperator): plan at reset, then a leader position per frame."""
+
+    def reset(self, start: EpisodeStart | None = None) -> None: ...
+
+    @property
+    def num_frames(self) -> int: ...
+
+    @property
+    def phase_starts(self) -> dict[str, int]: ...
+
+    @property
+    def replans(self) -> list[int]: ...
+
+    def act(self, frame_index: int, observation: np.ndarray | None = None) -> np.ndarray: ...
+
+    def leader_path(self) -> np.ndarray: ...
+
+    def watching(self, frame_index: int) -> bool: ...
+
+    def watch_cube(
+        self, frame_index: int, position: np.ndarray, quaternion: np.ndarray, speed: float = 0.0
+    ) -> bool: ...
+
+
+def operator_action(twin: Twin, operator: LeaderScript, frame: int, observation: np.ndarray) -> np.ndarray:
     """The scripted operator's leader position for ``frame``, after it has looked at the cube
     (and re-planned if a push knocked it away before the grasp)."""
     if operator.watching(frame):
@@ -141,14 +168,18 @@ class ContactTally:
         names = twin.geom_names
         self._frames: Counter[tuple[int, int]] = Counter()
         cube = names.index(CUBE_GEOM)
-        self._pads = {(min(cube, names.index(pad)), max(cube, names.index(pad))) for pad in JAW_PADS}
+        # Each arm's pair of pads: the cube is grasped when it is between both pads of one arm.
+        self._pads = [
+            {(min(cube, names.index(p + pad)), max(cube, names.index(p + pad))) for pad in JAW_PADS}
+            for p in twin.scene.arm_prefixes
+        ]
         self.grasp_frames = 0
         self.frames = 0
 
     def add(self) -> None:
         touching = self._twin.contact_id_pairs()  # a pair counts once per frame
         self._frames.update(touching)
-        self.grasp_frames += self._pads <= touching
+        self.grasp_frames += any(pads <= touching for pads in self._pads)
         self.frames += 1
 
     def summary(self) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from hilrec.daemon.policy.record import INTERVENTION_KEY
 from hilrec.daemon.so101 import (
     ACTION_KEY,
     IMAGE_PREFIX,
-    NUM_JOINTS,
-    POSITION_NAMES,
     STATE_KEY,
+    arms_of,
+    position_names,
     so101_features,
 )
 
@@ -30,11 +30,11 @@ _WHY = (
 )
 
 
-def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
-    """Raise FeatureSpecError for a declared feature a real arm could not produce."""
+def check_measurable(features: Mapping[str, Mapping[str, Any]], *, arms: int = 1) -> None:
+    """Raise FeatureSpecError for a declared feature ``arms`` real arms could not produce."""
     for key, spec in features.items():
         if key == ACTION_KEY:
-            _check_positions(key, spec)
+            _check_positions(key, spec, arms)
             continue
         if key == INTERVENTION_KEY:
             # Allowed by name: whether a person had the arm is known on the bench as it happens
@@ -50,7 +50,7 @@ def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
         if not key.startswith(OBSERVATION_PREFIX):
             continue
         if key == STATE_KEY:
-            _check_positions(key, spec)
+            _check_positions(key, spec, arms)
         elif key.startswith(IMAGE_PREFIX) and len(key) > len(IMAGE_PREFIX):
             shape = list(spec.get("shape", []))
             if spec.get("dtype") not in ("video", "image") or len(shape) != 3 or shape[2] != 3:
@@ -63,30 +63,34 @@ def check_measurable(features: Mapping[str, Mapping[str, Any]]) -> None:
             raise FeatureSpecError(key, f"not measurable on a real SO-101: {_WHY}")
 
 
-def _check_positions(key: str, spec: Mapping[str, Any]) -> None:
+def _check_positions(key: str, spec: Mapping[str, Any], arms: int) -> None:
     names = list(spec.get("names") or [])
-    if (
-        spec.get("dtype") != "float32"
-        or list(spec.get("shape", [])) != [NUM_JOINTS]
-        or names != POSITION_NAMES
-    ):
+    want = position_names(arms)
+    if spec.get("dtype") != "float32" or list(spec.get("shape", [])) != [len(want)] or names != want:
+        columns = "SO-101" if arms == 1 else f"bi_so_follower ({arms} arms)"
+        found = arms_of(names)
+        hint = f"; those are the columns of {found} arm(s)" if found not in (None, arms) else ""
         raise FeatureSpecError(
             key,
-            f"must be float32 [{NUM_JOINTS}] named {POSITION_NAMES} "
-            f"(LeRobot's SO-101 columns), got dtype {spec.get('dtype')!r} "
-            f"shape {spec.get('shape')} names {names}",
+            f"must be float32 [{len(want)}] named {want} "
+            f"(LeRobot's {columns} columns), got dtype {spec.get('dtype')!r} "
+            f"shape {spec.get('shape')} names {names}{hint}",
         )
 
 
 def sim_features(
-    cameras: Mapping[str, tuple[int, int]], extra: Mapping[str, Mapping[str, Any]] | None = None
+    cameras: Mapping[str, tuple[int, int]],
+    extra: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    arms: int = 1,
 ) -> dict[str, dict[str, Any]]:
-    """The features of a sim recording: LeRobot's SO-101 columns, one video per camera, and any
-    ``extra`` features a caller declares, provided a real SO-101 could produce them."""
-    features = so101_features(cameras)
+    """The features of a sim recording: LeRobot's SO-101 columns (``arms=2``: its
+    bi_so_follower's), one video per camera, and any ``extra`` features a caller declares,
+    provided real arms could produce them."""
+    features = so101_features(cameras, arms=arms)
     for key, spec in (extra or {}).items():
         if key in features:
             raise FeatureSpecError(key, "already declared by the SO-101 features")
         features[key] = dict(spec)
-    check_measurable(features)
+    check_measurable(features, arms=arms)
     return features

@@ -19,7 +19,8 @@ from typing import Any
 import mujoco
 
 from hilrec.daemon.errors import ReplayError, SimError
-from hilrec.sim import ik, operator
+from hilrec.sim import bimanual_operator, ik, operator
+from hilrec.sim.bimanual_scene import BimanualSceneConfig
 from hilrec.sim.model import model_provenance, sha256_text
 from hilrec.sim.scene import SUCCESS_CRITERION, SceneConfig, scene_xml
 from hilrec.sim.twin import timestep_for
@@ -29,9 +30,11 @@ SIDECAR_KEY = "sim"
 FORMAT = "hilrec.sim/1"
 
 
-def operator_source() -> dict[str, Any]:
-    """sha256 of the code that turns a seed into a leader path (operator + its IK)."""
-    files = {path.name: path.read_bytes() for path in (_source_file(module) for module in (operator, ik))}
+def operator_source(*, arms: int = 1) -> dict[str, Any]:
+    """sha256 of the code that turns a seed into a leader path (operator + its IK; with two
+    arms, the two-arm operator too)."""
+    modules = (operator, ik) if arms == 1 else (operator, ik, bimanual_operator)
+    files = {path.name: path.read_bytes() for path in (_source_file(module) for module in modules)}
     combined = hashlib.sha256()
     for name in sorted(files):
         combined.update(name.encode() + b"\0" + files[name])
@@ -79,11 +82,16 @@ def dataset_provenance(
     }
     if operator_config is not None:
         sim["operator"] = {
-            "name": "hilrec.sim.operator.ScriptedOperator",
-            "source": operator_source(),
+            "name": "hilrec.sim.operator.ScriptedOperator"
+            if scene.arms == 1
+            else "hilrec.sim.bimanual_operator.BimanualOperator",
+            "source": operator_source(arms=scene.arms),
             "config": dataclasses.asdict(operator_config),
         }
-    return {SIDECAR_KEY: sim, "units": units_mapping()}
+    units = units_mapping()
+    if scene.arms > 1:  # every arm converts alike; its columns carry its prefix
+        units["arm_prefixes"] = list(scene.arm_prefixes)
+    return {SIDECAR_KEY: sim, "units": units}
 
 
 def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) -> SceneConfig:
@@ -95,7 +103,10 @@ def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) ->
     timestep = _recorded_timestep(dataset_sidecar)
     if config is None:
         return SceneConfig() if timestep is None else SceneConfig(timestep=timestep)
-    fields = {f.name: f for f in dataclasses.fields(SceneConfig)}
+    # A two-arm scene is the one whose config has the two-arm layout (arm_spacing...).
+    one_arm = {f.name for f in dataclasses.fields(SceneConfig)}
+    kind = BimanualSceneConfig if set(config) - one_arm else SceneConfig
+    fields = {f.name: f for f in dataclasses.fields(kind)}
     unknown = sorted(set(config) - set(fields))
     if unknown:
         raise ReplayError(
@@ -106,7 +117,7 @@ def scene_from_sidecar(dataset_sidecar: Mapping[str, Any] | None, root: Path) ->
     if values.get("timestep") is None and timestep is not None:
         values["timestep"] = timestep
     try:
-        return SceneConfig(**values)
+        return kind(**values)
     except (TypeError, ValueError) as exc:
         raise ReplayError(f"{root}: hilrec/dataset.json sim.scene.config is invalid: {exc}") from exc
 

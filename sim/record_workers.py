@@ -43,7 +43,7 @@ from hilrec.daemon.dataset import (
 )
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.fanout import TaskOutcome, check_ray_address, run_tasks
-from hilrec.daemon.so101 import ROBOT_TYPE
+from hilrec.daemon.so101 import robot_type
 from hilrec.sim.features import sim_features
 from hilrec.sim.recorder import (
     MERGE_INTERVAL_S,
@@ -206,7 +206,7 @@ def _open_destination(config: RecordConfig) -> Adopter:
     are the ones a one-process recording has; the adopter then holds its lock."""
     from hilrec.daemon.dataset import DatasetWriter
 
-    features = sim_features(dict.fromkeys(config.cameras, config.image_size))
+    features = sim_features(dict.fromkeys(config.cameras, config.image_size), arms=config.scene.arms)
     resuming = check_root(config, features)
     writer = (
         DatasetWriter.open(config.root, video_codec=config.video_codec)
@@ -215,7 +215,7 @@ def _open_destination(config: RecordConfig) -> Adopter:
             config.root,
             fps=config.fps,
             features=features,
-            robot_type=ROBOT_TYPE,
+            robot_type=robot_type(config.scene.arms),
             video_codec=config.video_codec,
         )
     )

@@ -24,10 +24,12 @@ import numpy as np
 from hilrec.daemon.dataset import FrameSink, holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.driver import PolicyDriver
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, ROBOT_TYPE, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, robot_type
 from hilrec.daemon.text import DEFAULT_TASK, task_problem
+from hilrec.sim.bimanual_operator import make_operator
 from hilrec.sim.episode import (
     ContactTally,
+    LeaderScript,
     Push,
     act_and_step,
     operator_action,
@@ -93,13 +95,15 @@ class RecordConfig:
     rollout: RolloutConfig | None = None
 
     def validate(self) -> None:
+        if self.rollout is not None and self.scene.arms != 1:
+            raise ConfigError("policy", "a policy rollout in the twin drives one arm; two arms are not yet")
         if self.episodes < 1:
             raise ConfigError("episodes", f"must be at least 1, got {self.episodes}")
         if self.seed < 0:
             raise ConfigError("seed", f"must be non-negative, got {self.seed}")
         if self.push_rate < 0 or not np.isfinite(self.push_rate):
             raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
-        problem = camera_problem(tuple(self.cameras))
+        problem = camera_problem(tuple(self.cameras), self.scene.camera_names)
         if problem:
             raise ConfigError("cameras", problem)
         problem = task_problem(self.task)  # the one rule for task strings (daemon.text)
@@ -179,7 +183,7 @@ class RecordedEpisode:
 
 def run_episode(
     twin: Twin,
-    operator: ScriptedOperator,
+    operator: LeaderScript,
     sink: FrameSink,
     *,
     seed: int,
@@ -192,7 +196,7 @@ def run_episode(
     start = twin.reset(seed)
     operator.reset(start)
     num_frames = operator.num_frames
-    pushes = push_schedule(seed, num_frames, twin.fps, push_rate)
+    pushes = push_schedule(seed, num_frames, twin.fps, push_rate, twin.scene.arm_prefixes)
     pushes_at = pushes_by_frame(pushes)
     tally = ContactTally(twin)
     if pacer is not None:
@@ -293,7 +297,7 @@ def record(
     from hilrec.daemon.dataset import update_dataset_sidecar
 
     cameras = dict.fromkeys(config.cameras, config.image_size)
-    features = sim_features(cameras, extra=rollout_features(config))
+    features = sim_features(cameras, extra=rollout_features(config), arms=config.scene.arms)
     resuming = check_root(config, features)
     if sink_factory is None or resuming:
         from hilrec.daemon.dataset import DatasetWriter
@@ -319,7 +323,7 @@ def record(
             config.root,
             fps=config.fps,
             features=features,
-            robot_type=ROBOT_TYPE,
+            robot_type=robot_type(config.scene.arms),
             video_codec=config.video_codec,
         )
         with sink:  # an exception discards the open episode and finalizes the saved ones
@@ -399,7 +403,9 @@ def check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) 
             f"{root} already exists and is not empty; pass --resume to add episodes to it, "
             "or record into a new directory",
         )
-    problems = resume_mismatch(root, fps=config.fps, features=features, robot_type=ROBOT_TYPE)
+    problems = resume_mismatch(
+        root, fps=config.fps, features=features, robot_type=robot_type(config.scene.arms)
+    )
     if not problems:
         from hilrec.daemon.dataset import load_dataset_sidecar
         from hilrec.sim.provenance import check_same_world
@@ -498,10 +504,11 @@ def _record_episodes(
 
     for number in range(config.episodes):
         seed = config.seed + number
-        operator = ScriptedOperator(
+        operator = make_operator(
             seed, fps=config.fps, scene=config.scene, config=config.operator, units=twin.units
         )
         if driver is not None:
+            assert isinstance(operator, ScriptedOperator)  # one arm: RecordConfig.validate
             episode = policy_recorded(twin, operator, sink, driver, config, seed)
         else:
             episode = run_episode(

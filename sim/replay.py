@@ -34,7 +34,7 @@ from hilrec.daemon.dataset import (
     read_episode,
 )
 from hilrec.daemon.errors import HilrecError, ReplayError
-from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, ARM_SIDES, STATE_KEY
 from hilrec.sim.episode import Outcome, Push, act_and_step, outcome_of, pushes_by_frame
 from hilrec.sim.provenance import check_same_world, scene_from_sidecar
 from hilrec.sim.twin import Twin
@@ -91,8 +91,21 @@ class EpisodeReplay:
     def passed(self) -> bool:
         return self.status == PASSED
 
+    @property
+    def max_error_per_arm(self) -> dict[str, float]:
+        """Two arms: the largest state error of each (``left``, ``right``); one arm: empty."""
+        arms: dict[str, float] = {}
+        for joint, error in self.max_error_per_joint.items():
+            side = next((s for s in ARM_SIDES if joint.startswith(f"{s}_")), None)
+            if side is not None:
+                arms[side] = max(arms.get(side, 0.0), error)
+        return arms
+
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__) | {"passed": self.passed}
+        extra: dict[str, Any] = {"passed": self.passed}
+        if self.max_error_per_arm:
+            extra["max_error_per_arm"] = self.max_error_per_arm
+        return dict(self.__dict__) | extra
 
     def format_text(self) -> str:
         head = f"episode {self.episode_index}: {self.status.upper().replace('_', ' ')}"
@@ -107,6 +120,12 @@ class EpisodeReplay:
         if self.max_error:
             per_joint = ", ".join(f"{j} {e:.4g}" for j, e in self.max_error_per_joint.items())
             lines.append(f"  per joint: {per_joint}")
+            if self.max_error_per_arm:
+                arms = ", ".join(
+                    f"{side} arm {'differs' if e else 'exact'} (max {e:.4g})"
+                    for side, e in self.max_error_per_arm.items()
+                )
+                lines.append(f"  per arm: {arms}")
             lines.append(f"  {self.mismatched_rows} rows differ, first at frame {self.first_mismatch_frame}")
         if self.shift is not None:
             lines.append(
@@ -239,7 +258,7 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
     replayed, outcome = run_actions(twin, arrays["initial_state"], actions, pushes)
 
     result = EpisodeReplay(episode_index=index, status=PASSED, frames=len(actions), disturbances=len(pushes))
-    _compare_states(result, recorded, replayed)
+    _compare_states(result, recorded, replayed, twin.joint_names)
     result.outcome = _compare_outcome(meta, outcome)
     problems = []
     if result.max_error:
@@ -253,7 +272,7 @@ def _replay_episode(root: Path, twin: Twin, index: int, *, undisturbed: bool) ->
         result.status, result.reason = FAILED, "; ".join(problems)
     if pushes and undisturbed:
         free_states, free_outcome = run_actions(twin, arrays["initial_state"], actions, [])
-        result.disturbance_effect = _effect(recorded, free_states, meta, free_outcome)
+        result.disturbance_effect = _effect(recorded, free_states, meta, free_outcome, twin.joint_names)
     return result
 
 
@@ -293,7 +312,7 @@ def run_actions(
     """
     twin.set_state(initial_state)
     at = pushes_by_frame(pushes)
-    observations = np.empty((len(actions), len(JOINT_NAMES)), dtype=np.float32)
+    observations = np.empty((len(actions), len(twin.joint_names)), dtype=np.float32)
     for frame, action in enumerate(actions):
         observations[frame] = twin.observe()
         if on_observe is not None:
@@ -302,7 +321,9 @@ def run_actions(
     return observations, outcome_of(twin)
 
 
-def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.ndarray) -> None:
+def _compare_states(
+    result: EpisodeReplay, recorded: np.ndarray, replayed: np.ndarray, joints: tuple[str, ...]
+) -> None:
     if recorded.shape != replayed.shape:
         raise ReplayError(
             f"episode {result.episode_index}: observation.state has shape "
@@ -310,8 +331,8 @@ def _compare_states(result: EpisodeReplay, recorded: np.ndarray, replayed: np.nd
         )
     error = np.abs(recorded.astype(np.float64) - replayed.astype(np.float64))
     error[~np.isfinite(error)] = np.inf
-    per_joint = error.max(axis=0) if len(error) else np.zeros(len(JOINT_NAMES))
-    result.max_error_per_joint = {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)}
+    per_joint = error.max(axis=0) if len(error) else np.zeros(len(joints))
+    result.max_error_per_joint = {j: float(e) for j, e in zip(joints, per_joint, strict=True)}
     result.max_error = float(per_joint.max()) if len(per_joint) else 0.0
     bad_rows = np.nonzero(error.max(axis=1) > 0)[0] if len(error) else np.array([], int)
     result.mismatched_rows = len(bad_rows)
@@ -373,14 +394,18 @@ def _compare_outcome(meta: Mapping[str, Any], outcome: Outcome) -> OutcomeCheck:
 
 
 def _effect(
-    recorded: np.ndarray, free: np.ndarray, meta: Mapping[str, Any], free_outcome: Outcome
+    recorded: np.ndarray,
+    free: np.ndarray,
+    meta: Mapping[str, Any],
+    free_outcome: Outcome,
+    joints: tuple[str, ...],
 ) -> DisturbanceEffect:
     drift = np.abs(recorded.astype(np.float64) - free.astype(np.float64))
     per_joint = drift.max(axis=0)
     cube = np.asarray((meta.get("final_cube") or {}).get("position", [np.nan] * 3), np.float64)
     return {
         "max_state_drift": float(per_joint.max()),
-        "max_state_drift_per_joint": {j: float(e) for j, e in zip(JOINT_NAMES, per_joint, strict=True)},
+        "max_state_drift_per_joint": {j: float(e) for j, e in zip(joints, per_joint, strict=True)},
         "cube_final_distance_m": float(np.linalg.norm(cube - free_outcome.cube.position)),
         "success_without": free_outcome.success,
     }

@@ -30,16 +30,20 @@ Visual = Literal["none", "fast", "full"]
 CAMERA_NAMES: tuple[str, ...] = ("front", "wrist")
 
 
-def camera_problem(cameras: tuple[str, ...]) -> str | None:
-    """Why ``cameras`` cannot be rendered from the scene, or None (record --sim and eval ask)."""
-    unknown = [c for c in cameras if c not in CAMERA_NAMES]
+def camera_problem(cameras: tuple[str, ...], names: tuple[str, ...] = CAMERA_NAMES) -> str | None:
+    """Why ``cameras`` cannot be rendered from a scene whose cameras are ``names``, or None
+    (record --sim and eval ask)."""
+    unknown = [c for c in cameras if c not in names]
     if unknown:
-        return f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(CAMERA_NAMES)})"
+        return f"unknown camera {', '.join(unknown)} (scene cameras: {', '.join(names)})"
     if len(set(cameras)) != len(cameras):
         return f"a camera is listed twice: {', '.join(cameras)}"
     return None
 
 
+# In front of the arm and off to its left, so the arm, the cube and the bin all show.
+FRONT_CAMERA_POS = np.array([0.52, 0.32, 0.42])
+FRONT_CAMERA_TARGET = np.array([0.12, -0.05, 0.05])
 CUBE_BODY = "cube"
 CUBE_GEOM = "cube"
 TABLE_GEOM = "table"
@@ -93,6 +97,22 @@ class SceneConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def arms(self) -> int:
+        return 1
+
+    @property
+    def arm_prefixes(self) -> tuple[str, ...]:
+        """The name prefix of each arm's joints, bodies and cameras in the model."""
+        return ("",)
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return CAMERA_NAMES
+
+    def build_spec(self, visual: Visual = "none") -> mujoco.MjSpec:
+        return _one_arm_spec(self, visual)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,14 +193,26 @@ def scene_xml(config: SceneConfig) -> str:
 
 
 def build_spec(config: SceneConfig, visual: Visual = "none") -> mujoco.MjSpec:
-    files = locate_model()
-    spec = mujoco.MjSpec.from_file(str(files.xml))
+    """The scene ``config`` describes (a two-arm scene builds itself: ``config.build_spec``)."""
+    return config.build_spec(visual)
+
+
+def _one_arm_spec(config: SceneConfig, visual: Visual) -> mujoco.MjSpec:
+    spec = arm_spec(visual)
     spec.modelname = "hilrec_so101_pick_place"
+    set_physics(spec, config)
+    add_table_cube_bin(spec, config)
+    add_front_camera(spec, FRONT_CAMERA_POS, FRONT_CAMERA_TARGET)
+    add_wrist_camera(spec)
+    add_lights(spec)
+    return spec
+
+
+def arm_spec(visual: Visual) -> mujoco.MjSpec:
+    """The packaged SO-101 as this scene uses it: meshes per ``visual``, jaw pads colliding."""
+    spec = mujoco.MjSpec.from_file(str(locate_model().xml))
     _strip_arm_meshes(spec, visual)
-    _set_physics(spec, config)
     _enable_jaw_pads(spec)
-    _add_table_cube_bin(spec, config)
-    _add_cameras_and_lights(spec)
     return spec
 
 
@@ -201,7 +233,7 @@ def _strip_arm_meshes(spec: mujoco.MjSpec, visual: Visual) -> None:
         simplify_meshes(spec, locate_model())
 
 
-def _set_physics(spec: mujoco.MjSpec, config: SceneConfig) -> None:
+def set_physics(spec: mujoco.MjSpec, config: SceneConfig) -> None:
     opt = spec.option
     # A scene without a step (e.g. for its joint ranges alone) compiles at the default one.
     opt.timestep = DEFAULT_TIMESTEP if config.timestep is None else config.timestep
@@ -227,7 +259,7 @@ def _enable_jaw_pads(spec: mujoco.MjSpec) -> None:
         pad.friction = [1.2, 0.01, 0.0001]
 
 
-def _add_table_cube_bin(spec: mujoco.MjSpec, config: SceneConfig) -> None:
+def add_table_cube_bin(spec: mujoco.MjSpec, config: SceneConfig) -> None:
     box = mujoco.mjtGeom.mjGEOM_BOX
     world = spec.worldbody
     tx, ty = config.table_center
@@ -288,16 +320,16 @@ def look_at_quat(position: np.ndarray, target: np.ndarray, up: np.ndarray) -> np
     return quat
 
 
-def _add_cameras_and_lights(spec: mujoco.MjSpec) -> None:
-    world = spec.worldbody
-    # In front of the arm and off to its left, so the arm, the cube and the bin all show.
-    front_pos = np.array([0.52, 0.32, 0.42])
-    world.add_camera(
+def add_front_camera(spec: mujoco.MjSpec, position: np.ndarray, target: np.ndarray) -> None:
+    spec.worldbody.add_camera(
         name="front",
-        pos=front_pos,
+        pos=position,
         fovy=50,
-        quat=look_at_quat(front_pos, np.array([0.12, -0.05, 0.05]), np.array([0.0, 0.0, 1.0])),
+        quat=look_at_quat(position, target, np.array([0.0, 0.0, 1.0])),
     )
+
+
+def add_wrist_camera(spec: mujoco.MjSpec) -> None:
     # The wrist camera sits on the outer side of the fixed jaw, looking along the jaws at the
     # grasp zone with the jaw at the bottom of the image, as the usual SO-101 wrist mount does.
     site = spec.site(GRIPPER_SITE)
@@ -313,7 +345,10 @@ def _add_cameras_and_lights(spec: mujoco.MjSpec) -> None:
         fovy=70,
         quat=look_at_quat(cam_pos, target, rot @ np.array([0.0, 0.0, -1.0])),
     )
-    world.add_light(
+
+
+def add_lights(spec: mujoco.MjSpec) -> None:
+    spec.worldbody.add_light(
         name="sun",
         pos=[0.2, 0.0, 1.5],
         dir=[0, 0, -1],

@@ -121,7 +121,7 @@ class EpisodeStart:
 
     seed: int
     cube: CubePlacement
-    arm_units: np.ndarray  # float32 (6,), the arm's observation at the start
+    arm_units: np.ndarray  # float32 (6,) per arm, the arms' observation at the start
     state: np.ndarray  # float64, mjSTATE_INTEGRATION
 
 
@@ -166,22 +166,31 @@ class Twin:
         self.fps = fps
         self.timestep = float(self._model.opt.timestep)
         self.substeps = substeps_for(fps, self.timestep)
-        self._qpos_adr = np.array([self._model.joint(n).qposadr[0] for n in JOINT_NAMES])
-        self._actuator_ids = np.array([self._actuator_for(n) for n in JOINT_NAMES])
+        # Every joint by its model name; two arms: left_shoulder_pan ... right_gripper, the
+        # dataset's column order (each arm's six, left first).
+        prefixes = self.scene.arm_prefixes
+        self.arms = len(prefixes)
+        self.joint_names: tuple[str, ...] = tuple(p + n for p in prefixes for n in JOINT_NAMES)
+        self._qpos_adr = np.array([self._model.joint(n).qposadr[0] for n in self.joint_names])
+        self._actuator_ids = np.array([self._actuator_for(n) for n in self.joint_names])
+        # One arm's map: both arms are the same packaged SO-101, so they convert alike.
         self.units: UnitsMap = units_map_from_ranges(
-            {n: tuple(self._model.joint(n).range) for n in JOINT_NAMES}
+            {n: tuple(self._model.joint(prefixes[0] + n).range) for n in JOINT_NAMES}
         )
-        self._scale, self._offset = self.units.scale, self.units.offset
+        self._scale = np.tile(self.units.scale, self.arms)
+        self._offset = np.tile(self.units.offset, self.arms)
+        self._grippers = [GRIPPER_INDEX + NUM_JOINTS * arm for arm in range(self.arms)]
         # The per-frame maths on Python floats: the same IEEE double operations as numpy's on
         # arrays of six, without a numpy call (~1-2 us each between MuJoCo steps) per operation.
         self._scale_list, self._offset_list = self._scale.tolist(), self._offset.tolist()
         self._arm_qpos = _as_slice(self._qpos_adr)
-        self.limits = GoalLimits(*self._command_limits())
+        self.limits = GoalLimits(*self._command_limits(), names=self.joint_names)
         self._arm_ctrl = _as_slice(self._actuator_ids)
         cube_joint = self._model.joint(CUBE_BODY)
         self._cube_qpos = int(cube_joint.qposadr[0])
         self._cube_dof = int(cube_joint.dofadr[0])
-        self._push_bodies = {name: self._model.body(name).id for name in (CUBE_BODY, *ARM_BODIES)}
+        arm_bodies = [p + b for p in prefixes for b in ARM_BODIES]
+        self._push_bodies = {name: self._model.body(name).id for name in (CUBE_BODY, *arm_bodies)}
         self._state_size = mujoco.mj_stateSize(self._model, STATE_SPEC)
         self.geom_names: tuple[str, ...] = tuple(self._model.geom(i).name for i in range(self._model.ngeom))
         # Views into MjData's buffers, which stay where they are for its lifetime: the per-frame
@@ -224,10 +233,13 @@ class Twin:
         start_units = np.asarray(
             arm_units if arm_units is not None else self.scene.arm_start, dtype=np.float32
         )
+        if start_units.shape == (NUM_JOINTS,) and self.arms > 1:
+            start_units = np.tile(start_units, self.arms)  # every arm from the same pose
         mujoco.mj_resetData(self._model, self._data)
         self._warnings_seen[:] = 0
         self._warning_bytes = self._warning_counts.tobytes()
-        self._data.qpos[self._qpos_adr] = self.units.rad_from_units(start_units)
+        start_rad = np.asarray(start_units, dtype=np.float64) / self._scale + self._offset
+        self._data.qpos[self._qpos_adr] = start_rad
         self._data.qpos[self._cube_qpos : self._cube_qpos + 3] = placement.position
         self._data.qpos[self._cube_qpos + 3 : self._cube_qpos + 7] = placement.quaternion
         self.command(start_units)
@@ -256,7 +268,8 @@ class Twin:
                 self._qpos[self._arm_qpos].tolist(), self._offset_list, self._scale_list, strict=True
             )
         ]
-        units[GRIPPER_INDEX] = min(max(units[GRIPPER_INDEX], 0.0), 100.0)
+        for gripper in self._grippers:
+            units[gripper] = min(max(units[gripper], 0.0), 100.0)
         return np.array(units, dtype=np.float32)
 
     def command(self, action: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -394,12 +407,13 @@ class Twin:
     def _command_limits(self) -> tuple[np.ndarray, np.ndarray]:
         """float32 unit limits whose radians stay inside each actuator's ctrlrange."""
         ctrl = self._model.actuator_ctrlrange[self._actuator_ids]
-        low = self.units.units_from_rad(ctrl[:, 0]).astype(np.float32)
-        high = self.units.units_from_rad(ctrl[:, 1]).astype(np.float32)
-        for i in range(NUM_JOINTS):
-            while self.units.rad_from_units(low)[i] < ctrl[i, 0]:
+        scale, offset = self._scale, self._offset
+        low = ((ctrl[:, 0] - offset) * scale).astype(np.float32)
+        high = ((ctrl[:, 1] - offset) * scale).astype(np.float32)
+        for i in range(len(self.joint_names)):
+            while float(low[i]) / scale[i] + offset[i] < ctrl[i, 0]:
                 low[i] = np.nextafter(low[i], np.float32(np.inf))
-            while self.units.rad_from_units(high)[i] > ctrl[i, 1]:
+            while float(high[i]) / scale[i] + offset[i] > ctrl[i, 1]:
                 high[i] = np.nextafter(high[i], np.float32(-np.inf))
         return low, high
 

@@ -3,9 +3,14 @@ help, no RST markup, one spelling of the dataset argument, the setup commands li
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import logging
 import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,7 +64,7 @@ def test_setup_commands_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
         (
             "ctl",
             [
-                "(default: 127.0.0.1)",
+                "(default: 127.0.0.1; with --config, its host)",
                 "(default: 5555)",
                 "(default: 2000)",
                 "(default: 3)",
@@ -95,6 +100,42 @@ def test_the_dataset_argument_is_ROOT_everywhere(capsys: pytest.CaptureFixture[s
     usage = help_of(capsys, command).split("\n\n", 1)[0]
     assert re.search(r"\bROOT\b", usage), usage
     assert not re.search(r"\broot\b", usage), usage
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_description_is_whole_sentences(command: str) -> None:
+    """A description cut at the docstring's first line ended mid-sentence (view, display)."""
+    parser = build_parser([command])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = (sub.description or "").strip()
+    assert text.endswith((".", ")", ":")), text
+    assert text.count("(") == text.count(")") and text.count("[") == text.count("]"), text
+    assert ":mod:" not in text, text
+
+
+def _hilrec(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hilrec.daemon.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        **kwargs,
+    )
+
+
+def test_no_opengl_accelerate_line(tmp_path: Path) -> None:
+    """The daemon's config checks import MuJoCo, whose PyOpenGL said at INFO on every run that an
+    optional module is missing; the error is the only line now."""
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "x").write_text("x")
+    config = tmp_path / "d.toml"
+    config.write_text(f'mode = "sim"\nfps = 25\n[dataset]\nroot = "{root}"\n[leader]\nsource = "scripted"\n')
+    done = _hilrec("daemon", "--config", str(config))
+    assert done.returncode == 2
+    assert "OpenGL" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()], done.stderr
 
 
 def test_the_edit_help_line_names_every_edit_sub_command(capsys: pytest.CaptureFixture[str]) -> None:

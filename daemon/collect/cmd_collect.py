@@ -15,7 +15,6 @@ Without a terminal on stdin the takes simply run their time.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,6 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.wire.root import check_settings_root
     from hilrec.daemon.wire.settings import load_settings
 
-    logging.getLogger("OpenGL").setLevel(logging.WARNING)  # the config's checks import MuJoCo
     settings = load_settings(args.config, root=args.root)
     endpoints = Endpoints.from_settings(settings)
     task_list = _tasks(args)
@@ -197,10 +195,8 @@ def format_summary(summary: Any) -> str:
 def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
     """``hilrec display``'s command line for ``--display rerun`` and its viewer flags (a viewer
     flag alone implies ``--display rerun``); None without them."""
-    import os
-
     from hilrec.daemon.errors import FlagError
-    from hilrec.daemon.wire.display_child import display_argv
+    from hilrec.daemon.wire.display_child import display_argv, no_screen
     from hilrec.daemon.wire.settings import RerunViewer
 
     if args.display_rrd is not None:
@@ -214,18 +210,17 @@ def _display_argv(args: argparse.Namespace, telemetry: str) -> list[str] | None:
             )
         return display_argv(telemetry, RerunViewer.SERVE, web_port=args.display_web_port)
     if args.display_spawn or args.display == "rerun":
-        if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        if (problem := no_screen()) is not None:
             raise FlagError(
                 "--display-spawn" if args.display_spawn else "--display",
-                "no screen for rerun's viewer here (neither DISPLAY nor WAYLAND_DISPLAY is set): "
-                "add --display-rrd OUT.rrd to write the view to a file, or --display-serve",
+                f"{problem}: add --display-rrd OUT.rrd to write the view to a file, or --display-serve",
             )
         return display_argv(telemetry, RerunViewer.SPAWN)
     return None
 
 
 def _tasks(args: argparse.Namespace) -> list[str]:
-    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.errors import ConfigError, FlagError
     from hilrec.daemon.text import task_problem
 
     if args.tasks is not None:
@@ -237,11 +232,13 @@ def _tasks(args: argparse.Namespace) -> list[str]:
         if not tasks:
             raise ConfigError("--tasks", f"{args.tasks} holds no task (one per line)")
     else:
-        tasks = [args.task or DEFAULT_TASK]
+        tasks = [DEFAULT_TASK if args.task is None else args.task]  # '' is refused, not the default
     for number, task in enumerate(tasks, 1):
         problem = task_problem(task)
         if problem is not None:
-            raise ConfigError("--tasks" if args.tasks else "--task", f"task {number} {problem}")
+            if args.tasks is None:
+                raise FlagError("--task", f"{problem} (leave --task out for the default task)")
+            raise FlagError("--tasks", f"task {number} of {args.tasks} {problem}")
     return tasks
 
 

@@ -10,17 +10,16 @@ exit before it is killed.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from hilrec.daemon import procs
 from hilrec.daemon.cli import error_prefix
 from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
 from hilrec.daemon.wire.client import ControlClient
@@ -31,6 +30,7 @@ STOP_TIMEOUT_S: Final[float] = 180.0
 LOG_TAIL_CHARS: Final[int] = 3000
 DISPLAY_READY_TIMEOUT_S: Final[float] = 60.0
 DAEMON_ERROR_PREFIX: Final[str] = error_prefix("daemon")
+KILL_WAIT_S: Final[float] = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,23 +80,20 @@ class DaemonProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:
-        """Start the child; call it before the ZeroMQ context exists. The child is told to get
-        SIGTERM when collect dies (it then saves and finalizes), a hook between fork and exec."""
+        """Start the child; call it before the ZeroMQ context exists. It gets SIGTERM when collect
+        dies (:mod:`hilrec.daemon.procs`), and then saves and finalizes."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.setdefault("MUJOCO_GL", "egl")
         env.setdefault("PYOPENGL_PLATFORM", "egl")
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = procs.start(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # Ctrl-C in collect's terminal is collect's to handle
-                # Only a prctl() through a libc handle loaded beforehand: no lock, no allocation
-                # between fork and exec, so a pool thread in this process cannot deadlock it.
-                preexec_fn=_die_with_parent(),  # noqa: PLW1509
             )
 
     def wait_ready(self, client: ControlClient, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
@@ -127,21 +124,21 @@ class DaemonProcess:
         """Ask it to finish (it saves, finalizes, exits); its exit status, None if it had to be killed."""
         if self.process is None:
             return None
+        asked = False
         if self.process.poll() is None:
             try:
                 client.request("shutdown")
+                asked = True
             except DaemonUnreachableError:
-                self.process.terminate()  # SIGTERM: the daemon saves and finalizes on it too
-        try:
-            return self.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
+                pass  # SIGTERM then: the daemon saves and finalizes on it too
+        ended = procs.stop(
+            self.process, timeout_s, signum=None if asked else signal.SIGTERM, kill_wait_s=KILL_WAIT_S
+        )
+        return None if ended.killed else ended.returncode
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+        if self.process is not None:
+            procs.stop(self.process, 0.0, signum=None, kill_wait_s=KILL_WAIT_S)
 
     def log_error(self) -> str:
         """The daemon's own error line (the cause, first), then where its whole log is; the log's
@@ -161,24 +158,6 @@ class DaemonProcess:
         except OSError:
             return "(no log)"
         return text[-LOG_TAIL_CHARS:]
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A pre-exec hook asking Linux to SIGTERM the child when collect dies (the daemon then
-    saves its open episode and finalizes, as on any SIGTERM); None where that is not available."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return hook
 
 
 def default_log_path(root: Path, what: str = "daemon") -> Path:

@@ -33,6 +33,9 @@ class TickTimes:
     leader_read: float = math.nan  # action known
     written: float = math.nan  # follower write returned
     end: float = math.nan
+    # Seconds the tick spent on the arms' bus reads: from the first read's start until both
+    # have returned (reads that overlap count once).
+    bus_s: float = math.nan
 
     @property
     def late_s(self) -> float:
@@ -96,6 +99,7 @@ TIMING_ARRAYS: Final[tuple[str, ...]] = (
     "tick_written",
     "tick_end",
     "tick_skipped",
+    "tick_bus_s",  # a duration (s), not a timestamp: TickTimes.bus_s
 )
 
 
@@ -120,6 +124,7 @@ def timing_summary(arrays: dict[str, np.ndarray], period_s: float) -> dict[str, 
         "duration_ms_max": _max(duration_ms),
         "leader_to_write_ms_p50": _pct(latency_ms, 50),
         "leader_to_write_ms_p99": _pct(latency_ms, 99),
+        **_bus_summary(arrays),
         "interval_ms_min": float(intervals_ms.min()) if len(intervals_ms) else period_s * 1e3,
         "interval_ms_max": float(intervals_ms.max()) if len(intervals_ms) else period_s * 1e3,
         "overruns": overruns,
@@ -127,6 +132,14 @@ def timing_summary(arrays: dict[str, np.ndarray], period_s: float) -> dict[str, 
         "wall_span_s": float(start[-1] - start[0]),
         "nominal_span_s": (len(start) - 1) * period_s,
     }
+
+
+def _bus_summary(arrays: dict[str, np.ndarray]) -> dict[str, float]:
+    bus = arrays.get("tick_bus_s")
+    if bus is None or len(bus) == 0:
+        return {}
+    bus_ms = bus * 1e3
+    return {"bus_ms_p50": _pct(bus_ms, 50), "bus_ms_p99": _pct(bus_ms, 99), "bus_ms_max": _max(bus_ms)}
 
 
 def _pct(values: np.ndarray, q: float) -> float:

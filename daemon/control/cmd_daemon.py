@@ -1,7 +1,7 @@
 """``hilrec daemon --config FILE [--root DIR] [--resume]``: run the teleoperation and recording daemon.
 
 The config is read and checked before anything else happens; a bad key stops the daemon with a
-message naming it (exit status 2). See ``configs/*.toml`` and the README's "ZeroMQ protocol".
+message naming it (exit status 2). See ``configs/*.toml`` and docs/protocol.md.
 """
 
 from __future__ import annotations

@@ -79,6 +79,7 @@ class EpisodeBuffer:
         t["tick_written"].append(tick.written)
         t["tick_end"].append(tick.end)
         t["tick_skipped"].append(tick.skipped)
+        t["tick_bus_s"].append(tick.bus_s)
         self._flags.append(flags)
         self._flag_union |= flags
         self._measured.append(measured)
@@ -132,7 +133,8 @@ class EpisodeBuffer:
             "frames": self.frames,
             "timing": _finite(timing_summary(arrays, self.period_s)),
             "timing_clock": "time.monotonic seconds; frame k's dataset timestamp is k/fps, its real "
-            "start is tick_start[k] (late ticks are recorded, not dilated)",
+            "start is tick_start[k] (late ticks are recorded, not dilated); tick_bus_s is a duration: "
+            "the seconds tick k spent on the arms' bus reads",
             "frame_flags": {
                 "bits": {f.name.lower(): int(f.value) for f in FrameFlag if f.name},
                 "counts": {

@@ -4,7 +4,10 @@ One tick, in this order (the order is the recording's meaning: README.md, "The c
 a recording keeps", 1, observe, then command, then step):
 
 1. read the follower and the cameras: the observation;
-2. read the leader: the action;
+2. read the leader: the action. A leader on a serial bus of its own (``Leader.concurrent``) is
+   read on a second thread (``hilrec-leader``, one for the loop's life, started by the loop thread
+   so it runs at its priority) while the follower and the cameras are read, so a retry on one bus
+   does not add to the other; both reads have returned before the write;
 3. write the follower (float32; the action recorded is what was sent, after any clamp), then let
    the step happen (the twin steps physics in sim mode);
 4. hand the frame to the writer thread (never blocking while the writer keeps up);
@@ -26,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -92,6 +96,9 @@ class ControlLoop:
         self._features: Callable[[], Mapping[str, np.ndarray] | None] = getattr(
             rig.leader, "frame_features", lambda: None
         )
+        # The leader's reading thread (see the module docstring), made at the first tick that
+        # needs it, on the loop thread.
+        self._leader_pool: ThreadPoolExecutor | None = None
 
     # --- thread body -------------------------------------------------------------------------
 
@@ -108,6 +115,14 @@ class ControlLoop:
             self.session.raise_fault(
                 Fault(kind=FaultKind.LOOP, device="loop", message=self.crashed, ends_episode=True)
             )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """End the leader's reading thread (after its read in progress, if any)."""
+        pool, self._leader_pool = self._leader_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def step(self) -> None:
         tick = self.pacer.next_tick()
@@ -118,14 +133,22 @@ class ControlLoop:
         if tick.late_s > LATE_BUDGET_S:
             flags |= FrameFlag.LATE
 
+        reads_start = time.monotonic()
+        early = self._start_leader_read()
         measured, flags = self._observe(flags)
+        follower_done = time.monotonic()
         images, flags = self._read_cameras(flags)
         tick.observed = time.monotonic()
 
         if images is not None and self._sees is not None:
             self._sees(images)  # a policy looks at the same images the frame records
-        leader, flags = self._read_leader(measured, flags)
+        leader, flags, leader_s = self._read_leader(measured, flags, early)
         tick.leader_read = time.monotonic()
+        if early is not None:
+            # Overlapping reads: the bus time is until the later of the two has returned.
+            tick.bus_s = max(follower_done - reads_start, leader_s)
+        else:
+            tick.bus_s = (follower_done - reads_start) + leader_s
         if leader is not None and leader.flags:
             flags |= FrameFlag(leader.flags)
 
@@ -194,24 +217,38 @@ class ControlLoop:
 
     # --- 2. action -----------------------------------------------------------------------------
 
+    def _start_leader_read(self) -> Future[_Timed] | None:
+        """Start the leader's read on its thread when it reads a bus of its own and may be read
+        now; its outcome is judged on the loop thread (:meth:`_read_leader`)."""
+        if not getattr(self.rig.leader, "concurrent", False) or not self._device_usable("leader"):
+            return None
+        if self._leader_pool is None:
+            self._leader_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hilrec-leader")
+        frame_index = self.session.frame_index
+        observation = self._measured if self._measured is not None else np.zeros(6, np.float32)
+        return self._leader_pool.submit(_timed, lambda: self.rig.leader.read(frame_index, observation))
+
     def _read_leader(
-        self, measured: np.ndarray | None, flags: FrameFlag
-    ) -> tuple[JointReading | None, FrameFlag]:
-        if not self._device_usable("leader"):
-            return None, flags | FrameFlag.LEADER_FAILED
-        observation = measured if measured is not None else np.zeros(6, np.float32)
-        reading = self._read_arm(
-            "leader", lambda: self.rig.leader.read(self.session.frame_index, observation)
-        )
+        self, measured: np.ndarray | None, flags: FrameFlag, early: Future[_Timed] | None
+    ) -> tuple[JointReading | None, FrameFlag, float]:
+        """The leader's reading with the fault policy, and how long its read took (s)."""
+        if early is None:
+            if not self._device_usable("leader"):
+                return None, flags | FrameFlag.LEADER_FAILED, 0.0
+            observation = measured if measured is not None else np.zeros(6, np.float32)
+            outcome = _timed(lambda: self.rig.leader.read(self.session.frame_index, observation))
+        else:
+            outcome = early.result()
+        reading = self._read_arm("leader", outcome.get)
         if reading is None:
-            return None, flags | FrameFlag.LEADER_FAILED
+            return None, flags | FrameFlag.LEADER_FAILED, outcome.seconds
         if isinstance(reading, _NoCommand):
             self._watch_leader(live=False)
-            return None, flags | FrameFlag.LEADER_STALE
+            return None, flags | FrameFlag.LEADER_STALE, outcome.seconds
         self._watch_leader(live=True)
         if reading.retries:
             flags |= FrameFlag.LEADER_RETRIED
-        return reading, flags
+        return reading, flags, outcome.seconds
 
     def _watch_leader(self, *, live: bool) -> None:
         if not self.watchdog_faults:
@@ -396,6 +433,29 @@ class ControlLoop:
 
 class _NoCommand:
     """A leader that answered with nothing new: hold, and let the watchdog judge its age."""
+
+
+class _Timed:
+    """A leader read's outcome (its reading or its exception) and how long it took."""
+
+    def __init__(self, reading: JointReading | None, error: BaseException | None, seconds: float) -> None:
+        self.reading = reading
+        self.error = error
+        self.seconds = seconds
+
+    def get(self) -> JointReading | None:
+        if self.error is not None:
+            raise self.error
+        return self.reading
+
+
+def _timed(read: Callable[[], JointReading | None]) -> _Timed:
+    began = time.monotonic()
+    try:
+        reading = read()
+    except Exception as exc:  # noqa: BLE001 - judged on the loop thread, as a read there would be
+        return _Timed(None, exc, time.monotonic() - began)
+    return _Timed(reading, None, time.monotonic() - began)
 
 
 _NO_COMMAND = _NoCommand()

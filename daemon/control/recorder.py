@@ -202,6 +202,8 @@ class Recorder:
             "writer_queue": self.queued,
             "writer_capacity": self.capacity,
             "errors": stats.errors,
+            # Frames of the open take a crash now would keep (about a second behind it).
+            "durable_frames": int(getattr(self._sink, "durable_frames", 0)),
             **self._backlog_status(),
         }
 

@@ -39,7 +39,7 @@ from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.policy.record import ControlSource
 from hilrec.daemon.so101 import ROBOT_TYPE
-from hilrec.daemon.wire.display_child import DisplayChild, settings_argv
+from hilrec.daemon.wire.display_child import DisplayChild, no_screen, settings_argv
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.wire.root import check_root, daemon_features
 from hilrec.daemon.wire.security import Security, endpoint
@@ -252,14 +252,8 @@ class Daemon:
             raise ConfigError(
                 "display.rerun", "needs rerun-sdk, which is not installed: pip install 'hilrec[rerun]'"
             )
-        if s.display.rerun is RerunViewer.SPAWN and not (
-            os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
-        ):
-            raise ConfigError(
-                "display.rerun",
-                '"spawn" opens a window and there is no screen (DISPLAY and WAYLAND_DISPLAY unset); '
-                'use "rrd" or "serve"',
-            )
+        if s.display.rerun is RerunViewer.SPAWN and (problem := no_screen()) is not None:
+            raise ConfigError("display.rerun", f'"spawn" opens a window and {problem}; use "rrd" or "serve"')
         child = DisplayChild(argv, output=lambda line: log.info("display: %s", line)).start()
         if child.process is None:
             log.error("[display]: %s; the daemon goes on without it", child.problem)

@@ -69,6 +69,9 @@ class Follower(Protocol):
 
 
 class Leader(Protocol):
+    """``concurrent`` (optional, default False): the leader reads a bus of its own and needs
+    no observation, so the loop reads it on a second thread while it reads the follower."""
+
     description: str
 
     def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:

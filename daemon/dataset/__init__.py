@@ -57,6 +57,12 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "read_parquet": ("hilrec.daemon.dataset.format.reader", "read_parquet"),
     "episode_json_path": ("hilrec.daemon.dataset.format.sidecar", "episode_json_path"),
     "episode_npz_path": ("hilrec.daemon.dataset.format.sidecar", "episode_npz_path"),
+    "EDIT_INTENT_PATH": ("hilrec.daemon.dataset.format.edit_intent", "EDIT_INTENT_PATH"),
+    "IntentState": ("hilrec.daemon.dataset.format.edit_intent", "IntentState"),
+    "describe_intent": ("hilrec.daemon.dataset.format.edit_intent", "describe_intent"),
+    "load_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "load_edit_intent"),
+    "remove_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "remove_edit_intent"),
+    "write_edit_intent": ("hilrec.daemon.dataset.format.edit_intent", "write_edit_intent"),
     "load_dataset_sidecar": ("hilrec.daemon.dataset.format.sidecar", "load_dataset_sidecar"),
     "load_episode_sidecar": ("hilrec.daemon.dataset.format.sidecar", "load_episode_sidecar"),
     "sidecar_dir": ("hilrec.daemon.dataset.format.sidecar", "sidecar_dir"),
@@ -88,11 +94,23 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "DEFAULT_SPILL_BYTES_LIMIT": ("hilrec.daemon.dataset.writer.backlog", "DEFAULT_SPILL_BYTES_LIMIT"),
     "VideoEncoder": ("hilrec.daemon.dataset.writer.backlog", "VideoEncoder"),
     "DatasetWriter": ("hilrec.daemon.dataset.writer.dataset_writer", "DatasetWriter"),
+    "EXIT_DROPPED": ("hilrec.daemon.dataset.repair.report", "EXIT_DROPPED"),
+    "EXIT_NOT_REPAIRED": ("hilrec.daemon.dataset.repair.report", "EXIT_NOT_REPAIRED"),
+    "EXIT_OK": ("hilrec.daemon.dataset.repair.report", "EXIT_OK"),
+    "format_report": ("hilrec.daemon.dataset.repair.report", "format_report"),
+    "Regenerate": ("hilrec.daemon.dataset.repair.rebuild", "Regenerate"),
+    "repair_dataset": ("hilrec.daemon.dataset.repair.recover", "repair"),
+    "save_crashed": ("hilrec.daemon.dataset.writer.crashed", "save_crashed"),
+    "set_aside_crashed": ("hilrec.daemon.dataset.writer.crashed", "set_aside"),
 }
 
 __all__ = [
     "DEFAULT_FEATURES",
     "DEFAULT_SPILL_BYTES_LIMIT",
+    "EDIT_INTENT_PATH",
+    "EXIT_DROPPED",
+    "EXIT_NOT_REPAIRED",
+    "EXIT_OK",
     "INFO_PATH",
     "LATE_BUDGET_S",
     "LOCK_NAME",
@@ -110,7 +128,9 @@ __all__ = [
     "FrameFlag",
     "FrameSink",
     "ImageSampler",
+    "IntentState",
     "LeRobotInfo",
+    "Regenerate",
     "RootLock",
     "Segment",
     "Severity",
@@ -133,6 +153,7 @@ __all__ = [
     "data_path",
     "data_schema",
     "decoded_frames",
+    "describe_intent",
     "episode_json_path",
     "episode_npz_path",
     "episodes_path",
@@ -140,9 +161,11 @@ __all__ = [
     "finishing",
     "flag_names",
     "flatten_episode_stats",
+    "format_report",
     "holds_nothing",
     "journal",
     "load_dataset_sidecar",
+    "load_edit_intent",
     "load_episode_sidecar",
     "load_episodes",
     "load_info",
@@ -156,6 +179,10 @@ __all__ = [
     "read_parquet",
     "reader",
     "recorded_body_mode",
+    "remove_edit_intent",
+    "repair_dataset",
+    "save_crashed",
+    "set_aside_crashed",
     "sidecar_dir",
     "sigint_deferred",
     "sigint_noted",
@@ -166,6 +193,7 @@ __all__ = [
     "video_file_path",
     "video_keys",
     "video_path",
+    "write_edit_intent",
 ]
 
 if TYPE_CHECKING:
@@ -179,6 +207,12 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.check.common import Findings as Findings
     from hilrec.daemon.dataset.check.common import Severity as Severity
     from hilrec.daemon.dataset.format import reader as reader
+    from hilrec.daemon.dataset.format.edit_intent import EDIT_INTENT_PATH as EDIT_INTENT_PATH
+    from hilrec.daemon.dataset.format.edit_intent import IntentState as IntentState
+    from hilrec.daemon.dataset.format.edit_intent import describe_intent as describe_intent
+    from hilrec.daemon.dataset.format.edit_intent import load_edit_intent as load_edit_intent
+    from hilrec.daemon.dataset.format.edit_intent import remove_edit_intent as remove_edit_intent
+    from hilrec.daemon.dataset.format.edit_intent import write_edit_intent as write_edit_intent
     from hilrec.daemon.dataset.format.features import DEFAULT_FEATURES as DEFAULT_FEATURES
     from hilrec.daemon.dataset.format.features import data_keys as data_keys
     from hilrec.daemon.dataset.format.features import video_keys as video_keys
@@ -225,6 +259,12 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.format.stats import compute_episode_stats as compute_episode_stats
     from hilrec.daemon.dataset.format.stats import flatten_episode_stats as flatten_episode_stats
     from hilrec.daemon.dataset.format.stats import stats_to_json as stats_to_json
+    from hilrec.daemon.dataset.repair.rebuild import Regenerate as Regenerate
+    from hilrec.daemon.dataset.repair.recover import repair as repair_dataset
+    from hilrec.daemon.dataset.repair.report import EXIT_DROPPED as EXIT_DROPPED
+    from hilrec.daemon.dataset.repair.report import EXIT_NOT_REPAIRED as EXIT_NOT_REPAIRED
+    from hilrec.daemon.dataset.repair.report import EXIT_OK as EXIT_OK
+    from hilrec.daemon.dataset.repair.report import format_report as format_report
     from hilrec.daemon.dataset.store import journal as journal
     from hilrec.daemon.dataset.store.rootlock import LOCK_NAME as LOCK_NAME
     from hilrec.daemon.dataset.store.rootlock import RootLock as RootLock
@@ -243,6 +283,8 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.writer.adopt import sigint_noted as sigint_noted
     from hilrec.daemon.dataset.writer.backlog import DEFAULT_SPILL_BYTES_LIMIT as DEFAULT_SPILL_BYTES_LIMIT
     from hilrec.daemon.dataset.writer.backlog import VideoEncoder as VideoEncoder
+    from hilrec.daemon.dataset.writer.crashed import save_crashed as save_crashed
+    from hilrec.daemon.dataset.writer.crashed import set_aside as set_aside_crashed
     from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter as DatasetWriter
 
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.so101 import IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY
+from hilrec.daemon.so101 import ARM_SIDES, IMAGE_PREFIX, NUM_JOINTS, STATE_KEY, robot_type
 
 TASK_KEY = "task"
 Observation = Mapping[str, Any]
@@ -51,6 +51,7 @@ class Wants:
 
     cameras: tuple[str, ...] | None = None
     image_size: tuple[int, int] | None = None
+    arms: int | None = None  # 1 (six joints) or 2 (bi_so_follower's twelve)
 
 
 class EvalPolicy(Protocol):
@@ -157,7 +158,7 @@ class LeRobotPolicy:
             postprocessor=self.postprocessor,
             use_amp=False,
             task=observation.get(TASK_KEY),
-            robot_type=ROBOT_TYPE,
+            robot_type=robot_type(self.wants.arms or 1),
         )
         return np.asarray(action.squeeze(0).to("cpu").numpy(), dtype=np.float32)
 
@@ -170,7 +171,7 @@ class LeRobotPolicy:
         frame = {key: np.array(value) for key, value in observation.items() if key != TASK_KEY}
         with torch.inference_mode():
             batch = prepare_observation_for_inference(
-                frame, self._device, observation.get(TASK_KEY), ROBOT_TYPE
+                frame, self._device, observation.get(TASK_KEY), robot_type(self.wants.arms or 1)
             )
             chunk = self.policy.predict_action_chunk(self.preprocessor(batch))
             steps = getattr(self.policy.config, "n_action_steps", None) or chunk.shape[1]
@@ -183,13 +184,18 @@ def _lerobot_wants(config: Any, name: str) -> Wants:
     SO-101 measures or an action that is not six joint goals."""
     cameras: list[str] = []
     sizes: set[tuple[int, int]] = set()
+    arms = 1
+    shapes = {(NUM_JOINTS * k,): k for k in (1, len(ARM_SIDES))}
     for key, feature in config.input_features.items():
         shape = tuple(int(s) for s in feature.shape)
         if key == STATE_KEY:
-            if shape != (NUM_JOINTS,):
+            if shape not in shapes:
                 raise ConfigError(
-                    "policy", f"{name} wants {key} of shape {shape}; the SO-101's is ({NUM_JOINTS},)"
+                    "policy",
+                    f"{name} wants {key} of shape {shape}; the SO-101's is ({NUM_JOINTS},), "
+                    f"two arms' ({NUM_JOINTS * len(ARM_SIDES)},)",
                 )
+            arms = shapes[shape]
         elif key.startswith(IMAGE_PREFIX) and len(shape) == 3 and shape[0] == 3:
             cameras.append(key[len(IMAGE_PREFIX) :])
             sizes.add((shape[1], shape[2]))
@@ -204,9 +210,9 @@ def _lerobot_wants(config: Any, name: str) -> Wants:
             "policy", f"{name} wants images of several sizes {sorted(sizes)}; the twin renders one size"
         )
     action = config.output_features.get("action")
-    if action is None or tuple(int(s) for s in action.shape) != (NUM_JOINTS,):
-        raise ConfigError("policy", f"{name} does not output an action of {NUM_JOINTS} joint goals")
-    return Wants(cameras=tuple(cameras), image_size=next(iter(sizes)) if sizes else None)
+    if action is None or tuple(int(s) for s in action.shape) != (NUM_JOINTS * arms,):
+        raise ConfigError("policy", f"{name} does not output an action of {NUM_JOINTS * arms} joint goals")
+    return Wants(cameras=tuple(cameras), image_size=next(iter(sizes)) if sizes else None, arms=arms)
 
 
 def load_policy(spec: str | Path, *, device: str = "cpu") -> EvalPolicy:

@@ -31,9 +31,10 @@ import math
 
 import numpy as np
 
-from hilrec.daemon.replay.alignment import align, fit_shift, response_lag, slack_error
+from hilrec.daemon.replay.alignment import Alignment, align, fit_shift, response_lag, slack_error
 from hilrec.daemon.replay.metrics import (
     Excursion,
+    Stall,
     count_blips,
     find_stalls,
     grasp_mask,
@@ -52,7 +53,13 @@ from hilrec.daemon.replay.results import (
     ReplayVerdict,
     Trajectories,
 )
-from hilrec.daemon.replay.settings import ErrorLimits, ReplaySettings
+from hilrec.daemon.replay.settings import (
+    ErrorLimits,
+    GripperSettings,
+    LagSettings,
+    ReplaySettings,
+    StallSettings,
+)
 from hilrec.daemon.so101 import JOINT_NAMES
 
 
@@ -65,54 +72,25 @@ def analyse(
     rec, rep, act = traj.recorded, traj.replayed, traj.action
     n = rec.shape[0]
     lag_cfg, cons = settings.lag, settings.consistency
-    judged_frames = n - approach
-    needed = max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)
-    if judged_frames < needed:
-        after = f" after the approach (first {approach / fps:.2f} s)" if approach else ""
-        return EpisodeResult.not_replayable(
-            episode_index,
-            f"only {judged_frames} frames{after}; the check needs at least {needed}",
-            frames=n,
-            fps=fps,
-        )
+    too_short = _too_short(n - approach, approach, fps=fps, settings=settings)
+    if too_short:
+        return EpisodeResult.not_replayable(episode_index, too_short, frames=n, fps=fps)
     min_frames = max(1, math.ceil(cons.min_duration_s * fps))
 
-    gcfg = settings.gripper
-    grasp_rec = grasp_mask(act[:, GRIPPER], rec[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
-    grasp_rep = grasp_mask(act[:, GRIPPER], rep[:, GRIPPER], gap=gcfg.grasp_gap, still=gcfg.still)
-    valid = np.ones_like(rec, dtype=bool)
-    valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+    grasp_rec, grasp_rep, valid = _grasps(traj, settings.gripper)
     valid[:approach] = False
 
     def valid_at(lag: float) -> np.ndarray:
-        """``valid`` less the frames whose aligned replay reaches back into the approach."""
-        if not approach:
-            return valid
-        out = valid.copy()
-        out[: approach + max(0, math.ceil(lag)) + cons.timing_slack_frames] = False
-        return out
+        return _valid_after(valid, approach, lag, cons.timing_slack_frames)
 
     motion = np.ptp(rep[approach:], axis=0)
     moving = [j for j in BODY if motion[j] >= lag_cfg.min_motion_deg]
-
-    def limits_of(j: int) -> ErrorLimits:
-        return cons.gripper if j == GRIPPER else cons.body
 
     def judged(aligned: np.ndarray, lag: float) -> np.ndarray:
         return slack_error(rec, rep, aligned, lag, cons.timing_slack_frames)
 
     def excursions(aligned: np.ndarray, lag: float) -> dict[int, Excursion]:
-        error = judged(aligned, lag)
-        ok = valid_at(lag)
-        found = {}
-        for j in range(rec.shape[1]):
-            lim = limits_of(j)
-            exc = sustained_excursion(
-                error[:, j], limit=lim.max, min_frames=min_frames, floor=lim.floor, valid=ok[:, j]
-            )
-            if exc is not None:
-                found[j] = exc
-        return found
+        return _excursions(judged(aligned, lag), valid_at(lag), settings, min_frames)
 
     alignment = align(
         rec,
@@ -123,58 +101,24 @@ def analyse(
         find_excursions=excursions,
         start=approach,
     )
-    fit, used, aligned, exc = (alignment.fit, list(alignment.joints), alignment.aligned, alignment.excursions)
-    lag = alignment.lag
+    aligned, exc, lag = alignment.aligned, alignment.excursions, alignment.lag
 
-    lag_result = LagResult(
-        frames=lag if fit is not None else None,
-        best_shift=fit.best_shift if fit is not None else None,
-        shifts=fit.shifts
-        if fit is not None
-        else np.arange(lag_cfg.min_shift_frames, lag_cfg.max_shift_frames + 1),
-        mse=fit.mse if fit is not None else None,
-        joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
-        fitted_frames=alignment.window if fit is not None else 0,
-        response_recorded=response_lag(
-            act[approach:, used], rec[approach:, used], lag_cfg.max_correlation_frames
-        )
-        if used
-        else None,
-        response_replayed=response_lag(
-            act[approach:, used], rep[approach:, used], lag_cfg.max_correlation_frames
-        )
-        if used
-        else None,
-        at_search_edge=fit is not None
-        and fit.best_shift in (lag_cfg.min_shift_frames, lag_cfg.max_shift_frames),
-    )
+    lag_result = _lag_result(alignment, traj, lag_cfg, start=approach)
 
     raw_err = rec - rep
     al_err = rec - aligned
     judged_err = judged(aligned, lag)
-    sat = settings.saturation
-    margin = np.full(rec.shape[1], sat.limit_margin_deg)
-    margin[GRIPPER] = sat.gripper_margin
+    sat, stall_cfg = settings.saturation, settings.stall
+    margin = np.where(np.arange(rec.shape[1]) == GRIPPER, sat.gripper_margin, sat.limit_margin_deg)
     at_limit, beyond = limit_hits(act, traj.limits[:, 0], traj.limits[:, 1], margin)
-    stall_cfg = settings.stall
-    stall_frames = max(1, math.ceil(stall_cfg.min_duration_s * fps))
 
     judged_valid = valid_at(lag)
     joints: list[JointResult] = []
     for j, name in enumerate(JOINT_NAMES):
         ok = judged_valid[:, j]
-        raw_j = raw_err[ok, j] if ok.any() else np.zeros(1)
-        al_j = al_err[ok, j] if ok.any() else np.zeros(1)
-        judged_j = judged_err[ok, j] if ok.any() else np.zeros(1)
-        own_lag = None
-        if j in moving and j not in exc:
-            own_lag = fit_shift(
-                rec[approach:, [j]],
-                rep[approach:, [j]],
-                min_shift=lag_cfg.min_shift_frames,
-                max_shift=lag_cfg.max_shift_frames,
-            ).lag
-        lim = limits_of(j)
+        raw_j, al_j, judged_j = (e[ok, j] if ok.any() else np.zeros(1) for e in (raw_err, al_err, judged_err))
+        own_lag = _own_lag(traj, j, lag_cfg, start=approach) if j in moving and j not in exc else None
+        lim = _limits(settings, j)
         joints.append(
             JointResult(
                 name=name,
@@ -189,29 +133,10 @@ def analyse(
                 limits=lim,
                 divergence=exc.get(j),
                 blips=count_blips(judged_err[:, j], limit=lim.max, min_frames=min_frames, valid=ok),
-                stalls=[]
-                if j == GRIPPER
-                else [
-                    s
-                    for s in find_stalls(
-                        rec[:, j],
-                        rep[:, j],
-                        still=stall_cfg.still_deg,
-                        min_frames=stall_frames,
-                        min_motion=stall_cfg.min_command_motion_deg,
-                    )
-                    if s.stop > approach
-                ],
+                stalls=[] if j == GRIPPER else _stalls(traj, j, stall_cfg, fps, start=approach),
                 at_limit_frames=int(at_limit[:, j].sum()),
                 beyond_range_frames=int(beyond[:, j].sum()),
-                leader_mismatch_frames=None
-                if traj.leader is None
-                else int(
-                    np.sum(
-                        np.isfinite(traj.leader[:, j])
-                        & (np.abs(act[:, j] - np.nan_to_num(traj.leader[:, j])) > sat.leader_tolerance)
-                    )
-                ),
+                leader_mismatch_frames=_leader_mismatch(traj, j, sat.leader_tolerance),
             )
         )
 
@@ -232,6 +157,45 @@ def analyse(
     )
     _judge(result, settings)
     return result
+
+
+def _limits(settings: ReplaySettings, j: int) -> ErrorLimits:
+    cons = settings.consistency
+    return cons.gripper if j == GRIPPER else cons.body
+
+
+def _excursions(
+    error: np.ndarray, valid: np.ndarray, settings: ReplaySettings, min_frames: int
+) -> dict[int, Excursion]:
+    """Each joint's first sustained excursion of ``error`` past its limit, on ``valid`` frames."""
+    found = {}
+    for j in range(error.shape[1]):
+        lim = _limits(settings, j)
+        exc = sustained_excursion(
+            error[:, j], limit=lim.max, min_frames=min_frames, floor=lim.floor, valid=valid[:, j]
+        )
+        if exc is not None:
+            found[j] = exc
+    return found
+
+
+def _too_short(judged_frames: int, approach: int, *, fps: int, settings: ReplaySettings) -> str:
+    """Why an episode with ``judged_frames`` after its approach is too short to judge, or ""."""
+    lag_cfg = settings.lag
+    needed = max(settings.engine.min_frames, lag_cfg.max_shift_frames - lag_cfg.min_shift_frames + 3)
+    if judged_frames >= needed:
+        return ""
+    after = f" after the approach (first {approach / fps:.2f} s)" if approach else ""
+    return f"only {judged_frames} frames{after}; the check needs at least {needed}"
+
+
+def _valid_after(valid: np.ndarray, approach: int, lag: float, slack: int) -> np.ndarray:
+    """``valid`` less the frames whose aligned replay reaches back into the approach."""
+    if not approach:
+        return valid
+    out = valid.copy()
+    out[: approach + max(0, math.ceil(lag)) + slack] = False
+    return out
 
 
 def _rms(x: np.ndarray) -> float:
@@ -336,3 +300,62 @@ def _judge(result: EpisodeResult, settings: ReplaySettings) -> None:
             result.notes.append(
                 f"{j.name}: recorded action differs from the leader on {j.leader_mismatch_frames} frames"
             )
+
+
+def _grasps(traj: Trajectories, gcfg: GripperSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The gripper's grasps, as recorded and as replayed, and the frames each joint is judged on
+    (all but a grasp's, for the gripper: squeezing an object is not an error)."""
+    act, rec, rep = traj.action[:, GRIPPER], traj.recorded[:, GRIPPER], traj.replayed[:, GRIPPER]
+    grasp_rec = grasp_mask(act, rec, gap=gcfg.grasp_gap, still=gcfg.still)
+    grasp_rep = grasp_mask(act, rep, gap=gcfg.grasp_gap, still=gcfg.still)
+    valid = np.ones_like(traj.recorded, dtype=bool)
+    valid[:, GRIPPER] = ~(grasp_rec | grasp_rep)
+    return grasp_rec, grasp_rep, valid
+
+
+def _own_lag(traj: Trajectories, j: int, lag_cfg: LagSettings, *, start: int) -> float | None:
+    rec, rep = traj.recorded[start:, [j]], traj.replayed[start:, [j]]
+    return fit_shift(rec, rep, min_shift=lag_cfg.min_shift_frames, max_shift=lag_cfg.max_shift_frames).lag
+
+
+def _stalls(traj: Trajectories, j: int, stall_cfg: StallSettings, fps: int, *, start: int) -> list[Stall]:
+    """Joint ``j``'s stalls that end after the approach (``start`` frames)."""
+    found = find_stalls(
+        traj.recorded[:, j],
+        traj.replayed[:, j],
+        still=stall_cfg.still_deg,
+        min_frames=max(1, math.ceil(stall_cfg.min_duration_s * fps)),
+        min_motion=stall_cfg.min_command_motion_deg,
+    )
+    return [s for s in found if s.stop > start]
+
+
+def _lag_result(alignment: Alignment, traj: Trajectories, lag_cfg: LagSettings, *, start: int) -> LagResult:
+    """The episode's lag: the alignment's fit over the moving joints, and the response lags
+    (after the approach's ``start`` frames)."""
+    fit, used = alignment.fit, list(alignment.joints)
+    act, rec, rep = traj.action[start:], traj.recorded[start:], traj.replayed[start:]
+    window = lag_cfg.max_correlation_frames
+    return LagResult(
+        frames=alignment.lag if fit is not None else None,
+        best_shift=fit.best_shift if fit is not None else None,
+        shifts=fit.shifts
+        if fit is not None
+        else np.arange(lag_cfg.min_shift_frames, lag_cfg.max_shift_frames + 1),
+        mse=fit.mse if fit is not None else None,
+        joints_used=[JOINT_NAMES[j] for j in used] if fit is not None else [],
+        fitted_frames=alignment.window if fit is not None else 0,
+        response_recorded=response_lag(act[:, used], rec[:, used], window) if used else None,
+        response_replayed=response_lag(act[:, used], rep[:, used], window) if used else None,
+        at_search_edge=fit is not None
+        and fit.best_shift in (lag_cfg.min_shift_frames, lag_cfg.max_shift_frames),
+    )
+
+
+def _leader_mismatch(traj: Trajectories, j: int, tolerance: float) -> int | None:
+    """Frames where the action of joint ``j`` is not the leader's reading (a clamp); None
+    without the leader's recording."""
+    if traj.leader is None:
+        return None
+    leader = traj.leader[:, j]
+    return int(np.sum(np.isfinite(leader) & (np.abs(traj.action[:, j] - np.nan_to_num(leader)) > tolerance)))

@@ -16,13 +16,13 @@ import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes, atomic_write_json
 from hilrec.daemon.replay.check import DatasetCheck
-from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, ReplayVerdict
+from hilrec.daemon.replay.results import GRIPPER, EpisodeResult, LagResult, ReplayVerdict
 from hilrec.daemon.so101 import JOINT_NAMES
 
 if TYPE_CHECKING:
@@ -44,8 +44,19 @@ _VERDICT_MARK = {
 }
 
 
+REPORT_DIR: Final[str] = "replay"  # under the dataset's hilrec/: where the take's verdict puts its PNG
+
+
 def plot_name(episode_index: int) -> str:
     return f"episode-{episode_index:06d}.png"
+
+
+def episode_plot_path(root: str | os.PathLike[str], episode_index: int) -> Path:
+    """``<root>/hilrec/replay/episode-NNNNNN.png``: where a take's verdict writes its figure, and
+    where ``hilrec ui`` looks for it (``hilrec replay --report`` writes the same file there)."""
+    from hilrec.daemon.dataset import sidecar_dir
+
+    return sidecar_dir(Path(root)) / REPORT_DIR / plot_name(episode_index)
 
 
 def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: int = 72) -> Path:
@@ -130,17 +141,7 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     ax.set_xlabel("time [s]", fontsize=8)
     ex.set_xlabel("time [s]", fontsize=8)
 
-    curve = fig.add_subplot(grid[len(JOINT_NAMES), 0])
-    if lag.mse is not None:
-        curve.plot(lag.shifts, np.sqrt(lag.mse), marker="o", color=_COLOURS["recorded"])
-        if lag.frames is not None:
-            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0, label=f"estimate {lag.frames:.2f}")
-            curve.legend(fontsize=7)
-    else:
-        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center", transform=curve.transAxes)
-    curve.set_xlabel("shift k [frames]: recorded[t] vs replayed[t - k]", fontsize=8)
-    curve.set_ylabel("RMS error [deg]", fontsize=8)
-    curve.tick_params(labelsize=7)
+    _plot_lag_curve(fig.add_subplot(grid[len(JOINT_NAMES), 0]), lag)
     info = fig.add_subplot(grid[len(JOINT_NAMES), 1])
     info.axis("off")
     info.text(
@@ -152,6 +153,20 @@ def plot_episode(result: EpisodeResult, path: str | os.PathLike[str], *, dpi: in
     fig.savefig(buf, format="png", dpi=dpi)
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def _plot_lag_curve(curve: Axes, lag: LagResult) -> None:
+    """The bottom row: the RMS error of each shift tried, and the lag estimated from them."""
+    if lag.mse is not None:
+        curve.plot(lag.shifts, np.sqrt(lag.mse), marker="o", color=_COLOURS["recorded"])
+        if lag.frames is not None:
+            curve.axvline(lag.frames, color=_COLOURS["aligned"], lw=1.0, label=f"estimate {lag.frames:.2f}")
+            curve.legend(fontsize=7)
+    else:
+        curve.text(0.5, 0.5, "lag not estimable (too little motion)", ha="center", transform=curve.transAxes)
+    curve.set_xlabel("shift k [frames]: recorded[t] vs replayed[t - k]", fontsize=8)
+    curve.set_ylabel("RMS error [deg]", fontsize=8)
+    curve.tick_params(labelsize=7)
 
 
 def _summary_text(result: EpisodeResult) -> str:

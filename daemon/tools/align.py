@@ -20,6 +20,7 @@ file) with LeRobot's normalisation maths, so both are compared in degrees.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,22 @@ from hilrec.daemon.dataset import load_dataset_sidecar, load_info, load_stats, r
 from hilrec.daemon.errors import DatasetError
 from hilrec.daemon.so101 import (
     ACTION_KEY,
+    BIMANUAL_ROBOT_TYPE,
     IMAGE_PREFIX,
     JOINT_NAMES,
     MOTORS,
+    NUM_JOINTS,
     ROBOT_TYPE,
     ROBOT_TYPE_SPELLINGS,
     STATE_KEY,
     BodyMode,
     NormMode,
+    arms_of,
+    joint_names,
 )
+
+# A side's calibration: one LeRobot file per arm (left first for two arms), or one for one arm.
+Calibration = Path | Sequence[Path] | None
 
 LEROBOT_DEGREES_LIMIT = 100.0  # a body value beyond this cannot be RANGE_M100_100
 
@@ -51,6 +59,7 @@ class Side:
     units_source: str
     low: np.ndarray  # per joint, over observation.state and action, in this side's units
     high: np.ndarray
+    joints: tuple[str, ...] = JOINT_NAMES  # two arms: left_shoulder_pan ... right_gripper
 
 
 @dataclass
@@ -79,7 +88,7 @@ class Alignment:
             " for body joints, 0..100 for the gripper; overlap = shared / combined span):",
         ]
         lines += [
-            f"  {joint:<14} A {ra:<18} B {rb:<18} overlap {ov:.0%}" for joint, ra, rb, ov in self.ranges
+            f"  {joint:<20} A {ra:<18} B {rb:<18} overlap {ov:.0%}" for joint, ra, rb, ov in self.ranges
         ]
         lines.append("")
         lines.append("they line up" if self.aligned else "they do NOT line up; to change:")
@@ -92,8 +101,11 @@ def align(
     b: Path,
     *,
     units: tuple[BodyMode | None, BodyMode | None] = (None, None),
-    calibrations: tuple[Path | None, Path | None] = (None, None),
+    calibrations: tuple[Calibration, Calibration] = (None, None),
 ) -> Alignment:
+    """Compare A with B. Two-arm datasets (LeRobot's bi_so_follower columns) are compared per
+    arm: each joint's range under its prefixed name, and a RANGE_M100_100 side converted with a
+    calibration per arm (left first)."""
     result = Alignment(a=_side(Path(a), units[0]), b=_side(Path(b), units[1]))
     _compare_schema(result)
     _compare_units(result, calibrations)
@@ -111,15 +123,23 @@ def _side(root: Path, stated: BodyMode | None) -> Side:
         lows.append(np.asarray(entry["min"], dtype=np.float64))
         highs.append(np.asarray(entry["max"], dtype=np.float64))
     low, high = np.minimum(*lows), np.maximum(*highs)
+    names = ((info.get("features") or {}).get(STATE_KEY) or {}).get("names") or []
+    joints = joint_names(arms_of(names) or 1)
+    if len(low) != len(joints):
+        raise DatasetError(
+            f"{root}: observation.state has {len(low)} values; "
+            f"an SO-101 arm has {NUM_JOINTS}, two {2 * NUM_JOINTS}"
+        )
     if stated is not None:
-        return Side(root, info, stated, "stated by flag", low, high)
+        return Side(root, info, stated, "stated by flag", low, high, joints)
     recorded = recorded_body_mode(load_dataset_sidecar(root))
     if recorded is not None:
-        return Side(root, info, recorded, "hilrec metadata", low, high)
-    body = [i for i, name in enumerate(JOINT_NAMES) if MOTORS[name][1] != NormMode.RANGE_0_100]
+        return Side(root, info, recorded, "hilrec metadata", low, high, joints)
+    body = [i for i in range(len(low)) if MOTORS[JOINT_NAMES[i % NUM_JOINTS]][1] != NormMode.RANGE_0_100]
     if np.max(np.abs(np.concatenate([low[body], high[body]]))) > LEROBOT_DEGREES_LIMIT:
-        return Side(root, info, BodyMode.DEGREES, "inferred: a body joint passes 100", low, high)
-    return Side(root, info, None, "unknown: every body joint within ±100 fits both units", low, high)
+        return Side(root, info, BodyMode.DEGREES, "inferred: a body joint passes 100", low, high, joints)
+    unknown = "unknown: every body joint within ±100 fits both units"
+    return Side(root, info, None, unknown, low, high, joints)
 
 
 def _compare_schema(result: Alignment) -> None:
@@ -142,7 +162,9 @@ def _compare_schema(result: Alignment) -> None:
         "robot_type",
         type_a,
         type_b,
-        f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE})",
+        f"use one robot type (LeRobot's for this arm: {ROBOT_TYPE})"
+        if len(result.a.joints) == NUM_JOINTS
+        else f"use one robot type (LeRobot's for two arms: {BIMANUAL_ROBOT_TYPE})",
         same=_arm(type_a) == _arm(type_b),
     )
     measured = {k for k in fa if not k.startswith(IMAGE_PREFIX) and k not in _LEROBOT_BOOKKEEPING}
@@ -173,7 +195,7 @@ def _compare_schema(result: Alignment) -> None:
         )
 
 
-def _compare_units(result: Alignment, calibrations: tuple[Path | None, Path | None]) -> None:
+def _compare_units(result: Alignment, calibrations: tuple[Calibration, Calibration]) -> None:
     a, b = result.a, result.b
     result.rows.append(
         (
@@ -193,25 +215,44 @@ def _compare_units(result: Alignment, calibrations: tuple[Path | None, Path | No
         for i, side in enumerate((a, b)):
             if side.units != BodyMode.RANGE_M100_100:
                 continue
-            calibration = calibrations[i]
-            if calibration is None:
+            per_arm = _per_arm(calibrations[i])
+            arms = len(side.joints) // NUM_JOINTS
+            if len(per_arm) != arms:
                 result.fixes.append(
-                    f"{side.root} is RANGE_M100_100: give its arm's calibration (--calibration-{'ab'[i]}) "
-                    "to compare ranges in degrees"
+                    f"{side.root} is RANGE_M100_100: give {'its arm' if arms == 1 else 'each arm'}'s "
+                    f"calibration (--calibration-{'ab'[i]}"
+                    f"{', once per arm, left first' if arms > 1 else ''}) to compare ranges in degrees"
                 )
                 continue
-            lows[i], highs[i] = _m100_to_degrees(side.low, side.high, calibration)
+            converted = [
+                _m100_to_degrees(side.low[k * NUM_JOINTS : (k + 1) * NUM_JOINTS],
+                                 side.high[k * NUM_JOINTS : (k + 1) * NUM_JOINTS], per_arm[k])
+                for k in range(arms)
+            ]  # fmt: skip
+            lows[i] = np.concatenate([lo for lo, _ in converted])
+            highs[i] = np.concatenate([hi for _, hi in converted])
         result.fixes.append(
             "record both sides in one unit (LeRobot's use_degrees=True is hilrec's default), or convert "
             "the RANGE_M100_100 one: hilrec edit convert-units ROOT --to degrees --calibration FILE"
         )
-    for j, joint in enumerate(JOINT_NAMES):
+    # Joint by joint where both sides have it (a one-arm side against a two-arm one: its
+    # columns against the left arm's, the feature rows above already say they differ).
+    for j, name in enumerate(a.joints[: len(b.joints)]):
+        joint = name if b.joints[j] == name else f"{name}/{b.joints[j]}"
         (la, ha), (lb, hb) = (lows[0][j], highs[0][j]), (lows[1][j], highs[1][j])
         shared = max(0.0, min(ha, hb) - max(la, lb))
         span = max(ha, hb) - min(la, lb)
         result.ranges.append(
             (joint, f"{la:.1f} .. {ha:.1f}", f"{lb:.1f} .. {hb:.1f}", shared / span if span else 1.0)
         )
+
+
+def _per_arm(calibration: Calibration) -> list[Path]:
+    if calibration is None:
+        return []
+    if isinstance(calibration, Path | str):
+        return [Path(calibration)]
+    return [Path(c) for c in calibration]
 
 
 def _m100_to_degrees(low: np.ndarray, high: np.ndarray, calibration: Path) -> tuple[np.ndarray, np.ndarray]:

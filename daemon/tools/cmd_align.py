@@ -21,8 +21,14 @@ def register(subparsers: Any) -> None:
     modes = [m.value for m in BodyMode]
     parser.add_argument("--units-a", choices=modes, default=None, help="A's body-joint units, if known")
     parser.add_argument("--units-b", choices=modes, default=None, help="B's body-joint units, if known")
-    parser.add_argument("--calibration-a", type=Path, default=None, help="A's arm calibration (LeRobot JSON)")
-    parser.add_argument("--calibration-b", type=Path, default=None, help="B's arm calibration (LeRobot JSON)")
+    for side in "ab":
+        parser.add_argument(
+            f"--calibration-{side}",
+            type=Path,
+            action="append",
+            default=None,
+            help=f"{side.upper()}'s arm calibration (LeRobot JSON); two arms: once per arm, left first",
+        )
     parser.set_defaults(func=run)
 
 

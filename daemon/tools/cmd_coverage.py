@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     test = None
     if args.against is not None:
         test = dataset_states(args.against)
-    elif args.against_seeds is not None:
-        test = rollout_states(args.against_seeds, push_rate=args.pushes)
+    elif args.against_seeds is not None:  # roll-outs of the dataset's own scene, one arm or two
+        test = rollout_states(args.against_seeds, push_rate=args.pushes, arms=len(data.names) // 6)
     pair = args.pair.split(",") if args.pair else None
     result = measure(data, str(args.root), test=test, pair=pair, bin_size=args.bin, radius=args.radius)
     if args.plot is not None:

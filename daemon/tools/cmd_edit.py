@@ -15,7 +15,7 @@ from typing import Any
 from hilrec.daemon.cli import COMMANDS
 from hilrec.daemon.dataset import LeRobotInfo
 from hilrec.daemon.so101 import BodyMode
-from hilrec.daemon.tools.cmd_export import parse_episodes
+from hilrec.daemon.tools.episode_ranges import parse_episodes
 
 
 def parse_fractions(text: str) -> list[float]:

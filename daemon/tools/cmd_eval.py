@@ -34,6 +34,7 @@ _FLAGS = {
     "policy": "--policy",
     "task": "--task",
     "root": "--record",
+    "arms": "--arms",
 }
 
 
@@ -73,7 +74,19 @@ def register(subparsers: Any) -> None:
         help="camera image size (default: a LeRobot policy's own, else 640x480)",
     )
     parser.add_argument("--fps", type=int, default=25, help="frames per second (the training data's)")
-    parser.add_argument("--task", default=DEFAULT_TASK, help="task text fed to the policy")
+    parser.add_argument(
+        "--task",
+        default=None,
+        help=f"task text fed to the policy (default {DEFAULT_TASK!r}, or with --arms 2 the handover's)",
+    )
+    parser.add_argument(
+        "--arms",
+        type=int,
+        choices=(1, 2),
+        default=None,
+        help="1: the one-arm scene; 2: the two-arm handover scene (default: as many arms as a "
+        "LeRobot policy's state has, else 1)",
+    )
     parser.add_argument(
         "--record", metavar="ROOT", type=Path, default=None, help="record every episode as a dataset here"
     )
@@ -89,15 +102,20 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.text import DEFAULT_TASK
     from hilrec.daemon.tools.evaluate import EvalConfig, evaluate
     from hilrec.daemon.tools.policies import load_policy
+    from hilrec.sim.bimanual_scene import BIMANUAL_TASK, BimanualSceneConfig
     from hilrec.sim.cmd_record import parse_cameras
+    from hilrec.sim.scene import SceneConfig
 
     with flag_errors(_FLAGS):
         policy = load_policy(args.policy)
         asked = None if args.cameras is None else parse_cameras(args.cameras)
         cameras, size = _inputs(asked, args.size, policy.wants.cameras, policy.wants.image_size)
+        arms = _arms(args.arms, policy.wants.arms)
         config = EvalConfig(
+            scene=SceneConfig() if arms == 1 else BimanualSceneConfig(),
             seeds=tuple(args.seeds),
             episodes_per_seed=args.episodes_per_seed,
             push_rate=args.pushes,
@@ -105,13 +123,20 @@ def run(args: argparse.Namespace) -> int:
             fps=args.fps,
             cameras=cameras,
             image_size=size,
-            task=args.task,
+            task=args.task if args.task is not None else (DEFAULT_TASK if arms == 1 else BIMANUAL_TASK),
             record_root=args.record,
             video_codec=args.video_codec,
         )
         report = evaluate(config, policy, progress=args.progress)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.format_text(), file=sys.stdout)
     return 0
+
+
+def _arms(asked: int | None, wanted: int | None) -> int:
+    """The scene's arm count: as asked, else as the policy was trained; ConfigError on a clash."""
+    if asked is not None and wanted is not None and asked != wanted:
+        raise ConfigError("arms", f"the policy was trained on {wanted} arm(s), --arms asks for {asked}")
+    return asked or wanted or 1
 
 
 def _inputs(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.tools.episode_ranges import parse_episodes
 
 FORMATS = ("robomimic",)
 
@@ -20,18 +21,6 @@ def parse_size(text: str) -> tuple[int, int]:
     if width <= 0 or height <= 0:
         raise argparse.ArgumentTypeError(f"width and height must be positive, got {text!r}")
     return width, height
-
-
-def parse_episodes(text: str) -> list[int]:
-    """``1,4-6`` -> [1, 4, 5, 6]."""
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            first, _, last = part.strip().partition("-")
-            out.extend(range(int(first), int(last or first) + 1))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected episode numbers such as 1,4-6, got {text!r}") from None
-    return out
 
 
 def register(subparsers: Any) -> None:

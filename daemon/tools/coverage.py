@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from scipy.spatial import cKDTree
 
-from hilrec.daemon.dataset import load_episode_sidecar, load_episodes, read_episode
+from hilrec.daemon.dataset import load_episode_sidecar, load_episodes, load_info, read_episode
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.so101 import JOINT_NAMES, STATE_KEY
+from hilrec.daemon.so101 import JOINT_NAMES, STATE_KEY, arms_of, joint_names
 
 DEFAULT_RADIUS = 0.5  # normalised distance, as in the offline-datasets lesson
 DEFAULT_BIN = 10.0  # units (degrees for body joints, percent for the gripper)
@@ -40,8 +40,9 @@ CUBE_BIN_M = 0.01
 class States:
     """Stacked states with where each came from: (episode or seed, frame)."""
 
-    values: np.ndarray  # float64 (n, 6)
+    values: np.ndarray  # float64 (n, 6 per arm)
     origin: list[tuple[str, int, int]]  # ("episode" | "seed", number, frame) per row ranges
+    names: tuple[str, ...] = JOINT_NAMES  # the joint of each column (two arms: left_..., right_...)
     cubes: list[tuple[float, float]] = field(default_factory=list)
     episodes: int = 0
     disturbed_episodes: int = 0
@@ -59,7 +60,8 @@ def dataset_states(root: Path) -> States:
     if not rows:
         raise DatasetError(f"{root}: no episodes to measure")
     chunks: list[np.ndarray] = []
-    states = States(values=np.empty((0, len(JOINT_NAMES))), origin=[])
+    names = joint_names(dataset_arms(root))
+    states = States(values=np.empty((0, len(names))), origin=[], names=names)
     first = 0
     for row in rows:
         index = int(row["episode_index"])
@@ -80,10 +82,19 @@ def dataset_states(root: Path) -> States:
     return states
 
 
-def rollout_states(seeds: Iterable[int], *, fps: int = 25, push_rate: float = 0.0) -> States:
-    """The scripted operator's episodes for ``seeds``, exactly as ``hilrec record --sim`` plays them."""
-    from hilrec.sim.operator import ScriptedOperator
+def dataset_arms(root: Path) -> int:
+    """How many arms the dataset's ``observation.state`` columns stand for (1 when unnamed)."""
+    names = ((load_info(root).get("features") or {}).get(STATE_KEY) or {}).get("names") or []
+    return arms_of(names) or 1
+
+
+def rollout_states(seeds: Iterable[int], *, fps: int = 25, push_rate: float = 0.0, arms: int = 1) -> States:
+    """The scripted operator's episodes for ``seeds``, exactly as ``hilrec record --sim`` plays
+    them (``arms=2``: the two-arm handover scene)."""
+    from hilrec.sim.bimanual_operator import make_operator
+    from hilrec.sim.bimanual_scene import BimanualSceneConfig
     from hilrec.sim.recorder import run_episode
+    from hilrec.sim.scene import SceneConfig
     from hilrec.sim.twin import Twin
 
     class Collector:  # the recorder's frame loop, keeping the states instead of writing them
@@ -96,13 +107,15 @@ def rollout_states(seeds: Iterable[int], *, fps: int = 25, push_rate: float = 0.
         def discard_episode(self) -> None:
             self.rows.clear()
 
-    states = States(values=np.empty((0, len(JOINT_NAMES))), origin=[])
+    names = joint_names(arms)
+    states = States(values=np.empty((0, len(names))), origin=[], names=names)
     chunks: list[np.ndarray] = []
     first = 0
-    with Twin(fps=fps, cameras=()) as twin:
+    scene = SceneConfig() if arms == 1 else BimanualSceneConfig()
+    with Twin(fps=fps, cameras=(), scene=scene) as twin:
         for seed in seeds:
             collector = Collector()
-            operator = ScriptedOperator(seed, fps=fps, scene=twin.scene, units=twin.units)
+            operator = make_operator(seed, fps=fps, scene=twin.scene, units=twin.units)
             # The recorder's loop calls only add_frame and discard_episode of its sink.
             sink: Any = collector
             episode = run_episode(twin, operator, sink, seed=seed, task="coverage", push_rate=push_rate)
@@ -199,15 +212,20 @@ def measure(
     radius: float = DEFAULT_RADIUS,
     farthest: int = 5,
 ) -> Coverage:
-    values = data.values
+    values, names = data.values, data.names
+    if test is not None and test.names != names:
+        raise DatasetError(
+            f"the test states are of {len(test.names)} joints, the dataset's of {len(names)}: "
+            "compare one-arm with one-arm and two-arm with two-arm"
+        )
     if pair is None:
         order = np.argsort(values.var(axis=0))[::-1]
-        chosen = (JOINT_NAMES[int(order[0])], JOINT_NAMES[int(order[1])])
+        chosen = (names[int(order[0])], names[int(order[1])])
     else:
-        if len(pair) != 2 or any(p not in JOINT_NAMES for p in pair):
-            raise DatasetError(f"--pair takes two of {', '.join(JOINT_NAMES)}, got {list(pair)}")
+        if len(pair) != 2 or any(p not in names for p in pair):
+            raise DatasetError(f"--pair takes two of {', '.join(names)}, got {list(pair)}")
         chosen = (pair[0], pair[1])
-    grid, extent = _grid(values, chosen, bin_size)
+    grid, extent = _grid(values, names, chosen, bin_size)
     cubes = {(math.floor(x / CUBE_BIN_M), math.floor(y / CUBE_BIN_M)) for x, y in data.cubes}
     result = Coverage(
         root=root,
@@ -240,12 +258,14 @@ def measure(
 
 
 def _grid(
-    values: np.ndarray, pair: tuple[str, str], bin_size: float
+    values: np.ndarray, names: tuple[str, ...], pair: tuple[str, str], bin_size: float
 ) -> tuple[np.ndarray, tuple[float, float, float, float]]:
     from hilrec.sim.units import default_units_map
 
     low, high = default_units_map().units_limits()
-    i, j = JOINT_NAMES.index(pair[0]), JOINT_NAMES.index(pair[1])
+    arms = len(names) // len(JOINT_NAMES)  # every arm is the same SO-101, with the same range
+    low, high = np.tile(low, arms), np.tile(high, arms)
+    i, j = names.index(pair[0]), names.index(pair[1])
     edges = [np.arange(float(low[k]), float(high[k]) + bin_size, bin_size) for k in (i, j)]
     counts, _, _ = np.histogram2d(values[:, i], values[:, j], bins=edges)
     return counts, (edges[0][0], edges[0][-1], edges[1][0], edges[1][-1])
@@ -263,7 +283,7 @@ def plot(result: Coverage, data: States, test: States | None, out: Path) -> None
     image = left.imshow(masked, origin="lower", extent=result.extent, aspect="auto", cmap="viridis")
     fig.colorbar(image, ax=left, label="dataset states per cell")
     if test is not None:
-        i, j = (JOINT_NAMES.index(p) for p in result.pair)
+        i, j = (data.names.index(p) for p in result.pair)
         left.scatter(
             test.values[::7, i], test.values[::7, j], s=2, c="tab:red", alpha=0.4, label="test states"
         )

@@ -39,14 +39,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset import DEFAULT_FEATURES, LeRobotInfo
-from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.dataset import DEFAULT_FEATURES, EpisodeVerdict, LeRobotInfo
+from hilrec.daemon.errors import DatasetError, FlagError
 from hilrec.daemon.text import task_problem
-from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit
+from hilrec.daemon.tools.edit_run import Options, finish_parts, hook_of, run_edit
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source
 from hilrec.daemon.tools.edit_spelling import merge_view, merged_features
-from hilrec.daemon.tools.edit_swap import TEMP_MARK, clean_leftovers, recover, temp_dirs
+from hilrec.daemon.tools.edit_swap import TEMP_MARK, clean_leftovers, hook_point, recover, temp_dirs
 from hilrec.daemon.tools.edit_write import write_dataset
+from hilrec.daemon.tools.episode_ranges import episode_list, ranges_text
 
 __all__ = [
     "TEMP_MARK",
@@ -77,13 +78,7 @@ def _all(source: Source) -> list[Pick]:
 
 
 def _episode_list(source: Source, episodes: Iterable[int], what: str) -> list[int]:
-    wanted = sorted({int(e) for e in episodes})
-    unknown = [e for e in wanted if not 0 <= e < len(source.episodes)]
-    if unknown:
-        raise DatasetError(
-            f"{source.root}: {what}: no episode {unknown} (it has 0..{len(source.episodes) - 1})"
-        )
-    return wanted
+    return episode_list(episodes, len(source.episodes), source.root, what)
 
 
 def recompute_stats(root: Path, *, out: Path | None = None, options: Options | None = None) -> EditReport:
@@ -116,7 +111,8 @@ def delete_episodes(
             raise DatasetError(f"{root}: deleting every episode leaves no dataset")
         write_dataset(result, sources, picks, command="delete-episodes", report=report, hook=hook_of(options))
 
-    return run_edit("delete-episodes", [root], out or root, build, options)
+    flags = ["--episodes", ranges_text(episodes)]
+    return run_edit("delete-episodes", [root], out or root, build, options, flags=flags)
 
 
 def keep_episodes(
@@ -129,6 +125,13 @@ def keep_episodes(
     options: Options | None = None,
 ) -> EditReport:
     """Keep the episodes that are listed, successful and/or have one of ``verdicts``."""
+    unknown = sorted(set(verdicts or ()) - {v.value for v in EpisodeVerdict})
+    if unknown:
+        raise FlagError(
+            "--verdict",
+            f"unknown verdict(s) {', '.join(unknown)}; the verdicts are "
+            + ", ".join(v.value for v in EpisodeVerdict),
+        )
 
     def build(sources: Sequence[Source], result: Path, report: EditReport) -> None:
         source = sources[0]
@@ -148,7 +151,9 @@ def keep_episodes(
         report.notes.append(f"kept {len(picks)} of {len(source.episodes)} episodes")
         write_dataset(result, sources, picks, command="keep", report=report, hook=hook_of(options))
 
-    return run_edit("keep", [root], out or root, build, options)
+    flags = [*(["--episodes", ranges_text(episodes)] if episodes is not None else [])]
+    flags += [*(["--success"] if success else []), *(["--verdict", ",".join(verdicts)] if verdicts else [])]
+    return run_edit("keep", [root], out or root, build, options, flags=flags)
 
 
 def episode_success(meta: Mapping[str, Any]) -> bool:
@@ -193,7 +198,8 @@ def set_task(
         picks = [Pick(0, p.episode, task if p.episode in chosen else None) for p in _all(source)]
         write_dataset(result, sources, picks, command="set-task", report=report, hook=hook_of(options))
 
-    return run_edit("set-task", [root], out or root, build, options)
+    flags = ["--episodes", ranges_text(episodes), "--task", task]
+    return run_edit("set-task", [root], out or root, build, options, flags=flags)
 
 
 def remove_feature(
@@ -217,7 +223,7 @@ def remove_feature(
             hook=hook_of(options),
         )
 
-    return run_edit("remove-feature", [root], out or root, build, options)
+    return run_edit("remove-feature", [root], out or root, build, options, flags=["--feature", key])
 
 
 def merge(
@@ -250,7 +256,8 @@ def merge(
             hook=hook_of(options),
         )
 
-    return run_edit("merge", roots, out, build, options)
+    flags = ["--lerobot", lerobot.value] if lerobot is not None else []
+    return run_edit("merge", roots, out, build, options, flags=flags)
 
 
 def merge_problem(sources: Sequence[Source]) -> str | None:
@@ -306,14 +313,14 @@ def split(
     if (fractions is None) == (lists is None):
         raise DatasetError("split needs either --fractions or --episodes lists")
     if fractions is not None:
-        if len(fractions) != len(outs) or any(f <= 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
+        if len(fractions) != len(outs) or any(f <= 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-9:
             raise DatasetError(
-                f"--fractions {list(fractions)}: one positive fraction per --out ({len(outs)}), "
-                "summing to at most 1"
+                f"--fractions {','.join(f'{f:g}' for f in fractions)}: one positive fraction per --out "
+                f"({len(outs)}), summing to 1 (they sum to {sum(fractions):g}; a split keeps every "
+                "episode: to leave some out, use edit keep or delete-episodes first)"
             )
         counts = [int(f * n) for f in fractions]
-        if abs(sum(fractions) - 1) <= 1e-9:
-            counts[-1] = n - sum(counts[:-1])
+        counts[-1] = n - sum(counts[:-1])
         if any(c <= 0 for c in counts):
             raise DatasetError(f"--fractions {list(fractions)} of {n} episodes leaves an empty part {counts}")
         groups, start = [], 0
@@ -325,6 +332,11 @@ def split(
         if len(lists) != len(outs):
             raise DatasetError(f"{len(lists)} --episodes lists for {len(outs)} --out folders")
         groups = [_episode_list(source, g, "--episodes") for g in lists]
+        _refuse_overlap(groups, outs)
+    if fractions is not None:
+        flags = ["--fractions", ",".join(f"{f:g}" for f in fractions)]
+    else:
+        flags = ["--episodes", *(ranges_text(g) for g in groups)]
     reports = []
     for group, out in zip(groups, outs, strict=True):
 
@@ -334,5 +346,20 @@ def split(
             picks = [Pick(0, e) for e in group]
             write_dataset(result, sources, picks, command="split", report=report, hook=hook_of(options))
 
-        reports.append(run_edit("split", [Path(root)], Path(out), build, options))
+        reports.append(run_edit("split", [Path(root)], Path(out), build, options, flags=flags, outs=outs))
+        hook_point(hook_of(options), "part-written")
+    finish_parts(outs)
     return reports
+
+
+def _refuse_overlap(groups: Sequence[Sequence[int]], outs: Sequence[Path]) -> None:
+    """An episode in two parts of a split would be trained on and validated on: refused."""
+    owner: dict[int, int] = {}
+    for part, group in enumerate(groups):
+        for episode in group:
+            if episode in owner:
+                raise DatasetError(
+                    f"split: episode {episode} is in the --episodes lists of both {outs[owner[episode]]} "
+                    f"and {outs[part]}; the parts must not overlap"
+                )
+            owner[episode] = part

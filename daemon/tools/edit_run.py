@@ -6,16 +6,26 @@ The steps and why a kill at any of them loses nothing: :mod:`hilrec.daemon.tools
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hilrec.daemon.atomic import fsync_dir
-from hilrec.daemon.dataset import INFO_PATH, LOCK_NAME, CheckReport, RootLock, check_dataset
-from hilrec.daemon.errors import DatasetError, DatasetStateError
+from hilrec.daemon.dataset import (
+    INFO_PATH,
+    CheckReport,
+    IntentState,
+    RootLock,
+    check_dataset,
+    remove_edit_intent,
+    write_edit_intent,
+)
+from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.tools.edit_resume import Intent, holds_only_edit_files, prior_part
 from hilrec.daemon.tools.edit_source import EditReport, Source
 from hilrec.daemon.tools.edit_swap import (
     Hook,
@@ -42,8 +52,16 @@ def run_edit(
     target: Path,
     build: Callable[[Sequence[Source], Path, EditReport], None],
     options: Options | None = None,
+    *,
+    flags: Sequence[str] = (),
+    outs: Sequence[Path] | None = None,
 ) -> EditReport:
-    """Lock ``roots`` and ``target``, build the result beside ``target``, check it, swap it in."""
+    """Lock ``roots`` and ``target``, build the result beside ``target``, check it, swap it in.
+
+    ``flags`` are the command's arguments as a person types them, and ``outs`` every output of
+    the command (``target`` among them): with ``--out`` they are recorded in the target
+    (:mod:`hilrec.daemon.tools.edit_resume`) so that the same command run again finishes the work.
+    """
     options = options or Options()
     hook = options.hook
     started = time.monotonic()
@@ -53,11 +71,15 @@ def run_edit(
     label = f"hilrec edit {command}"
     for root in roots:
         recover(root)
+    intent: Intent | None = None
     if not in_place:
         recover(target)
-        if os.path.lexists(target) and any(c.name != LOCK_NAME for c in target.iterdir()):
-            raise DatasetStateError(f"--out {target} exists and is not empty; give a new folder")
-    created_out = not in_place and not os.path.lexists(target)
+        intent = Intent.of(command, roots, [Path(o) for o in outs or [target]], target, flags)
+        if prior_part(intent, target):
+            report = EditReport(command=command, target=target, swap="already written by an earlier run")
+            report.notes.append(f"{target} was written by an earlier run of `{intent.command_line}`; kept")
+            return report
+    created_out = not in_place and (not os.path.lexists(target) or holds_only_edit_files(target))
     locks: list[RootLock] = []
     result: Path | None = None
     done = False
@@ -66,6 +88,9 @@ def run_edit(
             if root in roots and not (root / INFO_PATH).exists():
                 raise DatasetError(f"{root}: no meta/info.json: not a LeRobot dataset root")
             locks.append(RootLock(root, label).acquire())
+        if intent is not None:
+            write_edit_intent(target, intent.record(IntentState.BUILDING))
+            hook_point(hook, "out-intent-written")
         hook_point(hook, "locked")
         for root in dict.fromkeys([*roots, target]):
             clean_leftovers(root)
@@ -75,11 +100,15 @@ def run_edit(
         locks.append(RootLock(result, label).acquire())
         hook_point(hook, "temp-created")
         report = EditReport(command=command, target=target)
-        build(sources, result, report)
-        checked = check_dataset(result, decode_video=options.decode, workers=options.workers)
-        _refuse_findings(checked, command)
-        hook_point(hook, "checked")
-        how, old = swap_in(target, result, hook)
+        with _disk_full_named(command, target):
+            build(sources, result, report)
+            checked = check_dataset(result, decode_video=options.decode, workers=options.workers)
+            _refuse_findings(checked, command)
+            hook_point(hook, "checked")
+            if intent is not None and intent.parts > 1:
+                # A part of several: it says so until the last one is written (edit_resume).
+                write_edit_intent(result, intent.record(IntentState.DONE))
+            how, old = swap_in(target, result, hook)
         result = old  # what is left to remove: the old target
         report.swap = how if in_place else f"written to --out ({how})"
         shutil.rmtree(old)
@@ -93,16 +122,45 @@ def run_edit(
         if result is not None:
             with contextlib.suppress(OSError):
                 shutil.rmtree(result)
-        # The --out folder this edit made for its lock, holding nothing else, goes too.
-        if (
-            created_out
-            and not done
-            and target.is_dir()
-            and all(c.name == LOCK_NAME for c in target.iterdir())
-        ):
+        # The --out folder this edit made for its lock and record, holding nothing else, goes too.
+        # Only with its lock held: a folder another live edit is building is that edit's.
+        target_held = any(lock.root == target and lock.held for lock in locks)
+        if created_out and not done and target_held and holds_only_edit_files(target):
             shutil.rmtree(target, ignore_errors=True)
         for lock in reversed(locks):
             lock.release()
+
+
+def finish_parts(outs: Sequence[Path]) -> None:
+    """Every part of an edit of several outputs is written: they stop saying they are parts."""
+    for out in outs:
+        remove_edit_intent(out)
+
+
+@contextlib.contextmanager
+def _disk_full_named(command: str, target: Path) -> Iterator[None]:
+    """A full disk while the result is written is the user's to fix, not a traceback: it is
+    named, with the free space, and the source is as it was (the result is removed)."""
+    try:
+        yield
+    except OSError as exc:
+        text = str(exc)
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in text:
+            raise
+        try:
+            free = shutil.disk_usage(target.parent).free
+        except OSError:
+            free = -1
+        raise DatasetError(
+            f"hilrec edit {command}: the disk holding {target.parent} is full "
+            f"({free / 1e6:.1f} MB free) while writing the result ({_first_line(text)}); "
+            "the source is unchanged and the partial result is removed: free space and run it again"
+        ) from None
+
+
+def _first_line(text: str, limit: int = 160) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else "no space left on device"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _refuse_findings(checked: CheckReport, command: str) -> None:

@@ -11,8 +11,10 @@ value with drive_mode undone, and their degrees LeRobot's own ``(t - mid) * 360 
 (:func:`hilrec.drivers.calibration.ticks_to_units`, bit-identical to LeRobot's). Rounding, not
 LeRobot's ``int()`` of ``_unnormalize``: the ticks were whole numbers, and float32 storage puts
 ``v`` a hair either side of them. A value off whole ticks by more than :data:`OFF_TICK_NOTE`
-means the calibration is not the one the column was recorded with (``action`` holds the leader's
-reading: give ``--leader-calibration``); the report says so.
+means the calibration is not the one the column was recorded with: for ``observation.state``
+the edit is refused (the follower's file is the one that matters, and a leader's file given by
+mistake would convert it wrongly); for ``action`` (the leader's reading: give
+``--leader-calibration``) the report says so.
 
 ``observation.state`` goes through ``--calibration`` (the follower's), ``action`` through
 ``--leader-calibration`` (default: the same file). Only body joints change; the gripper stays
@@ -138,6 +140,14 @@ def convert_units(
             transform=transform,
             sidecar=_units_sidecar(follower, leader if leader_calibration is not None else None),
         )
+        if off_tick[STATE_KEY] > OFF_TICK_NOTE:
+            # The follower's file is the one that matters: refused, not a note in a report.
+            raise FlagError(
+                "--calibration",
+                f"{calibration} is not the calibration {STATE_KEY} was recorded with: its values lie up "
+                f"to {off_tick[STATE_KEY]:.2f} ticks off whole ticks of it. Give the follower's file "
+                "(the daemon's follower.calibration, by default so101_follower.json), not the leader's",
+            )
         for key, worst in off_tick.items():
             if worst > OFF_TICK_NOTE:
                 report.notes.append(

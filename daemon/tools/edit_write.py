@@ -100,19 +100,81 @@ def write_dataset(
     info = json.loads(json.dumps(base.info))
     info["features"] = features
     chunks_size = int(info.get("chunks_size") or 1000)
+    tasks = _Tasks()
+    rows, stats, written = _write_rows(out, sources, picks, features, chunks_size, tasks, transform)
+    next_index = rows[-1]["dataset_to_index"]
+    hook_point(hook, "data-written")
+
+    for video_key in video_keys(features):
+        _write_videos(out, video_key, sources, picks, rows, chunks_size, fps, report)
+    hook_point(hook, "videos-written")
+
+    if recompute_images:
+        _recompute_video_stats(out, info, features, rows, stats)
+    for feature, spec in features.items():
+        for new, episode_stats in enumerate(stats):
+            if feature not in episode_stats:
+                raise DatasetError(
+                    f"{sources[picks[new].source].root}: episode {picks[new].episode} has no stats "
+                    f"for '{feature}' ({spec['dtype']}); run hilrec edit recompute-stats on it first"
+                )
+    for row, episode_stats in zip(rows, stats, strict=True):
+        ordered = {k: episode_stats[k] for k in features}
+        row.update(flatten_episode_stats(ordered))
+    ep_path = episodes_path(out, FileRef())
+    ep_path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(episodes_table(rows, features), ep_path, **PARQUET_OPTIONS)
+    pq.write_table(tasks_table(tasks.names), out / TASKS_PATH, **PARQUET_OPTIONS)
+    aggregated = aggregate_stats(stats)
+    stats_json = stats_to_json({k: aggregated[k] for k in features if k in aggregated})
+    write_synced(out / STATS_PATH, meta_json_bytes(stats_json))
+    info.update(
+        total_episodes=len(rows),
+        total_frames=next_index,
+        total_tasks=len(tasks.names),
+        splits={"train": f"0:{len(rows)}"},
+    )
+    if not video_keys(features):
+        info["video_path"] = None
+    written += [ep_path, out / TASKS_PATH]
+    hook_point(hook, "meta-written")
+
+    _write_sidecars(out, sources, picks, command, sidecar or {})
+    write_synced(out / INFO_PATH, meta_json_bytes(info))  # last: info.json says "a dataset"
+    hook_point(hook, "sidecars-written")
+    _sync_tree(out)
+    report.episodes, report.frames = len(rows), next_index
+    report.episode_map = [(p.source, p.episode) for p in picks]
+    return report
+
+
+class _Tasks:
+    """The result's task strings, in order of first use by its episodes."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self._known: dict[str, int] = {}
+
+    def index(self, task: str) -> int:
+        if task not in self._known:
+            self._known[task] = len(self.names)
+            self.names.append(task)
+        return self._known[task]
+
+
+def _write_rows(
+    out: Path,
+    sources: Sequence[Source],
+    picks: Sequence[Pick],
+    features: Mapping[str, Any],
+    chunks_size: int,
+    tasks: _Tasks,
+    transform: Transform | None,
+) -> tuple[list[dict[str, Any]], list[DatasetStats], list[Path]]:
+    """Every picked episode's rows renumbered into ``out``'s data files, with its stats and its
+    row of meta/episodes (no stats flattened in yet); and the files written."""
     numeric = [k for k in data_keys(features) if features[k]["dtype"] not in IMAGE_DTYPES]
     schema = data_schema(features)
-
-    # tasks: in order of first use by the result's episodes
-    tasks: list[str] = []
-    known: dict[str, int] = {}
-
-    def task_index(task: str) -> int:
-        if task not in known:
-            known[task] = len(tasks)
-            tasks.append(task)
-        return known[task]
-
     rows: list[dict[str, Any]] = []
     stats: list[DatasetStats] = []
     # data: one output file per run of episodes from the same source data file
@@ -131,9 +193,9 @@ def write_dataset(
             n = table.num_rows
             old_tasks = table.column("task_index").to_numpy()
             if pick.task is not None:
-                new_tasks = np.full(n, task_index(pick.task), dtype=np.int64)
+                new_tasks = np.full(n, tasks.index(pick.task), dtype=np.int64)
             else:
-                lookup = {int(t): task_index(src.tasks[int(t)]) for t in dict.fromkeys(old_tasks.tolist())}
+                lookup = {int(t): tasks.index(src.tasks[int(t)]) for t in dict.fromkeys(old_tasks.tolist())}
                 new_tasks = np.array([lookup[int(t)] for t in old_tasks], dtype=np.int64)
             columns = {key: table.column(key) for key in data_keys(features)}
             columns["episode_index"] = _int64(np.full(n, new))
@@ -167,7 +229,7 @@ def write_dataset(
             rows.append(
                 {
                     "episode_index": new,
-                    "tasks": list(dict.fromkeys(tasks[i] for i in new_tasks.tolist())),
+                    "tasks": list(dict.fromkeys(tasks.names[i] for i in new_tasks.tolist())),
                     "length": n,
                     "data/chunk_index": data_ref.chunk,
                     "data/file_index": data_ref.file,
@@ -181,49 +243,7 @@ def write_dataset(
     finally:
         if writer is not None:
             writer.close()
-    hook_point(hook, "data-written")
-
-    for video_key in video_keys(features):
-        _write_videos(out, video_key, sources, picks, rows, chunks_size, fps, report)
-    hook_point(hook, "videos-written")
-
-    if recompute_images:
-        _recompute_video_stats(out, info, features, rows, stats)
-    for feature, spec in features.items():
-        for new, episode_stats in enumerate(stats):
-            if feature not in episode_stats:
-                raise DatasetError(
-                    f"{sources[picks[new].source].root}: episode {picks[new].episode} has no stats "
-                    f"for '{feature}' ({spec['dtype']}); run hilrec edit recompute-stats on it first"
-                )
-    for row, episode_stats in zip(rows, stats, strict=True):
-        ordered = {k: episode_stats[k] for k in features}
-        row.update(flatten_episode_stats(ordered))
-    ep_path = episodes_path(out, FileRef())
-    ep_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(episodes_table(rows, features), ep_path, **PARQUET_OPTIONS)
-    pq.write_table(tasks_table(tasks), out / TASKS_PATH, **PARQUET_OPTIONS)
-    aggregated = aggregate_stats(stats)
-    stats_json = stats_to_json({k: aggregated[k] for k in features if k in aggregated})
-    write_synced(out / STATS_PATH, meta_json_bytes(stats_json))
-    info.update(
-        total_episodes=len(rows),
-        total_frames=next_index,
-        total_tasks=len(tasks),
-        splits={"train": f"0:{len(rows)}"},
-    )
-    if not video_keys(features):
-        info["video_path"] = None
-    written += [ep_path, out / TASKS_PATH]
-    hook_point(hook, "meta-written")
-
-    _write_sidecars(out, sources, picks, command, sidecar or {})
-    write_synced(out / INFO_PATH, meta_json_bytes(info))  # last: info.json says "a dataset"
-    hook_point(hook, "sidecars-written")
-    _sync_tree(out)
-    report.episodes, report.frames = len(rows), next_index
-    report.episode_map = [(p.source, p.episode) for p in picks]
-    return report
+    return rows, stats, written
 
 
 def _int64(values: np.ndarray) -> pa.Array:

@@ -36,7 +36,7 @@ import numpy as np
 
 from hilrec.daemon.dataset import FrameSink
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, NUM_JOINTS, ROBOT_TYPE, STATE_KEY, so101_features
+from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, robot_type, so101_features
 from hilrec.daemon.text import DEFAULT_TASK, task_problem
 from hilrec.daemon.tools.policies import TASK_KEY, EvalPolicy
 from hilrec.sim.episode import (
@@ -85,7 +85,7 @@ class EvalConfig:
             raise ConfigError("pushes", f"a rate in pushes per second >= 0, got {self.push_rate}")
         if not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
             raise ConfigError("max_seconds", f"must be positive, got {self.max_seconds}")
-        problem = camera_problem(tuple(self.cameras))
+        problem = camera_problem(tuple(self.cameras), self.scene.camera_names)
         if problem:
             raise ConfigError("cameras", problem)
         problem = task_problem(self.task)  # the one rule for task strings (daemon.text)
@@ -291,7 +291,7 @@ def run_episode(
     start = twin.reset(seed)
     policy.reset()
     pseed = push_seed(seed, repetition)
-    schedule = push_schedule(pseed, config.max_frames, config.fps, config.push_rate)
+    schedule = push_schedule(pseed, config.max_frames, config.fps, config.push_rate, twin.scene.arm_prefixes)
     pushes_at = pushes_by_frame(schedule)
     tally = ContactTally(twin)
     placed_z = float(start.cube.z)
@@ -307,7 +307,7 @@ def run_episode(
             for value in observation.values():
                 if isinstance(value, np.ndarray):
                     value.flags.writeable = False  # what is recorded is what the policy saw
-            action = _checked_action(policy.act(observation), policy.name, seed, frame)
+            action = _checked_action(policy.act(observation), policy.name, seed, frame, len(twin.joint_names))
             executed = act_and_step(twin, action, pushes_at.get(frame, ()))
             frames = frame + 1
             if sink is not None:
@@ -348,15 +348,15 @@ def run_episode(
     )
 
 
-def _checked_action(action: Any, name: str, seed: int, frame: int) -> np.ndarray:
+def _checked_action(action: Any, name: str, seed: int, frame: int, joints: int) -> np.ndarray:
     try:
         values = np.asarray(action, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
         values = np.empty(0)
-    if values.shape != (NUM_JOINTS,) or not np.isfinite(values).all():
+    if values.shape != (joints,) or not np.isfinite(values).all():
         raise ConfigError(
             "policy",
-            f"{name} answered {action!r} at seed {seed} frame {frame}; an action is {NUM_JOINTS} "
+            f"{name} answered {action!r} at seed {seed} frame {frame}; an action is {joints} "
             "finite numbers in LeRobot units (degrees, gripper 0-100)",
         )
     return values
@@ -371,8 +371,8 @@ def _open_sink(config: EvalConfig, twin: Twin, policy: EvalPolicy) -> Any:
     sink = DatasetWriter.create(
         config.record_root,
         fps=config.fps,
-        features=so101_features(cameras),
-        robot_type=ROBOT_TYPE,
+        features=so101_features(cameras, arms=twin.arms),
+        robot_type=robot_type(twin.arms),
         video_codec=config.video_codec,
         merge_interval_s=MERGE_INTERVAL_S,
         lock_command="hilrec eval",

@@ -56,6 +56,7 @@ from hilrec.daemon.dataset import (
 )
 from hilrec.daemon.errors import CorruptDatasetError, DatasetError, HilrecError
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
+from hilrec.daemon.tools.episode_ranges import episode_list
 
 
 @dataclass
@@ -99,10 +100,11 @@ def export_robomimic(
     cameras = [k[len(IMAGE_PREFIX) :] for k, spec in features.items() if k.startswith(IMAGE_PREFIX)]
     video = [c for c in cameras if features[IMAGE_PREFIX + c]["dtype"] == "video"]
     rows = load_episodes(root)
-    wanted = None if episodes is None else set(episodes)
-    indices = [int(r["episode_index"]) for r in rows if wanted is None or int(r["episode_index"]) in wanted]
+    present = [int(r["episode_index"]) for r in rows]
+    wanted = None if episodes is None else set(episode_list(episodes, max(present, default=-1) + 1, root))
+    indices = [index for index in present if wanted is None or index in wanted]
     if wanted is not None and sorted(wanted - set(indices)):
-        raise DatasetError(f"{root}: no episode {sorted(wanted - set(indices))}")
+        raise DatasetError(f"{root}: no episode {sorted(wanted - set(indices))[:5]}")
     report = ExportReport(out=out)
     if len(video) != len(cameras):
         report.notes.append("image features stored as images, not video: only video features are exported")

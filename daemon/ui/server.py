@@ -185,7 +185,7 @@ async def action(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(text=f"no action {name!r} (known: {', '.join(ACTIONS)})\n")
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a body nested a thousand deep
         raise web.HTTPBadRequest(text="the body is not JSON\n") from None
     if not isinstance(body, dict):
         raise web.HTTPBadRequest(text="the body must be a JSON object\n")

@@ -2,10 +2,10 @@
 
 A take is a saved episode. Its number comes from the daemon (``status.dataset.episodes``); what
 else the page shows is read from the files beside the dataset: the episode's sidecar JSON
-(task, frames, how it ended) and, when ``hilrec replay --report <root>/hilrec/replay`` has been
-run, the replay report's PNG. Only those two file names, built from an integer episode index,
-are ever opened, and a path that resolves outside the dataset root (a symlink pointing away) is
-refused: the page can show nothing else from the disk.
+(task, frames, how it ended) and the replay's PNG, which a hardware take's verdict writes (as
+``hilrec replay --report <root>/hilrec/replay`` does). Only those two file names, built from an
+integer episode index, are ever opened, and a path that resolves outside the dataset root (a
+symlink pointing away) is refused: the page can show nothing else from the disk.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hilrec.daemon.dataset import episode_json_path, sidecar_dir
-from hilrec.daemon.replay.report import plot_name
+from hilrec.daemon.dataset import episode_json_path
+from hilrec.daemon.replay.report import episode_plot_path
 
 log = logging.getLogger(__name__)
 
-REPLAY_DIR: Final[str] = "replay"
 # The page lists the newest takes only; older ones are in the dataset all the same.
 MAX_LISTED: Final[int] = 200
 
@@ -30,7 +29,7 @@ def replay_png_path(root: Path, episode_index: int) -> Path | None:
     """``<root>/hilrec/replay/episode-NNNNNN.png`` if it is a file inside ``root``, else None."""
     if episode_index < 0:
         return None
-    candidate = sidecar_dir(root) / REPLAY_DIR / plot_name(episode_index)
+    candidate = episode_plot_path(root, episode_index)
     return _inside(root, candidate)
 
 

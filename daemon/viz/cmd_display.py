@@ -20,12 +20,13 @@ from hilrec.daemon.errors import FlagError
 
 
 def register(subparsers: Any) -> None:
+    from hilrec.daemon.cli import doc_summary
     from hilrec.daemon.viz.sink import add_output_flags
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "display",
         help="log a running daemon's telemetry to rerun: cameras, joints, twin, faults, verdicts",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=doc_summary(__doc__),
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="the daemon's TOML config (gives the telemetry port)")
@@ -42,7 +43,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.viz.display import Display
-    from hilrec.daemon.viz.sink import import_rerun, open_output
+    from hilrec.daemon.viz.sink import check_output_flags, import_rerun, open_output
     from hilrec.daemon.wire.security import client_host, endpoint
     from hilrec.daemon.wire.settings import load_settings
 
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
+    check_output_flags(args)
     rr = import_rerun()
     if args.config is not None:
         zmq = load_settings(args.config).zmq
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             raise FlagError("--client-key", "goes with --config, which names the server's CURVE key")
         keys, telemetry = None, args.telemetry
         name = telemetry.rsplit(":", 1)[-1]
-    out = open_output(args, f"display-{name}")
+    out = open_output(args, f"display-{name}", command="display")
     display = Display(rr, out.recording, telemetry, keys=keys)
     print(f"hilrec display: {display.endpoint} -> {out.rrd or out.url or 'viewer'}", flush=True)
     try:

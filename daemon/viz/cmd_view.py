@@ -10,12 +10,13 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from hilrec.daemon.cli import doc_summary
     from hilrec.daemon.viz.sink import add_output_flags
 
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "view",
         help="show one recorded episode in rerun: video, joints, timing, flags, replay",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=doc_summary(__doc__),
     )
     parser.add_argument("root", type=Path, help="the dataset's root")
     parser.add_argument("--episode", type=int, help="the episode index (default: the first)")
@@ -27,13 +28,14 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hilrec.daemon.viz.sink import import_rerun, open_output
+    from hilrec.daemon.viz.sink import check_output_flags, import_rerun, open_output
     from hilrec.daemon.viz.view import episode_choice, log_episode
 
+    check_output_flags(args)
     rr = import_rerun()
     root = Path(args.root)
     index = episode_choice(root, args.episode)
-    out = open_output(args, f"{root.name}-episode-{index:06d}")
+    out = open_output(args, f"{root.name}-episode-{index:06d}", command="view")
     try:
         summary = log_episode(rr, out.recording, root, index, replay=not args.no_replay)
     finally:

@@ -43,6 +43,7 @@ VERDICT_LEVELS: dict[str, str] = {
 }
 RECEIVE_TIMEOUT_MS = 200
 DRAIN_S = 2.0
+SILENCE_S = 5.0  # a daemon publishes ticks at its fps: this long without one, nothing is there
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Display:
     def run(self, stop: threading.Event, duration_s: float | None = None) -> DisplaySummary:
         client = TelemetryClient(self.endpoint, keys=self.keys)
         ends = None if duration_s is None else time.monotonic() + duration_s
+        last, said = time.monotonic(), False
         try:
             while not stop.is_set() and (ends is None or time.monotonic() < ends):
                 try:
@@ -80,7 +82,11 @@ class Display:
                     log.warning("telemetry message refused: %s", exc)
                     continue
                 if message is None:
+                    if not said and time.monotonic() - last >= SILENCE_S:
+                        said = True  # once per silence: a SUB socket cannot tell "no daemon" apart
+                        print(self._silence_line(), flush=True)
                     continue
+                last, said = time.monotonic(), False
                 first_tick = message[0] == "tick" and not self.summary.received["tick"]
                 self.handle(*message)
                 if first_tick:  # what waits for this line wants the joints logged, not an event
@@ -89,6 +95,14 @@ class Display:
         finally:
             client.close()
         return self.summary
+
+    def _silence_line(self) -> str:
+        if not any(self.summary.received.values()):
+            return (
+                f"hilrec display: nothing received from {self.endpoint} in {SILENCE_S:.0f} s: is a daemon "
+                "running there (hilrec daemon --config FILE, with its [zmq] telemetry_port)? Still listening"
+            )
+        return f"hilrec display: nothing received from {self.endpoint} for {SILENCE_S:.0f} s; still listening"
 
     def _drain(self, client: TelemetryClient) -> None:
         """What is already queued when the display is told to stop (the session's last ticks,

@@ -20,13 +20,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hilrec.daemon.errors import ConfigError
+from hilrec.daemon import procs
+from hilrec.daemon.errors import ConfigError, FlagError
 
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = "hilrec"
 SERVE_HOST = "127.0.0.1"
 SERVE_START_TIMEOUT_S = 20.0
+SPAWN_PORT = 9876  # rerun's own default: a viewer already open there is reused
 FLUSH_TIMEOUT_S = 20.0  # an .rrd of a long session flushes in well under this
 SERVER_STOP_S = 10.0
 
@@ -58,7 +60,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _viewer_binary() -> str:
+def _viewer_binary(flag: str) -> str:
     """The viewer binary the wheel ships, itself: the ``rerun`` script on PATH is a Python wrapper
     that runs it as a child, which would outlive a stopped wrapper."""
     try:
@@ -69,9 +71,13 @@ def _viewer_binary() -> str:
             return str(shipped)
     except ImportError:
         pass
-    found = shutil.which("rerun") or str(Path(sys.executable).with_name("rerun"))
-    if not Path(found).exists():
-        raise ConfigError("--serve", "the rerun viewer binary (from rerun-sdk) is not on PATH")
+    # Beside this Python first: .venv/bin/hilrec runs with PATH lacking .venv/bin.
+    beside = Path(sys.executable).with_name("rerun")
+    found = str(beside) if beside.exists() else shutil.which("rerun")
+    if found is None:
+        raise ConfigError(
+            flag, f"the rerun viewer binary (from rerun-sdk) is neither beside {sys.executable} nor on PATH"
+        )
     return found
 
 
@@ -80,6 +86,7 @@ class Output:
     """An open recording stream and what serves it; :meth:`close` flushes and ends both."""
 
     recording: Any
+    command: str
     rrd: Path | None = None
     server: subprocess.Popen[bytes] | None = None
     url: str | None = None
@@ -93,18 +100,15 @@ class Output:
             self.recording.flush(timeout_sec=FLUSH_TIMEOUT_S)  # a stuck viewer must not hang the exit
         except Exception as exc:  # noqa: BLE001 - rerun raises its own types; said, never a traceback
             print(
-                f"hilrec display: the view was not flushed within {FLUSH_TIMEOUT_S:.0f} s: {exc}", flush=True
+                f"hilrec {self.command}: the view was not flushed within {FLUSH_TIMEOUT_S:.0f} s: {exc}",
+                flush=True,
             )
         finally:
             self.recording.disconnect()
         if self.server is not None and not sys.stdin.isatty():
             # Run as a child (the daemon's [display], collect --display): nobody is there to
             # end a lingering viewer, so it ends with the display.
-            self.server.terminate()
-            try:
-                self.server.wait(SERVER_STOP_S)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+            procs.stop(self.server, SERVER_STOP_S)
         elif self.server is not None:
             print(
                 f"rerun web viewer still serving at {self.url}; Ctrl-C to stop it",
@@ -117,28 +121,35 @@ class Output:
             try:
                 self.server.wait()
             except KeyboardInterrupt:
-                self.server.terminate()
-                self.server.wait(10)
+                procs.stop(self.server, 10.0)
 
 
-def open_output(args: argparse.Namespace, recording_name: str) -> Output:
-    """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``)."""
-    from hilrec.daemon.wire.display_child import die_with_parent_hook
+def check_output_flags(args: argparse.Namespace) -> None:
+    """What the output flags cannot do here, said at once: before rerun imports (seconds) and
+    before a spawned viewer that cannot open a window costs rerun's 20 s connect wait."""
+    from hilrec.daemon.wire.display_child import no_screen
 
+    if args.spawn and (problem := no_screen()) is not None:
+        raise FlagError("--spawn", f"{problem}: write the view with --rrd OUT.rrd, or use --serve")
+
+
+def open_output(args: argparse.Namespace, recording_name: str, *, command: str) -> Output:
+    """A recording stream to the place the flags name (``--rrd``, ``--spawn`` or ``--serve``);
+    ``command`` (view, display) names who speaks in what it prints."""
+    check_output_flags(args)
     rr = import_rerun()
     recording = rr.new_recording(APPLICATION_ID, recording_id=recording_name)
     if args.rrd is not None:
         path = Path(args.rrd)
         path.parent.mkdir(parents=True, exist_ok=True)
         recording.save(str(path))
-        return Output(recording, rrd=path)
+        return Output(recording, command, rrd=path)
     if args.spawn:
-        recording.spawn()
-        return Output(recording)
+        return _spawn(recording, command)
     grpc_port = args.grpc_port or _free_port()
-    server = subprocess.Popen(
+    server = procs.start(
         [
-            _viewer_binary(),
+            _viewer_binary("--serve"),
             "--serve-web",
             "--bind",
             SERVE_HOST,
@@ -148,13 +159,27 @@ def open_output(args: argparse.Namespace, recording_name: str) -> Output:
             str(args.web_port),
         ],
         stdin=subprocess.DEVNULL,
-        preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - system calls only (policy, prctl), before exec
+        first=(procs.normal_scheduling,),
     )
     _wait_listening(server, grpc_port)
     recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{grpc_port}/proxy")
     url = f"http://{SERVE_HOST}:{args.web_port}/?url=rerun%2Bhttp%3A%2F%2F{SERVE_HOST}%3A{grpc_port}%2Fproxy"
     print(f"rerun web viewer: {url}", flush=True)
-    return Output(recording, server=server, url=url)
+    return Output(recording, command, server=server, url=url)
+
+
+def _spawn(recording: Any, command: str) -> Output:
+    """rerun's native viewer, the binary the wheel ships (found as ``--serve`` finds it, not on
+    PATH as ``RecordingStream.spawn`` looks), then the recording connected to it."""
+    import rerun_bindings
+
+    rerun_bindings.spawn(
+        port=SPAWN_PORT,
+        executable_path=_viewer_binary("--spawn"),
+        extra_env=[("RERUN_APP_ONLY", "true")],  # what rerun's own spawn() tells the viewer
+    )
+    recording.connect_grpc(f"rerun+http://{SERVE_HOST}:{SPAWN_PORT}/proxy")
+    return Output(recording, command)
 
 
 def _wait_listening(server: subprocess.Popen[bytes], port: int) -> None:
@@ -167,5 +192,5 @@ def _wait_listening(server: subprocess.Popen[bytes], port: int) -> None:
                 return
         except OSError:
             time.sleep(0.1)  # a bounded wait for a child process to listen
-    server.terminate()
+    procs.stop(server, SERVER_STOP_S)
     raise ConfigError("--serve", f"the rerun viewer did not listen on {SERVE_HOST}:{port} in time")

@@ -65,7 +65,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--config", type=Path, help="the daemon's TOML config: its [zmq] host, control_port and CURVE key"
     )
-    parser.add_argument("--host", help="the daemon's [zmq] host (default: the config's, else 127.0.0.1)")
+    parser.add_argument(
+        "--host", help="the daemon's [zmq] host (default: 127.0.0.1; with --config, its host)"
+    )
     parser.add_argument("--port", type=int, help="the daemon's [zmq] control_port (default: 5555)")
     parser.add_argument("--timeout-ms", type=int, default=2000, help="wait per attempt (ms)")
     parser.add_argument("--retries", type=int, default=3, help="attempts before giving up")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.wire.client import ClientKeys, ControlClient
     from hilrec.daemon.wire.security import endpoint
 
-    if args.verb == "start" and not args.task:
+    if args.verb == "start" and args.task is None:  # an empty one goes to the daemon, which names why
         print("hilrec ctl start: --task is required", file=sys.stderr)
         return 2
     host, port, server_key = _address(args)

@@ -4,7 +4,8 @@
 A process, not a thread: the display only subscribes to the telemetry socket, so the loop gains
 no work and never waits for rerun (a subscriber that falls behind loses messages, nothing else).
 The child runs in a session of its own (a Ctrl-C in the terminal is its parent's to handle) and
-gets SIGTERM when its parent dies (PR_SET_PDEATHSIG), on which it flushes and ends as on SIGINT.
+gets SIGTERM when its parent dies (:mod:`hilrec.daemon.procs`), on which it flushes and ends as on
+SIGINT.
 :meth:`DisplayChild.stop` sends SIGINT and waits for the flush, so an ``.rrd`` is complete.
 
 A display that fails is reported (its exit status and the end of its output) and never stops
@@ -14,8 +15,6 @@ the daemon or the session.
 from __future__ import annotations
 
 import collections
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -26,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Final
 
+from hilrec.daemon import procs
 from hilrec.daemon.wire.settings import DisplaySettings, RerunViewer
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,13 @@ STOP_TIMEOUT_S: Final[float] = 30.0
 KILL_WAIT_S: Final[float] = 10.0
 RECEIVING: Final[str] = "hilrec display: receiving"
 TAIL_LINES: Final[int] = 20
-_PR_SET_PDEATHSIG: Final[int] = 1
+
+
+def no_screen() -> str | None:
+    """Why rerun's native viewer cannot open a window here, or None when there is a screen."""
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return "there is no screen for rerun's viewer here (neither DISPLAY nor WAYLAND_DISPLAY is set)"
 
 
 def display_argv(
@@ -78,17 +84,15 @@ class DisplayChild:
         sends the death signal when the thread that forked the child ends)."""
         env = dict(os.environ)
         try:
-            self.process = subprocess.Popen(
+            self.process = procs.start(
                 self.argv,
+                first=(procs.normal_scheduling,),  # a viewer never goes before the loop
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
                 env=env,
                 start_new_session=True,
-                # Only system calls (the prctl() through a libc handle loaded beforehand): no
-                # lock is taken between fork and exec, so another thread cannot deadlock it.
-                preexec_fn=die_with_parent_hook(),  # noqa: PLW1509
             )
         except OSError as exc:
             self._tail.append(f"could not start {self.argv[0]}: {exc}")
@@ -129,14 +133,7 @@ class DisplayChild:
         if process is None:
             return self.problem
         self._stopping = True
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(KILL_WAIT_S)
+        if procs.stop(process, timeout_s, signum=signal.SIGINT, kill_wait_s=KILL_WAIT_S).killed:
             return (
                 f"the rerun display did not stop within {timeout_s:.0f} s and was killed; "
                 "its view may lack the end"
@@ -168,25 +165,3 @@ class DisplayChild:
         else:
             self._output.write(line + "\n")
             self._output.flush()
-
-
-def die_with_parent_hook() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    parent = os.getpid()
-
-    def hook() -> None:
-        # Never real-time, whatever the forking thread ran at: a viewer must not go before the
-        # loop (SVT-AV1 raises a thread that opens it to FIFO 99, and a child inherits that).
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the prctl: no signal will come
-            os._exit(1)
-
-    return hook

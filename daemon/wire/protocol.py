@@ -1,7 +1,7 @@
 """The daemon's wire protocol: every message type, its version, and its checks on arrival.
 
 One module owns the wire format (as zguide's ``MDP.py`` and jupyter's ``session.py`` do), so the
-server, the client, the tests and the README describe the same bytes. Three channels:
+server, the client, the tests and docs/protocol.md describe the same bytes. Three channels:
 
 - **control** (REQ -> REP, port 5555): one UTF-8 JSON object per request, ``{"v", "id", "cmd",
   ...arguments}``; one JSON object per reply, ``{"v", "id", "ok": true, ...}`` or

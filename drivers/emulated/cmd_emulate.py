@@ -86,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-# SIGTERM (also what a dying daemon's PR_SET_PDEATHSIG sends) and SIGINT end the emulator. They
+# SIGTERM (also the parent-death signal a dying daemon sends) and SIGINT end the emulator. They
 # are blocked and then taken with sigtimedwait, never handled: a Python handler runs on the main
 # thread between bytecodes, and one that sets an Event while that thread is inside Event.wait
 # waits forever for the lock its own thread holds (7 orphaned emulators in 42 daemon kills).

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from _daemon import Daemon, check_passes, sim_config
 
 from hilrec.daemon.dataset.format.reader import load_episodes, load_tasks
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 
 def collect(config: Path, *args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:

@@ -16,6 +16,9 @@ from _daemon import Daemon, check_passes, emulated_config
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 dataframe = pytest.importorskip("rerun.dataframe")
 
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
@@ -128,6 +131,6 @@ def test_display_rerun_without_a_screen_is_refused_before_the_daemon_starts(tmp_
         env=env,
     )
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "flag --display: no screen for rerun's viewer" in done.stderr, done.stderr
+    assert "flag --display: there is no screen for rerun's viewer" in done.stderr, done.stderr
     assert "--display-rrd OUT.rrd" in done.stderr and "starting the daemon" not in done.stdout
     assert not root.exists()

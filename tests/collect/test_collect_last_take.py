@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from _daemon import Daemon, check_passes, sim_config
 from _terminal import Terminal
 from test_collect_terminal import LEFT, RIGHT, collect_argv, wait_frames
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.wire.client import ControlClient
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 
 def test_the_last_take_is_judged_before_finalizing_and_can_be_recorded_again(tmp_path: Path) -> None:

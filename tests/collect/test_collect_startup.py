@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _daemon import Daemon, sim_config
 from test_collect_batch import collect
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 
 def _first_line(text: str) -> str:
@@ -62,3 +66,15 @@ calibration = "{tmp_path / "leader.json"}"
     cause = first.split("before serving: ", 1)[1]
     assert cause and "Traceback" not in cause and "INFO" not in cause, result.stderr
     assert len(result.stderr.strip().splitlines()) <= 3, result.stderr
+
+
+def test_an_empty_task_is_refused_not_made_the_default(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    config = Daemon(tmp_path, sim_config(root)).config_path
+    result = collect(config, "--episodes", "1", "--task", "", timeout_s=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert _first_line(result.stderr) == (
+        "hilrec collect: error: flag --task: must not be empty or only white space "
+        "(leave --task out for the default task)"
+    ), result.stderr
+    assert "starting the daemon" not in result.stdout and not root.exists()

@@ -11,12 +11,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _daemon import Daemon, check_passes, emulated_config, run_cli, sim_config
 from _terminal import Terminal
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.wire.client import ControlClient
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 FPS = 25
 TAKE_S = 4.0

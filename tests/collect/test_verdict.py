@@ -17,8 +17,10 @@ import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
 
 from hilrec.daemon.cli import main
-from hilrec.daemon.control.verdict import VerdictWorker, judge_episode
+from hilrec.daemon.control.judge import judge_episode
+from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.dataset import EpisodeVerdict
+from hilrec.daemon.ui.takes import replay_png_path
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +31,7 @@ def sim_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow  # a recorded sim episode and the worker process
 def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root: Path) -> None:
     verdicts: queue.Queue[dict[str, Any]] = queue.Queue()
     worker = VerdictWorker(root=sim_root, mode="sim", on_verdict=verdicts.put)
@@ -62,6 +65,11 @@ def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
     good = judge_episode(root, 0, mode="emulated")
     assert good["verdict"] == EpisodeVerdict.SOUND, good
     assert "consistent with the twin" in good["summary"]
+    # The replay's figure is part of the verdict: the ui links it without `hilrec replay --report`.
+    assert good["details"]["replay"]["plot"] == "hilrec/replay/episode-000000.png"
+    png = root / "hilrec" / "replay" / "episode-000000.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert replay_png_path(root, 0) == png.resolve()
     bad = judge_episode(root, 1, mode="emulated")
     assert bad["verdict"] == EpisodeVerdict.BAD, bad
     # One sentence a person acts on: which joint, from when, and what to do.

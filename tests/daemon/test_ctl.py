@@ -34,6 +34,7 @@ def test_no_daemon_running_is_said_at_once(capsys: pytest.CaptureFixture[str]) -
     assert "hilrec daemon --config" in err and "control_port" in err
 
 
+@pytest.mark.slow  # a real daemon
 def test_stop_wait_prints_the_stops_result(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
     port = str(daemon.control_port)
     code, started, _ = ctl(capsys, "start", "--task", "Put the cube in the bin.", "--port", port)

@@ -19,6 +19,9 @@ from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_epis
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.wire.settings import DaemonSettings, load_settings
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 STEP_30 = 1 / 210
 
 

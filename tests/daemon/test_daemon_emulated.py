@@ -15,6 +15,9 @@ from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def daemons(tmp_path: Path):

@@ -20,6 +20,9 @@ from _daemon import Daemon, check_passes, sim_config
 from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 # Above the writer's 64 MiB floor with room for a few takes of 48x64 video.
 SIZE_MB = 96
 

@@ -13,6 +13,9 @@ from hilrec.daemon.cli import main
 from hilrec.daemon.dataset.format.reader import load_episodes, load_info
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 def _refused(tmp_path: Path, config: str, *args: str) -> str:
     """Start a daemon that must exit at once (status 2, before binding a port); its log."""

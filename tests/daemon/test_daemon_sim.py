@@ -27,6 +27,9 @@ from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ClientKeys, ControlClient
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, new_request
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def daemons(tmp_path: Path):

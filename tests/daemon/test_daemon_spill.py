@@ -28,6 +28,9 @@ from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 H, W = 48, 64
 FRAME_BYTES = H * W * 3
 LIMIT_FRAMES = 24

@@ -26,6 +26,9 @@ from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.so101 import ACTION_KEY
 from hilrec.daemon.wire.protocol import COMMANDS, PROTOCOL_VERSION, parse_reply
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 LEADER_EXAMPLES = 6000
 CONTROL_EXAMPLES = 4000
 JUDGED_TIMEOUT_S = 5.0

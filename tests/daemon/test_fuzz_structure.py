@@ -26,6 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hilrec.daemon.wire.client import ClientKeys, ControlClient
 from hilrec.daemon.wire.protocol import new_request, parse_reply
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 REQUEST_EXAMPLES = 150
 LEADER_EXAMPLES = 100
 REPLY_TIMEOUT_MS = 10_000

@@ -8,6 +8,7 @@ loop is stepped by hand (a non-realtime pacer), so every assertion is about a kn
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,3 +301,92 @@ def test_the_twin_follower_clamps_through_the_same_limits_and_never_raises_past_
         assert not follower.write((twin.limits.low + twin.limits.high) / 2).clamped
         with pytest.raises(ActionError, match="non-finite"):
             follower.write(np.array([np.nan, 0, 0, 0, 0, 0]))
+
+
+# --- a leader on a bus of its own is read while the follower is (issue 23, item 8) -------------
+
+# How long each read waits to see the other one start: a bound, never reached when they overlap.
+OVERLAP_WAIT_S = 2.0
+
+
+class Overlap:
+    """The two reads of a tick, each waiting (bounded) until the other has started: they meet
+    only when they run at the same time. Kept: per tick, whether each saw the other, and the
+    order of the reads' ends and the write."""
+
+    def __init__(self) -> None:
+        self.follower_started = threading.Event()
+        self.leader_started = threading.Event()
+        self.follower_saw: list[bool] = []
+        self.leader_saw: list[bool] = []
+        self.order: list[str] = []
+        self._lock = threading.Lock()
+
+    def note(self, what: str) -> None:
+        with self._lock:
+            self.order.append(what)
+
+
+@dataclass
+class WaitingFollower(FakeFollower):
+    overlap: Overlap = field(default_factory=Overlap)
+
+    def read(self) -> JointReading:
+        self.overlap.follower_started.set()
+        self.overlap.follower_saw.append(self.overlap.leader_started.wait(OVERLAP_WAIT_S))
+        self.overlap.note("follower read")
+        return super().read()
+
+    def write(self, goal: np.ndarray) -> WriteResult:
+        self.overlap.note("write")
+        self.overlap.follower_started.clear()
+        self.overlap.leader_started.clear()
+        return super().write(goal)
+
+
+@dataclass
+class WaitingLeader:
+    """A serial leader (``concurrent``) as slow as the follower lets it be."""
+
+    overlap: Overlap
+    description: str = "waiting leader"
+    concurrent: bool = True
+    threads: set[str] = field(default_factory=set)
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        self.threads.add(threading.current_thread().name)
+        self.overlap.leader_started.set()
+        self.overlap.leader_saw.append(self.overlap.follower_started.wait(OVERLAP_WAIT_S))
+        self.overlap.note("leader read")
+        return JointReading(np.full(6, 5.0, np.float32), retries=1)
+
+    def status(self) -> dict[str, Any]:
+        return {"source": "serial", "state": "live"}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_serial_leader_is_read_while_the_follower_is_and_both_before_the_write(tmp_path: Path) -> None:
+    overlap = Overlap()
+    with bench(tmp_path, ramp(1)) as b:
+        follower = WaitingFollower(overlap=overlap)
+        leader = WaitingLeader(overlap)
+        b.loop.rig.follower, b.loop.rig.leader = follower, leader
+        ticks = 6
+        for _ in range(ticks):
+            b.loop.step()
+        # Every tick: both reads, each while the other was running.
+        assert len(follower.reads) == ticks and len(follower.writes) == ticks
+        assert overlap.follower_saw == [True] * ticks, overlap.follower_saw
+        assert overlap.leader_saw == [True] * ticks, overlap.leader_saw
+        # Observe, then command: the write comes after both reads of its tick.
+        for k in range(ticks):
+            tick = overlap.order[3 * k : 3 * k + 3]
+            assert sorted(tick[:2]) == ["follower read", "leader read"] and tick[2] == "write", overlap.order
+        # One reading thread for all the ticks, not one per tick; the leader's retry is flagged.
+        assert len(leader.threads) == 1 and threading.current_thread().name not in leader.threads
+        assert b.loop.last_tick["action"] is not None
+        assert all(np.array_equal(w, np.full(6, 5.0, np.float32)) for w in follower.writes)
+        b.loop.close()
+        assert not any(t.name in leader.threads for t in threading.enumerate())

@@ -1,6 +1,6 @@
 """A daemon killed with SIGKILL takes its emulated arms with it, every time.
 
-The emulators are child processes that get SIGTERM when the daemon dies (PR_SET_PDEATHSIG). An
+The emulators are child processes that get SIGTERM when the daemon dies (hilrec.daemon.procs). An
 emulator that handled SIGTERM with a Python handler setting an Event deadlocked whenever the
 signal landed while its main thread was inside that Event's wait (7 orphans in 42 kills), so
 this kills 20 daemons at varied moments and counts the emulators still alive afterwards.

@@ -130,6 +130,18 @@ def test_frame_flag_names_are_stable_bits() -> None:
     assert flag_names(int(FrameFlag.LATE | FrameFlag.CLAMPED)) == ["clamped", "late"]
 
 
+def test_the_protocol_doc_lists_the_frame_flags_as_the_enum_defines_them() -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    section = doc.split("## Frame flags", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\|\s*(\d+)\s*\|\s*`([a-z_]+)`\s*\|", section, re.M)
+    assert [(int(bit), name) for bit, name in rows] == [
+        (int(f).bit_length() - 1, str(f.name).lower()) for f in FrameFlag
+    ]
+
+
 HOSTILE_LEADER = [
     b'{"v":1,"type":"leader","seq":1,"action":[1e39,0,0,0,0,0]}',  # finite JSON, inf as float32
     b'{"v":1,"type":"leader","seq":1,"action":[-3.5e38,0,0,0,0,0]}',

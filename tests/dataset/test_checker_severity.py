@@ -51,9 +51,14 @@ def test_every_rule_has_a_severity_and_a_fix() -> None:
     assert all(isinstance(rule, Rule) for rule in RULES.values())
     assert {rule.severity for rule in RULES.values()} == set(Severity)
     assert {rule.fix for rule in RULES.values()} == set(Fix)
-    assert [str(f) for f in Fix] == ["hilrec repair", "hilrec edit recompute-stats", "re-record the episode"]
+    assert [str(f) for f in Fix] == [
+        "hilrec repair",
+        "hilrec edit recompute-stats",
+        "re-record the episode",
+        "run the hilrec edit it names again",
+    ]
     warnings = {name for name, rule in RULES.items() if rule.severity is Severity.WARNING}
-    assert warnings == {"stats.default_columns", "journal.entries"}
+    assert warnings == {"stats.default_columns", "journal.entries", "edit.part"}
     stats_rules = {name for name in RULES if name.startswith("stats.")}
     assert {RULES[name].fix for name in stats_rules} == {Fix.RECOMPUTE_STATS}
 

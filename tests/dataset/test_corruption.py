@@ -108,6 +108,7 @@ def targets(root: Path) -> list[str]:
     )
 
 
+@pytest.mark.slow  # every file of a dataset damaged every way, each repaired and checked
 def test_repair_keeps_every_episode_whose_data_survive(pristine: Path, tmp_path: Path) -> None:
     original = {e: read_episode(pristine, e, COMPARED) for e in range(len(LENGTHS))}
     tasks = load_tasks(pristine)

@@ -1,7 +1,8 @@
 """SIGKILL a writer process at chosen and at random moments; every saved episode must survive.
 
-The child records a few short episodes and prints ``SAVED i`` (flushed) each time save_episode()
-returns, and ``HOOK name`` at the writer's internal steps (videos finished, episode written,
+The child (forked by a fork server, so it starts in milliseconds, not in the seconds its imports
+take) records a few short episodes and sends ``SAVED i`` each time save_episode() returns, and
+``HOOK name`` at the writer's internal steps (videos finished, episode written,
 committed, merge intent written, each rename of the merge, merge done). For the deterministic
 trials the child stops at one named step and the parent kills it there; for the random trials the
 parent kills it after a seeded random delay. Then: either the dataset checks out as it is, or
@@ -21,14 +22,16 @@ first, as ``DatasetWriter.open`` does) finishes the encode, and nothing saved is
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -42,19 +45,17 @@ from hilrec.daemon.dataset.store.spilled import finish_spilled_encodes
 from hilrec.daemon.dataset.video.codec import Segment, concat_segments
 from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 FPS = 25
 H, W = 48, 64
 CAM = "observation.images.front"
 LENGTHS = (20, 13, 26, 9, 11)  # the child records the first CHILD_EPISODES
 CHILD_EPISODES = 4
 
-BOOTSTRAP = (
-    "import importlib.util, pathlib, sys\n"
-    "sys.path.insert(0, str(pathlib.Path(sys.argv[1]).resolve().parents[1]))  # tests/: support\n"
-    "spec = importlib.util.spec_from_file_location('crash_child', sys.argv[1])\n"
-    "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-    "module.child_main(sys.argv[2:])\n"
-)
+# What the fork server imports once, so that no trial's child pays for it.
+PRELOAD = ["hilrec.daemon.dataset.writer.dataset_writer", "hilrec.daemon.so101", "av", "test_crash"]
 
 
 def episode_frames(episode: int, length: int) -> list[dict]:
@@ -70,12 +71,30 @@ def episode_frames(episode: int, length: int) -> list[dict]:
     ]
 
 
-def child_main(argv: list[str]) -> None:
+def _own_resource_tracker() -> None:
+    """Give this child a resource tracker of its own, as a process started anew has.
+
+    A fork server's children share the tracker of the test process: the shared-memory rings of
+    a SIGKILLed child's encoders (64 MB each) would then stay in /dev/shm until pytest ends. A
+    tracker of its own unlinks them as soon as the child is killed, as it always did."""
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker  # private state: typeshed knows none of it
+    with tracker._lock:
+        if tracker._fd is not None:
+            os.close(tracker._fd)  # this child's copy: the test process keeps its tracker
+        tracker._fd = None
+        tracker._pid = None
+
+
+def child_main(
+    root: str, codec: str, stall_at: str, mode: str, env: dict[str, str], conn: Connection
+) -> None:
     from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
     from hilrec.daemon.so101 import so101_features
 
-    root, codec, stall_at = argv[0], argv[1], argv[2]
-    mode = argv[3] if len(argv) > 3 else "wait"
+    os.environ.update(env)
+    _own_resource_tracker()
     if mode in ("pending", "behind"):
         import hilrec.daemon.dataset.writer.episode as episode_module
 
@@ -85,10 +104,9 @@ def child_main(argv: list[str]) -> None:
     lock = threading.Lock()
 
     def emit(text: str) -> None:
-        # One write per line under a lock: the merge thread prints too.
+        # One message at a time, under a lock: the merge thread reports too.
         with lock:
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
+            conn.send(text)
 
     def hook(name: str) -> None:
         with lock:
@@ -134,27 +152,31 @@ def run_child(
     mode: str = "wait",
 ) -> tuple[list[int], list[str]]:
     """Run the child until it stalls at ``stall_at`` (or ``kill_after_s`` passes); SIGKILL it."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env: dict[str, str] = {}
     if mode in ("pending", "behind"):  # spills exist only with the encoder processes
         env["HILREC_VIDEO_ENCODER"] = "process"
     if mode == "behind":
         env[RING_ENV] = str(2 * H * W * 3)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BOOTSTRAP, __file__, str(root), codec, stall_at, mode],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
+    # Forked from a fresh single-threaded process, not from this one, whose threads (torch's, a
+    # writer's) a plain fork would copy mid-lock.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    parent, child_end = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=child_main, args=(str(root), codec, stall_at, mode, env, child_end), daemon=True
     )
+    proc.start()
+    child_end.close()
     lines: list[str] = []
     stalled = threading.Event()
 
     def reader() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.startswith("STALLED"):
-                stalled.set()
+        with contextlib.suppress(EOFError, OSError):  # the child killed: its end closed
+            while True:
+                line = parent.recv()
+                lines.append(line)
+                if line.startswith("STALLED"):
+                    stalled.set()
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
@@ -164,9 +186,11 @@ def run_child(
         else:
             stalled.wait(kill_after_s)
     finally:  # never leave a child behind, even when the test fails
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        if proc.pid is not None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
         thread.join(30)
+        parent.close()
     saved = [int(line.split()[1]) for line in lines if line.startswith("SAVED")]
     return saved, lines
 
@@ -324,7 +348,3 @@ def test_a_crashed_dataset_can_be_reopened_and_extended(tmp_path: Path, step: st
             writer.add_frame(frame)
         writer.save_episode()
     assert check_dataset(root) == start + 1
-
-
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--child":
-    child_main(sys.argv[2:])

@@ -41,6 +41,9 @@ from hilrec.daemon.dataset.writer.reserve import FIXED_BYTES, LOW_WATER_BYTES
 from hilrec.daemon.errors import DatasetError, DiskFullError
 from hilrec.daemon.so101 import ACTION_KEY, so101_features
 
+# Real tmpfs mounts filled in child processes: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 FPS = 25
 H, W = 96, 128
 CAM = "observation.images.front"

@@ -8,9 +8,9 @@
     both outputs and their numeric contents are identical.
 
 About (a) and video: ``LeRobotDataset(..., video_backend="pyav")`` decodes through
-``torchvision.io.VideoReader``; the compat extra pins torch 2.8 / torchvision 0.23, the newest pair
-that still has it, so the frames below come out of LeRobot's own ``ds[i]`` decoding path, with its
-own timestamp tolerance check.
+``torchvision.io.VideoReader``; the compat extra pins torch 2.8 / torchvision 0.23, which has it
+(as does 0.25, the newest LeRobot's pins allow), so the frames below come out of LeRobot's own
+``ds[i]`` decoding path, with its own timestamp tolerance check.
 
 Nothing here reaches the network: HF_HUB_OFFLINE is set (tests/conftest.py) and every dataset is
 opened from a local root.

@@ -537,6 +537,7 @@ def namespaces_work(tmp_path: Path) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.slow  # tmpfs mounts filled in a child process, repaired twice each
 def test_a_full_disk_is_not_damage(dataset: Path, tmp_path: Path) -> None:
     if not namespaces_work(tmp_path):
         pytest.skip("needs unshare -rm and mount (a private tmpfs) to fill a disk for real")

@@ -139,7 +139,7 @@ def kill_mid_take(root: Path) -> list[int]:
         thread.join(30)
         worker = next((int(x.split()[1]) for x in lines if x.startswith("WORKER")), None)
         if worker is not None:
-            # It must die with its parent (PR_SET_PDEATHSIG), which only SIGKILLs it: asked
+            # It must die with its parent (its parent-death signal, SIGKILL): asked
             # before any kill of ours, so a worker that outlives the writer fails the test.
             end = time.monotonic() + 30
             while not gone(worker) and time.monotonic() < end:
@@ -148,7 +148,7 @@ def kill_mid_take(root: Path) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, signal.SIGKILL)  # the cleanup, once the verdict is in
     assert worker is not None
-    assert not outlived, f"encoder process {worker} outlived the writer's SIGKILL (PR_SET_PDEATHSIG)"
+    assert not outlived, f"encoder process {worker} outlived the writer's SIGKILL (parent-death signal)"
     return [int(x.split()[1]) for x in lines if x.startswith("SAVED")]
 
 

@@ -76,3 +76,27 @@ def test_index_camera_device_in_lerobot_style_is_accepted() -> None:
         from_mapping(CameraSettings, {"source": "opencv"})
     with pytest.raises(CameraError, match="find-cameras"):  # an index reaches OpenCV as an index
         OpenCVCamera(CameraConfig(name="front", source=cam.device)).open()
+
+
+def test_an_av1_file_is_named_quietly_not_as_a_uvc_node(tmp_path: Path, capfd) -> None:
+    """LeRobot's videos are AV1, which OpenCV's FFmpeg cannot decode here: its ~60 decoder errors
+    on fd 2 are held back and the line says what is wrong, not "a UVC camera's second node"."""
+    import av
+
+    path = tmp_path / "lerobot.mp4"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libsvtav1", rate=25)
+        assert isinstance(stream, av.VideoStream)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        for i in range(10):
+            image = np.full((64, 64, 3), 20 * i, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    capfd.readouterr()
+    assert main(["find-cameras", "--source", str(path), "--out", str(tmp_path / "snaps")]) == 1
+    out, err = capfd.readouterr()
+    assert "[av1 @" not in err and "Failed to get pixel format" not in err, err
+    assert "UVC" not in out, out
+    assert f"{path}: OpenCV opens this file but cannot decode its AV01 video" in out, out

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from _snapshot import differences, record, seeds_of, snapshot
 
 from hilrec.daemon.dataset.format.reader import load_info
 from hilrec.daemon.fanout import run_tasks
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 EPISODE_FLAGS = ("--cameras", "front", "--size", "64x48", "--pushes", "0.5")
 

@@ -36,6 +36,9 @@ from hilrec.sim.record_workers import (
 )
 from hilrec.sim.recorder import RecordConfig
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 # Small images keep a test episode around a second; pushes put disturbances in the sidecars.
 EPISODE_FLAGS = ("--cameras", "front", "--size", "64x48", "--pushes", "0.5")
 HILREC = str(Path(sys.executable).with_name("hilrec"))

@@ -24,6 +24,9 @@ from hilrec.daemon.cli import main
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 START_TIMEOUT_S = 90.0
 
 

@@ -19,6 +19,9 @@ import pytest
 from hilrec.daemon.cli import main
 from hilrec.daemon.replay.check_replay import default_workers
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 SIM_EPISODES = 3
 TIMING = re.compile(r"in \d+\.\d s \(\d+ frames/s\)")
 

@@ -20,6 +20,9 @@ from hilrec.sim.record_workers import scratch_dirs
 from hilrec.sim.recorder import RecordConfig
 from hilrec.sim.scene import SceneConfig
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 HILREC = str(Path(sys.executable).with_name("hilrec"))
 FRONT = "observation.images.front"
 SAVED_WITHIN_S = 120.0

@@ -29,6 +29,9 @@ from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, STATE_KEY
 from hilrec.sim.model import locate_model
 from hilrec.sim.replay import NOT_REPLAYABLE, replay_check
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 EPISODES = 2
 
 

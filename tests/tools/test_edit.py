@@ -28,7 +28,7 @@ from hilrec.daemon.dataset.format.reader import (
 )
 from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
 from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
-from hilrec.daemon.errors import DatasetError
+from hilrec.daemon.errors import DatasetError, FlagError
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY, so101_features
 from hilrec.daemon.tools import edit
 
@@ -192,6 +192,10 @@ def test_set_task_keep_and_remove_feature(source: Path, tmp_path: Path) -> None:
     sound = tmp_path / "sound"
     assert main(["edit", "keep", str(root), "--verdict", "sound", "--out", str(sound)]) == 0
     assert [r["length"] for r in load_episodes(sound)] == [LENGTHS[0], LENGTHS[3]]
+    # A misspelt verdict named the valid ones, rather than "no episode matches".
+    with pytest.raises(FlagError, match=r"unknown verdict\(s\) sond; the verdicts are sound, warning, bad"):
+        edit.keep_episodes(root, verdicts=["sond"], out=tmp_path / "misspelt")
+    assert not (tmp_path / "misspelt").exists()
 
     no_cam = tmp_path / "nocam"
     edit.remove_feature(root, CAM, out=no_cam)
@@ -219,6 +223,11 @@ def test_merge_and_split(source: Path, tmp_path: Path) -> None:
     parts = [tmp_path / "train", tmp_path / "val"]
     edit.split(merged, parts, fractions=[0.75, 0.25])
     assert [len(load_episodes(p)) for p in parts] == [6, 2]
+    # Fractions that do not sum to 1 dropped the rest without a word: refused.
+    short = [tmp_path / "short-a", tmp_path / "short-b"]
+    with pytest.raises(DatasetError, match=r"--fractions 0.5,0.2: .*summing to 1 \(they sum to 0.7"):
+        edit.split(merged, short, fractions=[0.5, 0.2])
+    assert not any(p.exists() for p in short)
     for part in parts:
         assert_clean(part)
     assert_same_episode(merged, 6, parts[1], 0)

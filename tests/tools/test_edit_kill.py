@@ -34,6 +34,9 @@ from hilrec.daemon.dataset.check.checker import check_dataset
 from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.tools import edit
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 # (step the child stops at, use the two-rename fallback)
 NAMED = [
     ("locked", False),

@@ -27,6 +27,9 @@ from hilrec.daemon.dataset.video.codec import Segment
 from hilrec.daemon.so101 import ACTION_KEY
 from hilrec.daemon.tools import edit, edit_video
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -216,3 +216,65 @@ def test_a_value_outside_the_calibrated_range_is_named(recorded: dict[str, Any],
             degrees_like, to=BodyMode.DEGREES, calibration=recorded["follower"], out=tmp_path / "out2"
         )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+
+
+def _without(cal: dict[str, Any], joint: str) -> dict[str, Any]:
+    return {k: v for k, v in cal.items() if k != joint}
+
+
+def _with(cal: dict[str, Any], joint: str, **fields: Any) -> dict[str, Any]:
+    return {**cal, joint: {**cal[joint], **fields}}
+
+
+# (flag whose file is bad, its content, what the refusal names)
+BAD_CALIBRATIONS = [
+    ("--leader-calibration", _without(LEADER, "shoulder_lift"), r"missing \['shoulder_lift'\]"),
+    ("--calibration", _without(FOLLOWER, "gripper"), r"missing \['gripper'\]"),
+    ("--calibration", {}, r"missing \["),
+    ("--calibration", _with(FOLLOWER, "elbow_flex", range_min=2000, range_max=2000), "elbow_flex"),
+    ("--calibration", _with(FOLLOWER, "wrist_flex", range_min=3000, range_max=1000), "wrist_flex"),
+    ("--calibration", _with(FOLLOWER, "shoulder_pan", range_max="4095"), "shoulder_pan"),
+    ("--leader-calibration", [1, 2, 3], "JSON object"),
+]
+
+
+@pytest.mark.parametrize(("flag", "content", "named"), BAD_CALIBRATIONS)
+def test_every_bad_calibration_is_refused_naming_the_flag_and_the_joint(
+    recorded: dict[str, Any], tmp_path: Path, flag: str, content: Any, named: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(content))
+    files = {"--calibration": recorded["follower"], "--leader-calibration": recorded["leader"], flag: bad}
+    with pytest.raises(FlagError, match=rf"flag {flag}: .*bad\.json.*{named}"):
+        convert_units(
+            recorded["root"],
+            to=BodyMode.DEGREES,
+            calibration=files["--calibration"],
+            leader_calibration=files["--leader-calibration"],
+            out=tmp_path / "out",
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_leaders_file_as_calibration_is_refused_naming_the_followers(
+    recorded: dict[str, Any], tmp_path: Path
+) -> None:
+    """observation.state is the follower's reading: through the leader's file it would be converted
+    wrongly; that was a success with only notes."""
+    root = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(recorded["root"]), str(root)], check=True)
+    state_before = columns(root, STATE_KEY)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "hilrec.daemon.cli", "edit", "convert-units", str(root)),
+            *("--to", "degrees", "--calibration", str(recorded["leader"])),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"flag --calibration: {recorded['leader']} is not the calibration" in done.stderr, done.stderr
+    assert "follower" in done.stderr
+    assert columns(root, STATE_KEY).tobytes() == state_before.tobytes()

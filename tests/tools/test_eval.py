@@ -34,6 +34,9 @@ from hilrec.sim.recorder import DEFAULT_TASK, RecordConfig, record
 from hilrec.sim.replay import replay_check
 from hilrec.sim.twin import Twin
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 SIZE = (48, 64)  # (height, width) of every image here
 FIRST_SEED = 100
 

@@ -12,8 +12,12 @@ from typing import Any
 import aiohttp
 import cv2
 import numpy as np
+import pytest
 from _daemon import Daemon, run_cli, sim_config
 from _ui import TOKEN, Ui
+
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
 
 WS_TIMEOUT_S = 20.0
 
@@ -228,6 +232,10 @@ def test_dns_rebound_names_foreign_origins_and_missing_or_wrong_tokens_are_refus
         status, _, _ = fetch("POST", ui.url + "/api/start", **start, headers={**bearer, "Origin": origin})
         assert status == 403, (origin, status)
         assert ws_refused(f"ws://127.0.0.1:{ui.port}/ws?token={token}", origin=origin) == 403
+    # A body nested deeper than the JSON parser recurses is a malformed body, not a server error.
+    json_type = {"Content-Type": "application/json"}
+    status, _, _ = fetch("POST", ui.url + "/api/start", data=b"[" * 10_000, headers={**bearer, **json_type})
+    assert status == 400
     unchanged(before, daemon.call("status"))
 
     # Literal loopback Hosts, with and without a port, are served; so is a matching Origin.

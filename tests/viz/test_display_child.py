@@ -50,6 +50,7 @@ def test_a_display_stopped_before_it_heard_anything_is_not_a_fault() -> None:
     assert child.stop(timeout_s=30.0) is None  # SIGINT's KeyboardInterrupt exit is not reported
 
 
+@pytest.mark.slow  # a daemon process to its refusal
 def test_a_spawned_viewer_without_a_screen_is_refused_at_start_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "d.toml"
     config.write_text(sim_config(tmp_path / "ds") + '[display]\nrerun = "spawn"\n')

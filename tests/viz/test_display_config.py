@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from _daemon import Daemon, emulated_config, sim_config
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 dataframe = pytest.importorskip("rerun.dataframe")
 
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from _daemon import Daemon, emulated_config, run_cli, sim_config
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 rr = pytest.importorskip("rerun")
 dataframe = pytest.importorskip("rerun.dataframe")
 

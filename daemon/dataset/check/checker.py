@@ -47,12 +47,31 @@ from hilrec.daemon.dataset.check.common import (
     Severity,
     resolve_workers,
 )
+from hilrec.daemon.dataset.format.edit_intent import (
+    EDIT_INTENT_PATH,
+    IntentState,
+    describe_intent,
+    load_edit_intent,
+)
+from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, holds_nothing, lock_path
 
 ERROR, WARNING = Severity.ERROR, Severity.WARNING
 REPAIR, RECOMPUTE_STATS, RERECORD = Fix.REPAIR, Fix.RECOMPUTE_STATS, Fix.RERECORD
+EDIT_UNFINISHED, EDIT_PART = "edit.unfinished", "edit.part"
 
 # rule -> what it demands, its severity, its fix. The order is the order of the report.
 RULES: Final[dict[str, Rule]] = {
+    EDIT_UNFINISHED: Rule(
+        "the folder is not the unfinished output of a hilrec edit that ended early "
+        f"({EDIT_INTENT_PATH} or only a lock file)",
+        ERROR,
+        Fix.RERUN_EDIT,
+    ),
+    EDIT_PART: Rule(
+        f"the folder is not one part of an edit with several outputs that ended early ({EDIT_INTENT_PATH})",
+        WARNING,
+        Fix.RERUN_EDIT,
+    ),
     "file.unreadable": Rule(
         "every metadata, data and video file named by the dataset can be read", ERROR, REPAIR
     ),
@@ -208,6 +227,9 @@ def check_dataset(
     root = Path(root)
     findings = Findings(root)
     report = CheckReport(root=root, strict=strict)
+    if _unfinished_edit(root, findings):  # nothing else to read: no rule about missing files
+        report.failures = [classified(f) for f in findings.failures]
+        return report
     contents = checks_data.load_contents(root, findings)
     if contents is not None:
         checks_rows.check_rows(contents, findings)
@@ -219,6 +241,29 @@ def check_dataset(
     report.failures = [classified(f) for f in findings.failures]
     report.summary = _summary(contents) | ({"notes": notes} if notes else {})
     return report
+
+
+def _unfinished_edit(root: Path, findings: Findings) -> bool:
+    """Report what a ``hilrec edit`` that ended early left in ``root``; True when that is all
+    there is (the folder holds no dataset yet)."""
+    intent = load_edit_intent(root)
+    if intent is not None:
+        done = intent.get("state") == IntentState.DONE
+        findings.add(EDIT_PART if done else EDIT_UNFINISHED, EDIT_INTENT_PATH, describe_intent(intent))
+        return not done
+    if root.is_dir() and lock_path(root).exists() and holds_nothing(root):
+        try:
+            holder = json.loads(lock_path(root).read_text())["command"]
+        except (OSError, ValueError, KeyError, TypeError):
+            holder = "a hilrec writer"
+        findings.add(
+            EDIT_UNFINISHED,
+            LOCK_NAME,
+            f"not a dataset: the folder holds only the lock file of `{holder}`, which ended before it "
+            "wrote anything; run that command again (or delete this folder)",
+        )
+        return True
+    return False
 
 
 def classified(failure: Failure) -> Failure:

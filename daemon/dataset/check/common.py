@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from hilrec.daemon import procs
 from hilrec.daemon.dataset.format.paths import EPISODES_DIR
 
 T = TypeVar("T")
@@ -33,6 +35,7 @@ class Fix(StrEnum):
     REPAIR = "hilrec repair"
     RECOMPUTE_STATS = "hilrec edit recompute-stats"
     RERECORD = "re-record the episode"
+    RERUN_EDIT = "run the hilrec edit it names again"
 
 
 @dataclass(frozen=True)
@@ -178,5 +181,9 @@ def run_in_pool(function: Callable[[T], R], items: Sequence[T], workers: int) ->
     if workers <= 1:
         return [function(item) for item in items]
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    # Each worker dies with this process (a killed `hilrec check` leaves no decoder running).
+    dies_with = (os.getpid(), signal.SIGKILL)
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=procs.die_with, initargs=dies_with
+    ) as pool:
         return list(pool.map(function, items))

@@ -37,7 +37,7 @@ from typing import Final
 import numpy as np
 
 from hilrec.daemon.dataset.check.common import Contents, Findings
-from hilrec.daemon.dataset.check.video import image_stats_problem
+from hilrec.daemon.dataset.check.image_stats import image_stats_problem
 from hilrec.daemon.dataset.format.features import DEFAULT_FEATURES
 from hilrec.daemon.dataset.format.paths import STATS_PATH
 from hilrec.daemon.dataset.format.reader import load_stats

@@ -47,7 +47,8 @@ a pixel-scale pattern that differs between the sampled pixels and the rest, and 
 blurs away entirely: its stride-sampled stats cannot be told from wrong ones after compression.
 
 Image stats of ``image`` features (PNG in the parquet) are lossless and keep the stricter
-comparison of :func:`image_stats_problem`, quantiles included.
+comparison of :func:`hilrec.daemon.dataset.check.image_stats.image_stats_problem`, quantiles
+included.
 """
 
 from __future__ import annotations
@@ -63,36 +64,24 @@ import av
 import numpy as np
 
 from hilrec.daemon.dataset.check.common import Contents, Findings, run_in_pool
+from hilrec.daemon.dataset.check.image_stats import flat_stats, pixels_per_frame, stored_stats_problem
 from hilrec.daemon.dataset.format.features import TIMESTAMP_TOLERANCE_S
 from hilrec.daemon.dataset.format.paths import INFO_PATH, video_file_path
 from hilrec.daemon.dataset.format.stats import (
-    QUANTILE_KEYS,
     STAT_KEYS,
     downsample_factor,
-    image_stats,
     sample_indices,
 )
 from hilrec.daemon.dataset.video.avlog import open_av
 from hilrec.daemon.dataset.video.codec import VideoProbe, probe_video, stream_time_base
 from hilrec.daemon.errors import CorruptDatasetError
 
-# Lossless images (PNG): the decoded pixels are the written ones.
-IMAGE_TOLERANCES: Final[dict[str, float]] = {
-    "mean": 0.03,
-    "q10": 0.06,
-    "q50": 0.06,
-    "q90": 0.06,
-    "q01": 0.15,
-    "q99": 0.15,
-}
 # Videos: what a lossy codec keeps (see the module docstring).
 LUMA_TOLERANCE: Final[float] = 0.02
 CHROMA_TOLERANCE: Final[float] = 0.02
 BOUND_SLACK: Final[float] = 0.1
 BOUND_TAIL: Final[float] = 0.01
 ALIAS_GAIN: Final[float] = 10.0
-ORDER: Final[tuple[str, ...]] = ("min", *QUANTILE_KEYS, "max")
-ORDER_SLACK: Final[float] = 1e-6
 # 8-bit planar YCbCr formats read as they are; anything else is converted to yuv420p first.
 _PLANAR_YUV8: Final[frozenset[str]] = frozenset(
     {"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "yuv440p", "yuvj440p"}
@@ -275,15 +264,10 @@ def _sampled_frames(contents: Contents, key: str, span: _Span) -> list[int]:
     if (
         count.size
         and span.length > 1
-        and int(count[0]) == span.length * _pixels_per_frame(contents.features[key]["shape"])
+        and int(count[0]) == span.length * pixels_per_frame(contents.features[key]["shape"])
     ):
         return list(range(span.length))
     return sample_indices(span.length)
-
-
-def _pixels_per_frame(shape: list[int]) -> int:
-    factor = downsample_factor(shape[0], shape[1])
-    return -(-shape[0] // factor) * -(-shape[1] // factor)
 
 
 def _decode_jobs(
@@ -450,72 +434,6 @@ def _frame_planes(frame: av.VideoFrame, factor: int) -> _Sampled:
 # --- judging ---------------------------------------------------------------------------------------
 
 
-def _stored_problem(values: dict[str, np.ndarray], length: int, shape: list[int]) -> str | None:
-    """What is wrong with one image feature's stored stats on their own, or None.
-
-    ``count`` is the number of sampled frames, except that LeRobot 0.4.4's streaming encoder
-    counts the pixels of every (downsampled) frame; both are accepted.
-    """
-    channels = values["mean"].size
-    for name in STAT_KEYS:
-        if name != "count" and values[name].size != channels:
-            return f"{name} has {values[name].size} values, mean has {channels}"
-    count = int(values["count"][0])
-    pixels = _pixels_per_frame(shape)
-    if not (1 <= count <= length or count == length * pixels):
-        return (
-            f"count is {count}: neither a number of sampled frames (1 .. {length}) nor the "
-            f"pixels of every frame ({length} x {pixels})"
-        )
-    for name in STAT_KEYS:
-        if (
-            name != "count"
-            and (
-                (values[name] < -ORDER_SLACK) | (values[name] > 1 + ORDER_SLACK) | ~np.isfinite(values[name])
-            ).any()
-        ):
-            return f"{name} is {values[name].tolist()}, outside [0, 1]"
-    for lower, upper in itertools.pairwise(ORDER):
-        if (values[lower] > values[upper] + ORDER_SLACK).any():
-            return f"{lower} {values[lower].tolist()} exceeds {upper} {values[upper].tolist()}"
-    if (
-        (values["mean"] < values["min"] - ORDER_SLACK) | (values["mean"] > values["max"] + ORDER_SLACK)
-    ).any():
-        return f"mean {values['mean'].tolist()} is outside [min, max]"
-    if (values["std"] > 0.5 + ORDER_SLACK).any():
-        return f"std {values['std'].tolist()} exceeds 0.5, impossible for values in [0, 1]"
-    return None
-
-
-def _flat(stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {n: np.asarray(stored[n], dtype=np.float64).reshape(-1) for n in STAT_KEYS}
-
-
-def image_stats_problem(
-    stored: dict[str, np.ndarray], length: int, samples: list[np.ndarray], shape: list[int]
-) -> str | None:
-    """The first way one lossless image feature's stats disagree with its sampled (downsampled)
-    decoded frames, or None."""
-    values = _flat(stored)
-    problem = _stored_problem(values, length, shape)
-    if problem or not samples:
-        return problem
-    channels = values["mean"].size
-    decoded = image_stats(np.stack(samples))
-    if decoded["mean"].size != channels:
-        return f"stats have {channels} channels, the images have {decoded['mean'].size}"
-    for name, tolerance in IMAGE_TOLERANCES.items():
-        want = decoded[name].reshape(-1)
-        off = np.abs(values[name] - want)
-        if (off > tolerance).any():
-            c = int(np.argmax(off))
-            return (
-                f"{name}[channel {c}] is {values[name][c]:.4f}, the decoded images' sampled "
-                f"frames give {want[c]:.4f} (tolerance {tolerance})"
-            )
-    return None
-
-
 def _ycbcr_matrix(bt709: bool) -> np.ndarray:
     """Rows Y, Cb, Cr of RGB in [0, 1] -> Y in [0, 1], Cb and Cr in [-0.5, 0.5]."""
     kr, kb = _BT709 if bt709 else _BT601
@@ -543,8 +461,8 @@ def video_stats_problem(
 ) -> str | None:
     """The first way one video feature's stats disagree with its decoded sample, judged by what a
     lossy codec keeps (module docstring), or None."""
-    values = _flat(stored)
-    problem = _stored_problem(values, length, shape)
+    values = flat_stats(stored)
+    problem = stored_stats_problem(values, length, shape)
     if problem or not len(planes.counts):
         return problem
     channels = values["mean"].size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -62,13 +62,39 @@ from hilrec.daemon.dataset.repair.space import (
 )
 from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.dataset.store.consolidate import ConsolidatedState, consolidate
-from hilrec.daemon.errors import CorruptDatasetError
+from hilrec.daemon.errors import CorruptDatasetError, HilrecError
 
 # A rebuild whose fresh layout the checker still rejects drops those episodes and tries again.
 MAX_REBUILD_PASSES: Final[int] = 3
 
 
-def rebuild(root: Path, report: RepairReport, reason: str) -> None:
+# A higher layer's way to make an episode's missing video again (``hilrec repair`` passes the
+# twin's for a sim dataset): (its index before the rebuild, the camera's key, its rows, where to
+# write the mp4) -> where its frames came from, or None when it cannot.
+Regenerate = Callable[[int, str, pa.Table, Path], str | None]
+
+
+class _CameraLost(Exception):
+    """An episode's frames of a camera are unreadable and the camera is to go (see rebuild)."""
+
+    def __init__(self, episode: int, key: str, why: str) -> None:
+        super().__init__(key)
+        self.episode, self.key, self.why = episode, key, why
+
+
+def rebuild(
+    root: Path,
+    report: RepairReport,
+    reason: str,
+    regenerate: Regenerate | None = None,
+    *,
+    without_missing_video: bool = False,
+) -> None:
+    """Re-assemble every episode from its best copy (see :mod:`.recover`, step 3).
+
+    ``without_missing_video``: a camera some episode has no readable (nor regenerated) frames of
+    is removed from the dataset, so every episode keeps its rows without it (a dataset has one
+    feature set), instead of that episode being dropped."""
     report.rebuilt = True
     report.actions.append(f"rebuild needed: {reason}")
     try:
@@ -82,12 +108,20 @@ def rebuild(root: Path, report: RepairReport, reason: str) -> None:
     for problem in sources.problems:
         report.actions.append(f"unreadable: {problem}")
     excluded: dict[int, str] = {}
-    for _ in range(MAX_REBUILD_PASSES):
+    passes = 0
+    while passes < MAX_REBUILD_PASSES:
+        passes += 1
         outcomes = [o for o in report.episodes if o.reason.startswith("open (never saved)")]
         work = sidecar_dir(root) / f"{WORK_PREFIX}{os.getpid()}"
         try:
             try:
-                built = _assemble(root, work, sources, excluded, outcomes, report)
+                built = _assemble(
+                    root, work, sources, excluded, outcomes, report, regenerate, without_missing_video
+                )
+            except _CameraLost as lost:
+                _drop_camera(sources, report, lost)
+                passes -= 1  # a camera fewer is a new layout, not a failed pass
+                continue
             except DAMAGE as exc:
                 if not_damage(exc):
                     raise
@@ -126,6 +160,8 @@ def _assemble(
     excluded: Mapping[int, str],
     outcomes: list[EpisodeOutcome],
     report: RepairReport,
+    regenerate: Regenerate | None = None,
+    without_missing_video: bool = False,
 ) -> dict[int, int]:
     """Build the fresh layout in ``work``; returns old -> new index of the episodes in it."""
     info = sources.info
@@ -173,29 +209,12 @@ def _assemble(
         new = len(built)
         directory = journal.open_episode_dir(work, new)
         directory.mkdir(parents=True)
-        origins: list[str] = []
-        lost = ""
-        for key in sources.keys:
-            origin, why = sources.place_frames(old, key, n, directory / journal.video_file_name(key))
-            if origin is None:
-                lost = f"frames of '{key}' unreadable: {why}"
-                break
-            if origin == STAGED_ORIGIN and report.spilled(old, key):
-                origin = SPILL_ORIGIN
-            origins.append(origin if len(sources.keys) == 1 else f"{key}: {origin}")
+        origins, image, lost = _place_frames(
+            sources, report, old, table, directory, regenerate=regenerate, drop=without_missing_video
+        )
         if lost:
             journal.remove_dir(directory)
             outcomes.append(EpisodeOutcome(old, None, n, rows.origin, reason=lost))
-            continue
-        image: dict[str, Any] = {}
-        try:
-            for key in sources.keys:
-                image[key] = sources.image_stats(old, key, directory / journal.video_file_name(key), n)
-        except DAMAGE as exc:
-            if not_damage(exc):
-                raise
-            journal.remove_dir(directory)
-            outcomes.append(EpisodeOutcome(old, None, n, rows.origin, reason=f"frames undecodable: {exc}"))
             continue
         names = [tasks[t] for t in task_ids]
         new_tasks = [t for t in dict.fromkeys(names) if t not in used_tasks]
@@ -208,26 +227,17 @@ def _assemble(
             task_ids=used_tasks,
             task_names=names,
         )
-        pq.write_table(table, directory / journal.EPISODE_DATA, **PARQUET_OPTIONS)
-        columns = {k: column_to_numpy(table.column(k)) for k in data_keys(features)}
-        stats: dict[str, Any] = stats_to_json(compute_episode_stats(columns, features))
-        stats.update(image)
-        journal.write_episode_meta(
+        _stage_rebuilt(
             directory,
-            {
-                "episode_index": new,
-                "length": n,
-                "tasks": list(dict.fromkeys(names)),
-                "new_tasks": new_tasks,
-                "dataset_from_index": frames,
-                "data_bytes": (directory / journal.EPISODE_DATA).stat().st_size,
-                "videos": {k: {"frames": n, "duration_s": n / sources.fps} for k in sources.keys},
-                "stats": {k: stats[k] for k in features if k in stats},
-                "rebuilt_from_episode": old,
-            },
+            sources,
+            table,
+            image,
+            old=old,
+            new=new,
+            first_frame=frames,
+            names=names,
+            new_tasks=new_tasks,
         )
-        for child in directory.iterdir():
-            fsync_file(child)
         journal.commit_episode(work, new)
         built[old] = new
         frames += n
@@ -238,6 +248,97 @@ def _assemble(
     else:
         _write_empty_meta(work, features)
     return built
+
+
+def _place_frames(
+    sources: Sources,
+    report: RepairReport,
+    old: int,
+    table: pa.Table,
+    directory: Path,
+    *,
+    regenerate: Regenerate | None,
+    drop: bool,
+) -> tuple[list[str], dict[str, Any], str]:
+    """Each camera's frames of episode ``old`` put in ``directory`` (made again by
+    ``regenerate`` where they are lost and it can), and their image stats: (where each came from,
+    the stats, why the episode is lost: empty when it is not). With ``drop``, a camera whose
+    frames are lost raises _CameraLost instead, so that the camera leaves the dataset."""
+    n = table.num_rows
+    origins: list[str] = []
+    for key in sources.keys:
+        out = directory / journal.video_file_name(key)
+        origin, why = sources.place_frames(old, key, n, out)
+        if origin is None and regenerate is not None:
+            try:
+                origin = regenerate(old, key, table, out)
+            except HilrecError as exc:
+                why += f"; not made again: {exc}"
+            if origin is None:
+                out.unlink(missing_ok=True)
+        if origin is None:
+            if drop:
+                raise _CameraLost(old, key, why)
+            return origins, {}, f"frames of '{key}' unreadable: {why}"
+        if origin == STAGED_ORIGIN and report.spilled(old, key):
+            origin = SPILL_ORIGIN
+        origins.append(origin if len(sources.keys) == 1 else f"{key}: {origin}")
+    image: dict[str, Any] = {}
+    try:
+        for key in sources.keys:
+            image[key] = sources.image_stats(old, key, directory / journal.video_file_name(key), n)
+    except DAMAGE as exc:
+        if not_damage(exc):
+            raise
+        return origins, {}, f"frames undecodable: {exc}"
+    return origins, image, ""
+
+
+def _stage_rebuilt(
+    directory: Path,
+    sources: Sources,
+    table: pa.Table,
+    image: dict[str, Any],
+    *,
+    old: int,
+    new: int,
+    first_frame: int,
+    names: list[str],
+    new_tasks: list[str],
+) -> None:
+    """The rebuilt episode's rows, stats and journal entry in its open directory, synced
+    (``names``: each row's task string)."""
+    features, n = sources.features, table.num_rows
+    pq.write_table(table, directory / journal.EPISODE_DATA, **PARQUET_OPTIONS)
+    columns = {k: column_to_numpy(table.column(k)) for k in data_keys(features)}
+    stats: dict[str, Any] = stats_to_json(compute_episode_stats(columns, features))
+    stats.update(image)
+    journal.write_episode_meta(
+        directory,
+        {
+            "episode_index": new,
+            "length": n,
+            "tasks": list(dict.fromkeys(names)),
+            "new_tasks": new_tasks,
+            "dataset_from_index": first_frame,
+            "data_bytes": (directory / journal.EPISODE_DATA).stat().st_size,
+            "videos": {k: {"frames": n, "duration_s": n / sources.fps} for k in sources.keys},
+            "stats": {k: stats[k] for k in features if k in stats},
+            "rebuilt_from_episode": old,
+        },
+    )
+    for child in directory.iterdir():
+        fsync_file(child)
+
+
+def _drop_camera(sources: Sources, report: RepairReport, lost: _CameraLost) -> None:
+    sources.features.pop(lost.key, None)
+    sources.keys = [key for key in sources.keys if key != lost.key]
+    report.actions.append(
+        f"--without-missing-video: camera '{lost.key}' removed from the dataset: episode "
+        f"{lost.episode} has no readable frames of it ({lost.why}); every episode keeps its rows "
+        f"and its other cameras, none keeps '{lost.key}' (its files are kept in the damaged copy)"
+    )
 
 
 def _task_strings(sources: Sources, chosen: Mapping[int, Rows]) -> dict[int, str]:

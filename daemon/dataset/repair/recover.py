@@ -52,7 +52,7 @@ from pathlib import Path
 from hilrec.daemon.dataset.check import journal as checks_journal
 from hilrec.daemon.dataset.check.checker import check_dataset
 from hilrec.daemon.dataset.format.paths import INFO_PATH, META_DIR
-from hilrec.daemon.dataset.repair.rebuild import rebuild
+from hilrec.daemon.dataset.repair.rebuild import Regenerate, rebuild
 from hilrec.daemon.dataset.repair.report import (
     EXIT_DROPPED,
     EXIT_NO_SPACE,
@@ -122,8 +122,15 @@ def recover(root: Path) -> RepairReport:
     return report
 
 
-def repair(root: Path) -> RepairReport:
+def repair(
+    root: Path, *, regenerate: Regenerate | None = None, without_missing_video: bool = False
+) -> RepairReport:
     """Settle, re-derive the metadata, rebuild: as far as needed for ``hilrec check`` to pass.
+
+    ``regenerate`` makes an episode's unreadable video again in the rebuild (see
+    :data:`.rebuild.Regenerate`), so the episode is kept instead of dropped;
+    ``without_missing_video`` keeps an episode whose frames of a camera are lost anyway, by
+    removing that camera from the dataset (see :func:`.rebuild.rebuild`).
 
     Refused (DatasetLockedError, naming the holder's pid) while another process holds the root.
     Raises CorruptDatasetError when ``root`` is no dataset at all.
@@ -134,7 +141,7 @@ def repair(root: Path) -> RepairReport:
     with RootLock(root, "hilrec repair"):
         report = RepairReport(root=str(root))
         try:
-            _repair_locked(root, report)
+            _repair_locked(root, report, regenerate, without_missing_video)
         except DAMAGE as exc:
             if inaccessible(exc):
                 raise DatasetError(
@@ -153,7 +160,9 @@ def repair(root: Path) -> RepairReport:
         return report
 
 
-def _repair_locked(root: Path, report: RepairReport) -> None:
+def _repair_locked(
+    root: Path, report: RepairReport, regenerate: Regenerate | None, without_missing_video: bool
+) -> None:
     settle(root, report)
     problem = _settled_and_checked(root, report)
     if problem is None:
@@ -162,7 +171,7 @@ def _repair_locked(root: Path, report: RepairReport) -> None:
         problem = _settled_and_checked(root, report)
         if problem is None:
             return
-    rebuild(root, report, problem.reason)
+    rebuild(root, report, problem.reason, regenerate, without_missing_video=without_missing_video)
 
 
 def _settled_and_checked(root: Path, report: RepairReport) -> Problem | None:

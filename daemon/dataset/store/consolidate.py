@@ -15,12 +15,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hilrec.daemon.atomic import fsync_dir, fsync_file, temp_path, write_synced
+from hilrec.daemon.backoff import Backoff
 from hilrec.daemon.dataset.format.features import video_keys
 from hilrec.daemon.dataset.format.layout import (
     MB,
@@ -55,8 +56,6 @@ from hilrec.daemon.errors import CorruptDatasetError, DatasetError
 log = logging.getLogger(__name__)
 
 # A failed merge is retried on its own after this long, then twice as long each time.
-RETRY_FIRST_S: Final[float] = 2.0
-RETRY_MAX_S: Final[float] = 60.0
 
 
 @dataclass
@@ -139,95 +138,17 @@ def consolidate(
     root = state.root
     info = dict(state.info)
     features = info["features"]
-    fps = int(info["fps"])
     chunks = int(info["chunks_size"])
     metas = [journal.load_episode_meta(root, index) for index in batch]
-    first = len(state.episodes)
-    frames_so_far = state.total_frames
-    tasks = list(state.tasks)
-    for offset, meta in enumerate(metas):
-        if meta["episode_index"] != first + offset or meta["dataset_from_index"] != frames_so_far:
-            raise DatasetError(
-                f"journal episode {meta['episode_index']} does not follow the "
-                f"consolidated dataset ({first + offset} episodes, "
-                f"{frames_so_far} frames)"
-            )
-        frames_so_far += meta["length"]
-        for task in meta["new_tasks"]:
-            if task in tasks:
-                raise DatasetError(f"journal episode {meta['episode_index']}: task {task!r} already exists")
-            tasks.append(task)
+    tasks = _next_tasks(state, metas)
     rows = [_base_row(meta) for meta in metas]
     targets: list[str] = []
     last = state.episodes[-1] if state.episodes else None
 
-    # data/
-    last_ref = data_ref(last) if last else None
-    last_size = data_path(root, last_ref).stat().st_size if last_ref else 0
-    placements = _assign(
-        last_ref,
-        last_size,
-        [m["data_bytes"] for m in metas],
-        int(float(info["data_files_size_in_mb"]) * MB),
-        chunks,
-    )
-    schema = data_schema(features)
-    for ref in dict.fromkeys(p.ref for p in placements):
-        members = [i for i, p in enumerate(placements) if p.ref == ref]
-        tables = []
-        if placements[members[0]].rows_before:
-            tables.append(read_parquet(data_path(root, ref)))
-        tables += [read_parquet(journal.episode_dir(root, batch[i]) / journal.EPISODE_DATA) for i in members]
-        merged = pa.concat_tables([t.replace_schema_metadata(schema.metadata) for t in tables])
-        _write_new_parquet(merged, data_path(root, ref))
-        targets.append(_rel(root, data_path(root, ref)))
-    for row, placement in zip(rows, placements, strict=True):
-        row["data/chunk_index"], row["data/file_index"] = placement.ref.chunk, placement.ref.file
-
-    # videos/
+    # data/, then videos/
+    _merge_data(root, info, last, batch, metas, rows, targets)
     for key in video_keys(features):
-        prefix = f"videos/{key}/"
-        v_last = video_ref(last, key) if last else None
-        v_size = video_path(root, key, v_last).stat().st_size if v_last else 0
-        staged = [journal.episode_dir(root, index) / journal.video_file_name(key) for index in batch]
-        v_places = _assign(
-            v_last,
-            v_size,
-            [p.stat().st_size for p in staged],
-            int(float(info["video_files_size_in_mb"]) * MB),
-            chunks,
-        )
-        for ref in dict.fromkeys(p.ref for p in v_places):
-            members = [i for i, p in enumerate(v_places) if p.ref == ref]
-            target = video_path(root, key, ref)
-            segments = []
-            if last is not None and v_places[members[0]].rows_before:
-                segments.append(Segment(target, 0.0, last[prefix + "to_timestamp"]))
-            segments += [Segment(staged[i]) for i in members]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            placed = concat_segments(journal.new_path(target), segments, fps=fps)
-            fsync_file(journal.new_path(target))
-            placed = placed[len(segments) - len(members) :]
-            for i, (start, end, frames) in zip(members, placed, strict=True):
-                if frames != metas[i]["length"]:
-                    raise DatasetError(
-                        f"{staged[i]}: {frames} video frames for "
-                        f"{metas[i]['length']} rows (episode {batch[i]})"
-                    )
-                rows[i].update(
-                    {
-                        prefix + "chunk_index": ref.chunk,
-                        prefix + "file_index": ref.file,
-                        prefix + "from_timestamp": start,
-                        prefix + "to_timestamp": end,
-                    }
-                )
-            targets.append(_rel(root, target))
-            if not features[key].get("info"):
-                features = {
-                    **features,
-                    key: {**features[key], "info": video_info(probe_video(journal.new_path(target)))},
-                }
+        features = _merge_video(root, info, features, key, last, batch, metas, rows, targets)
 
     # meta/episodes/
     e_last = episodes_ref(last) if last else None
@@ -270,6 +191,120 @@ def consolidate(
     except OSError as exc:  # the batch is merged; recovery drops what is left on the next open
         log.warning("%s: staged videos of merged episodes %s not deleted: %s", root, list(batch), exc)
     return ConsolidatedState(root=root, info=info, tasks=tasks, episodes=all_rows)
+
+
+def _next_tasks(state: ConsolidatedState, metas: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The task list once the journal episodes ``metas`` are merged; DatasetError unless they
+    follow the consolidated dataset (the next indices and rows) and add tasks it does not have."""
+    first = len(state.episodes)
+    frames_so_far = state.total_frames
+    tasks = list(state.tasks)
+    for offset, meta in enumerate(metas):
+        if meta["episode_index"] != first + offset or meta["dataset_from_index"] != frames_so_far:
+            raise DatasetError(
+                f"journal episode {meta['episode_index']} does not follow the "
+                f"consolidated dataset ({first + offset} episodes, "
+                f"{frames_so_far} frames)"
+            )
+        frames_so_far += meta["length"]
+        for task in meta["new_tasks"]:
+            if task in tasks:
+                raise DatasetError(f"journal episode {meta['episode_index']}: task {task!r} already exists")
+            tasks.append(task)
+    return tasks
+
+
+def _merge_data(
+    root: Path,
+    info: Mapping[str, Any],
+    last: Mapping[str, Any] | None,
+    batch: Sequence[int],
+    metas: Sequence[Mapping[str, Any]],
+    rows: list[dict[str, Any]],
+    targets: list[str],
+) -> None:
+    """The batch's rows appended to the last data file, or to new ones past its size limit
+    (written beside the targets, added to ``targets``; ``rows`` get their files)."""
+    chunks = int(info["chunks_size"])
+    last_ref = data_ref(last) if last else None
+    last_size = data_path(root, last_ref).stat().st_size if last_ref else 0
+    placements = _assign(
+        last_ref,
+        last_size,
+        [m["data_bytes"] for m in metas],
+        int(float(info["data_files_size_in_mb"]) * MB),
+        chunks,
+    )
+    schema = data_schema(info["features"])
+    for ref in dict.fromkeys(p.ref for p in placements):
+        members = [i for i, p in enumerate(placements) if p.ref == ref]
+        tables = []
+        if placements[members[0]].rows_before:
+            tables.append(read_parquet(data_path(root, ref)))
+        tables += [read_parquet(journal.episode_dir(root, batch[i]) / journal.EPISODE_DATA) for i in members]
+        merged = pa.concat_tables([t.replace_schema_metadata(schema.metadata) for t in tables])
+        _write_new_parquet(merged, data_path(root, ref))
+        targets.append(_rel(root, data_path(root, ref)))
+    for row, placement in zip(rows, placements, strict=True):
+        row["data/chunk_index"], row["data/file_index"] = placement.ref.chunk, placement.ref.file
+
+
+def _merge_video(
+    root: Path,
+    info: Mapping[str, Any],
+    features: dict[str, Any],
+    key: str,
+    last: Mapping[str, Any] | None,
+    batch: Sequence[int],
+    metas: Sequence[Mapping[str, Any]],
+    rows: list[dict[str, Any]],
+    targets: list[str],
+) -> dict[str, Any]:
+    """The batch's staged videos of ``key`` joined to the last video file, or in new ones past
+    its size limit; the features, with the video's info once the first file of it exists."""
+    fps, chunks = int(info["fps"]), int(info["chunks_size"])
+    prefix = f"videos/{key}/"
+    v_last = video_ref(last, key) if last else None
+    v_size = video_path(root, key, v_last).stat().st_size if v_last else 0
+    staged = [journal.episode_dir(root, index) / journal.video_file_name(key) for index in batch]
+    v_places = _assign(
+        v_last,
+        v_size,
+        [p.stat().st_size for p in staged],
+        int(float(info["video_files_size_in_mb"]) * MB),
+        chunks,
+    )
+    for ref in dict.fromkeys(p.ref for p in v_places):
+        members = [i for i, p in enumerate(v_places) if p.ref == ref]
+        target = video_path(root, key, ref)
+        segments = []
+        if last is not None and v_places[members[0]].rows_before:
+            segments.append(Segment(target, 0.0, last[prefix + "to_timestamp"]))
+        segments += [Segment(staged[i]) for i in members]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        placed = concat_segments(journal.new_path(target), segments, fps=fps)
+        fsync_file(journal.new_path(target))
+        placed = placed[len(segments) - len(members) :]
+        for i, (start, end, frames) in zip(members, placed, strict=True):
+            if frames != metas[i]["length"]:
+                raise DatasetError(
+                    f"{staged[i]}: {frames} video frames for {metas[i]['length']} rows (episode {batch[i]})"
+                )
+            rows[i].update(
+                {
+                    prefix + "chunk_index": ref.chunk,
+                    prefix + "file_index": ref.file,
+                    prefix + "from_timestamp": start,
+                    prefix + "to_timestamp": end,
+                }
+            )
+        targets.append(_rel(root, target))
+        if not features[key].get("info"):
+            features = {
+                **features,
+                key: {**features[key], "info": video_info(probe_video(journal.new_path(target)))},
+            }
+    return features
 
 
 def _base_row(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,10 +360,10 @@ class BackgroundMerger:
 
     A failed merge never costs a saved episode: what it wrote is rolled back, so LeRobot's files
     stay as they were before it (every episode merged earlier stays visible), the journal keeps
-    the batch, and the state is read back from disk. It is retried on its own after
-    :data:`RETRY_FIRST_S`, doubling to :data:`RETRY_MAX_S`, and at once when an episode is added,
-    on :meth:`retry` and on :meth:`wait`. Until one succeeds, :attr:`problem` says which episodes
-    wait and why (the writer's ``problems()``), and :meth:`wait` raises it.
+    the batch, and the state is read back from disk. It is retried on its own after a backoff
+    (:class:`hilrec.daemon.backoff.Backoff`: 2 s, doubling to a minute), and at once when an
+    episode is added, on :meth:`retry` and on :meth:`wait`. Until one succeeds, :attr:`problem`
+    says which episodes wait and why (the writer's ``problems()``), and :meth:`wait` raises it.
     """
 
     def __init__(self, state: ConsolidatedState, *, hook: Hook = None, interval_s: float = 0.0) -> None:
@@ -340,7 +375,7 @@ class BackgroundMerger:
         self._merging = False
         self._error: BaseException | None = None
         self._failed_batch: list[int] = []
-        self._failures = 0  # in a row
+        self._backoff = Backoff()  # its failures: merges failed in a row
         self._attempts = 0  # merges started
         self._failed_attempt = 0  # the attempt that set _error
         self._retry_at = 0.0
@@ -413,7 +448,7 @@ class BackgroundMerger:
         next_try = max(0.0, self._retry_at - time.monotonic())
         return (
             f"{root}: merging saved episodes {self._failed_batch} into LeRobot's files failed "
-            f"({_reason(self._error)}; {self._failures} attempt(s) in a row); they are safe in "
+            f"({_reason(self._error)}; {self._backoff.failures} attempt(s) in a row); they are safe in "
             f"{journal.JOURNAL_DIR} and the merge is retried (next in {next_try:.0f} s, at the "
             f"next save and at finalize; 'hilrec repair' merges them too); LeRobot's files hold "
             f"{shown}, unchanged"
@@ -452,14 +487,14 @@ class BackgroundMerger:
                 self.state = state
                 del self._pending[: len(batch)]
                 self._error = None
-                self._failures = 0
+                self._backoff.succeeded()
                 self._merging = False
                 self._cond.notify_all()
 
     def _failed(self, batch: list[int], exc: BaseException) -> None:
         root = self.state.root
         with self._cond:
-            first = self._failures == 0 or _reason(exc) != _reason(self._error)
+            first = self._backoff.failures == 0 or _reason(exc) != _reason(self._error)
         if first:
             log.exception("%s: merging episodes %s failed; they stay in the journal", root, batch)
         else:
@@ -485,14 +520,12 @@ class BackgroundMerger:
             self._cond.notify_all()
             if not self._pending:  # it failed past its last rename: merged, nothing waits
                 self._error = None
-                self._failures = 0
+                self._backoff.succeeded()
                 return
             self._error = exc
             self._failed_batch = list(batch)
-            self._failures += 1
             self._failed_attempt = self._attempts
-            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (self._failures - 1))
-            self._retry_at = time.monotonic() + delay
+            self._retry_at = time.monotonic() + self._backoff.failed()
 
 
 def _reason(exc: BaseException | None) -> str:

@@ -119,6 +119,16 @@ class VideoSettings:
 CODEC_WATCH_FRAMES: Final[int] = 32
 
 
+# An open episode's mp4: a moov first and a fragment per keyframe (LeRobot's g=2: every other
+# frame), each written through at once, so a killed writer leaves a file readable up to its last
+# whole fragment (a plain mp4's index is written only at its close). The merge remuxes it into
+# LeRobot's plain files (concat_segments).
+FRAGMENTED_MP4: Final[dict[str, str]] = {
+    "movflags": "frag_keyframe+empty_moov+default_base_moof",
+    "flush_packets": "1",
+}
+
+
 class StreamEncoder:
     """One mp4 being encoded: the one encode routine of the thread encoder, the encoder process
     and the finishing of a spilled encode, so all three write the same bytes."""
@@ -133,17 +143,28 @@ class StreamEncoder:
         settings: VideoSettings,
         make_dirs: bool = True,
         file: Any = None,
+        fragmented: bool = False,
     ) -> None:
         self.path = path
         self.fps = fps
         self.frames = 0
+        # Packets handed to the muxer (behind ``frames`` by the codec's delay), and with
+        # ``fragmented`` those in the file: a fragment is written when the next keyframe
+        # starts one, so the packets before the last keyframe muxed (see FRAGMENTED_MP4).
+        self.muxed = 0
+        self.in_file = 0
         if make_dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
         # ``file``: an open binary file to write (FFmpeg opens a path only at the first packet,
         # which may be after the episode's directory was renamed); same muxer, same bytes.
         self._file = file
         self._codec_threads = CodecThreads()  # on the thread that encodes, before the codec opens
-        self._container = open_av(file if file is not None else str(path), "w", format="mp4")
+        self._container = open_av(
+            file if file is not None else str(path),
+            "w",
+            format="mp4",
+            options=dict(FRAGMENTED_MP4) if fragmented else {},
+        )
         try:
             stream = self._container.add_stream(settings.codec, rate=fps, options=settings.options())
             if not isinstance(stream, av.VideoStream):
@@ -162,7 +183,10 @@ class StreamEncoder:
         frame.pts = self.frames
         frame.time_base = Fraction(1, self.fps)
         for packet in self._stream.encode(frame):
+            if packet.is_keyframe:
+                self.in_file = self.muxed
             self._container.mux(packet)
+            self.muxed += 1
         if self.frames < CODEC_WATCH_FRAMES or self.frames % self.fps == 0:
             # The codec starts its threads from the first frame on, some lazily: keep them out of
             # real-time scheduling (SVT-AV1 asks for FIFO 99 wherever it may; see codec_threads).
@@ -224,11 +248,18 @@ class EpisodeVideoEncoder:
         self._aborted = False
         self.frames_in = 0
         self.frames_encoded = 0
+        self._stream: StreamEncoder | None = None
         self._thread = threading.Thread(target=self._run, name=f"encode-{key}-{episode_index}", daemon=True)
         self._thread.start()
 
     def _where(self) -> str:
         return f"video '{self.key}' episode {self.episode_index} ({self.path})"
+
+    @property
+    def frames_in_file(self) -> int:
+        """Frames in the (fragmented) file so far: durable once the file is fsynced."""
+        stream = self._stream
+        return stream.in_file if stream is not None else 0
 
     def put(self, frame: np.ndarray) -> None:
         """Enqueue a copy of ``frame`` (H, W, 3) uint8; raise rather than drop it."""
@@ -281,8 +312,14 @@ class EpisodeVideoEncoder:
         encoder: StreamEncoder | None = None
         try:
             encoder = StreamEncoder(
-                self.path, fps=self.fps, height=self.height, width=self.width, settings=self.settings
+                self.path,
+                fps=self.fps,
+                height=self.height,
+                width=self.width,
+                settings=self.settings,
+                fragmented=True,
             )
+            self._stream = encoder
             while True:
                 item = self._queue.get()
                 if item is None:

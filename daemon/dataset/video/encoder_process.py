@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -51,10 +52,13 @@ from typing import Any, Final
 
 import numpy as np
 
+from hilrec.daemon import procs
 from hilrec.daemon.dataset.video.encoder_worker import (
     HEADER_BYTES,
     HEADER_CUT_REQUEST,
     HEADER_FRAMES_ENCODED,
+    HEADER_MUXED,
+    HEADER_MUXED_JOB,
     HEADER_RELEASED,
 )
 from hilrec.daemon.errors import VideoEncodingError
@@ -130,6 +134,7 @@ class EncoderProcess:
         )
         self._header[:] = 0
         self._header[HEADER_CUT_REQUEST] = -1
+        self._header[HEADER_MUXED_JOB] = -1
         self._ring: np.ndarray[Any, Any] = np.ndarray(
             (self.slots, height, width, 3), dtype=np.uint8, buffer=self._shm.buf, offset=HEADER_BYTES
         )
@@ -162,7 +167,9 @@ class EncoderProcess:
         # re-runs the parent's main script), talking over a socket pair: small pickled tuples.
         ours, theirs = socket.socketpair()
         try:
-            process = subprocess.Popen(
+            # SIGKILL when the writer dies: a reopened writer (or repair) finishes the encode
+            # from the spill, and must not find this one still writing the same file.
+            process = procs.start(
                 # The segment's name is on the command line too, for tools that watch the progress
                 # (bench_daemon reads frames encoded from the header); the worker reads the socket.
                 [
@@ -177,6 +184,7 @@ class EncoderProcess:
                 close_fds=True,
                 # Out of the terminal's process group: Ctrl-C is the writer's to handle.
                 start_new_session=True,
+                death_signal=signal.SIGKILL,
             )
         except BaseException:
             ours.close()
@@ -306,6 +314,18 @@ class EncoderProcess:
     def abort(self, episode: int) -> None:
         self._commands.put(("abort", self._job_of[episode]))
 
+    def muxed_of(self, episode: int) -> int | None:
+        """Frames of ``episode`` in its mp4 in the episode's directory (see the worker's
+        HEADER_MUXED), or None when the worker's last frame was another episode's."""
+        job = self._job_of.get(episode)
+        if job is None or self._closed:
+            return None
+        before = int(self._header[HEADER_MUXED_JOB])
+        muxed = int(self._header[HEADER_MUXED])
+        if before != job or int(self._header[HEADER_MUXED_JOB]) != job:
+            return None
+        return muxed
+
     @property
     def frames_encoded(self) -> int:
         if self._closed or self.error is not None:
@@ -331,13 +351,9 @@ class EncoderProcess:
         self._closed = True
         self._commands.put(None)
         self._sender.join(timeout)
-        try:
-            self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            # Unkillable for now (stuck in the kernel): the other cameras' workers are still closed.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(5)
+        # Killed after ``timeout``; one unkillable for now (stuck in the kernel) is left, so the
+        # other cameras' workers are still closed.
+        procs.stop(self._process, timeout, signum=None)
         self._reader.join(5)
         with self._lock:
             for future in self._futures.values():

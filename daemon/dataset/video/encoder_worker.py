@@ -29,6 +29,10 @@ HEADER_BYTES: Final[int] = 64  # int64 [slots released, frames encoded, cut requ
 HEADER_RELEASED: Final[int] = 0  # written by the worker
 HEADER_FRAMES_ENCODED: Final[int] = 1  # written by the worker
 HEADER_CUT_REQUEST: Final[int] = 2  # written by the writer: the job to cut now
+# Written by the worker after each frame: a job and the frames in its mp4 in the episode's
+# directory (fragmented: readable to there once fsynced; after a cut, the closed first part).
+HEADER_MUXED_JOB: Final[int] = 3
+HEADER_MUXED: Final[int] = 4
 # Starts the error of a job whose spill lacks a frame from its cut on: its take cannot be saved.
 SPILL_HOLES: Final[str] = "frames missing from the spill"
 
@@ -56,7 +60,6 @@ def lowest_priority() -> str:
 
 def worker_main(fd: int) -> None:
     """The worker process: ``python -m hilrec.daemon.dataset.video.encoder_process FD``."""
-    _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     priority = lowest_priority()
     conn = Connection(fd)
@@ -115,7 +118,8 @@ class _Job:
     def _encoder(self, path: Path) -> Any:
         from hilrec.daemon.dataset.video.codec import StreamEncoder
 
-        out = open(path, "w+b")  # noqa: SIM115 - the encoder closes it
+        # Unbuffered: each fragment goes to the file at once, for the writer's fsync to find.
+        out = open(path, "w+b", buffering=0)  # noqa: SIM115 - the encoder closes it
         try:
             return StreamEncoder(
                 path,
@@ -125,6 +129,7 @@ class _Job:
                 width=self.width,
                 settings=self.settings,
                 make_dirs=False,
+                fragmented=True,
             )
         except BaseException:
             out.close()
@@ -153,6 +158,13 @@ class _Job:
     def encode(self, image: np.ndarray) -> None:
         self.encoder.encode(image)
         self.frames += 1
+
+    @property
+    def muxed_here(self) -> int:
+        """Frames in ``<key>.mp4`` in the episode's directory (see HEADER_MUXED)."""
+        if self.cut is not None:
+            return self.cut
+        return int(self.encoder.in_file) if self.encoder is not None else 0
 
     def read_spilled(self, frame_index: int) -> np.ndarray:
         if self.spill_fd is None:
@@ -242,55 +254,9 @@ def _serve(
                 except Exception as exc:  # noqa: BLE001 - the episode fails, the worker goes on
                     failed[number] = f"{type(exc).__name__}: {exc}"
             elif kind == "frame":
-                frame_index, slot = command[2], command[3]
-                job = jobs.get(number)
-                teeing = False
-                try:
-                    if job is None:
-                        raise VideoEncodingError(failed.get(number, "not begun"))
-                    cut_asked = slot < 0 or int(header[HEADER_CUT_REQUEST]) == number
-                    if job.error is None and job.cut is None and cut_asked:
-                        events.put(("cut", number, job.cut_now()))
-                    if slot >= 0 and job.cut is not None:
-                        teeing = True
-                        job.tee(frame_index, ring[slot])
-                        teeing = False
-                    if job.error is None:
-                        job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
-                except Exception as exc:  # noqa: BLE001
-                    text = f"{type(exc).__name__}: {exc}"
-                    if job is not None:
-                        job.abort()
-                        if job.cut is not None and not teeing:
-                            job.error = text  # the spill must still get every later frame
-                        else:
-                            job.close_files()
-                            jobs.pop(number, None)
-                    if teeing:
-                        failed[number] = f"{SPILL_HOLES} from frame {frame_index} on ({text})"
-                    else:
-                        failed.setdefault(number, text)
-                finally:
-                    if slot >= 0:
-                        header[HEADER_RELEASED] += 1  # encoded (and teed): the slot is free
-                    header[HEADER_FRAMES_ENCODED] += 1
+                _frame(command, jobs, failed, header, ring, events)
             elif kind == "end":
-                job = jobs.pop(number, None)
-                if job is None or job.error is not None:
-                    if job is not None:
-                        job.close_files()
-                    events.put(("error", number, failed.pop(number, "not begun")))
-                    continue
-                try:
-                    frames = job.finish()
-                    if frames != command[2]:
-                        raise VideoEncodingError(f"encoded {frames} frames of {command[2]}")
-                    events.put(("done", number, frames))
-                except Exception as exc:  # noqa: BLE001
-                    job.abort()
-                    events.put(("error", number, f"{type(exc).__name__}: {exc}"))
-                finally:
-                    job.close_files()
+                _end(command, jobs, failed, events)
             elif kind == "abort":
                 job = jobs.pop(number, None)
                 failed.pop(number, None)
@@ -306,6 +272,72 @@ def _serve(
         shm.close()
 
 
+def _frame(
+    command: tuple[Any, ...],
+    jobs: dict[int, _Job],
+    failed: dict[int, str],
+    header: np.ndarray[Any, Any],
+    ring: np.ndarray[Any, Any],
+    events: _Events,
+) -> None:
+    """Encode (and tee into the spill, once cut) one frame, from its ring slot or the spill; a
+    failure fails that episode only, and the slot is released whatever happens."""
+    number, frame_index, slot = command[1], command[2], command[3]
+    job = jobs.get(number)
+    teeing = False
+    try:
+        if job is None:
+            raise VideoEncodingError(failed.get(number, "not begun"))
+        cut_asked = slot < 0 or int(header[HEADER_CUT_REQUEST]) == number
+        if job.error is None and job.cut is None and cut_asked:
+            events.put(("cut", number, job.cut_now()))
+        if slot >= 0 and job.cut is not None:
+            teeing = True
+            job.tee(frame_index, ring[slot])
+            teeing = False
+        if job.error is None:
+            job.encode(ring[slot] if slot >= 0 else job.read_spilled(frame_index))
+            header[HEADER_MUXED_JOB] = number
+            header[HEADER_MUXED] = job.muxed_here
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}"
+        if job is not None:
+            job.abort()
+            if job.cut is not None and not teeing:
+                job.error = text  # the spill must still get every later frame
+            else:
+                job.close_files()
+                jobs.pop(number, None)
+        if teeing:
+            failed[number] = f"{SPILL_HOLES} from frame {frame_index} on ({text})"
+        else:
+            failed.setdefault(number, text)
+    finally:
+        if slot >= 0:
+            header[HEADER_RELEASED] += 1  # encoded (and teed): the slot is free
+        header[HEADER_FRAMES_ENCODED] += 1
+
+
+def _end(command: tuple[Any, ...], jobs: dict[int, _Job], failed: dict[int, str], events: _Events) -> None:
+    number = command[1]
+    job = jobs.pop(number, None)
+    if job is None or job.error is not None:
+        if job is not None:
+            job.close_files()
+        events.put(("error", number, failed.pop(number, "not begun")))
+        return
+    try:
+        frames = job.finish()
+        if frames != command[2]:
+            raise VideoEncodingError(f"encoded {frames} frames of {command[2]}")
+        events.put(("done", number, frames))
+    except Exception as exc:  # noqa: BLE001
+        job.abort()
+        events.put(("error", number, f"{type(exc).__name__}: {exc}"))
+    finally:
+        job.close_files()
+
+
 def _open_dir(path: Path, moved: Path) -> int:
     """A directory fd on the episode's open directory or, if the commit renamed it already, the
     committed one (tried in turn: the rename can come in between)."""
@@ -316,18 +348,6 @@ def _open_dir(path: Path, moved: Path) -> int:
         except FileNotFoundError as exc:
             last = exc
     raise VideoEncodingError(f"{path}: neither it nor {moved} can be opened: {last}")
-
-
-def _die_with_parent() -> None:
-    """SIGKILL this worker when the writer dies: a reopened writer (or repair) finishes the
-    encode from the spill, and must not find this one still writing the same file."""
-    parent = os.getppid()
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(0)
 
 
 class _Events:

@@ -13,8 +13,8 @@ renumbered over. What a failed commit leaves depends on why it failed:
   staged videos, its encoded rows and sidecar stay in memory (a few kB per second of recording),
   and its future raises a :class:`DatasetError` that says so. A held episode is committed again,
   with the numbers it was given, before anything after it: at the next save, every few seconds
-  on its own once the file system has room again (:data:`RETRY_FIRST_S`, doubling to
-  :data:`RETRY_MAX_S`), by :meth:`Committer.retry` (``DatasetWriter.retry_failed``), and a last
+  on its own once the file system has room again (:class:`hilrec.daemon.backoff.Backoff`: 2 s,
+  doubling to a minute), by :meth:`Committer.retry` (``DatasetWriter.retry_failed``), and a last
   time at :meth:`Committer.stop` (``finalize``). A save queued while an episode is held waits
   behind it, held too (its future says which episode it waits for). Only ``stop`` gives up: the
   episodes still held then are *lost*, deleted with what they published, and :attr:`lost`
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Final
 
 from hilrec.daemon.atomic import temp_path
+from hilrec.daemon.backoff import Backoff
 from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.dataset.store.journal import Hook
 from hilrec.daemon.dataset.writer.encode import EncodedEpisode
@@ -48,8 +49,6 @@ log = logging.getLogger(__name__)
 # Episodes encoded but not yet durable before save_episode_nowait() waits for the commit thread.
 MAX_SAVES_IN_FLIGHT: Final[int] = 4
 # Held episodes are retried on their own after this long, then twice as long each time.
-RETRY_FIRST_S: Final[float] = 2.0
-RETRY_MAX_S: Final[float] = 60.0
 # A retry on its own is only tried when the file system has the episode's bytes plus this free.
 RETRY_SLACK_BYTES: Final[int] = 1024 * 1024
 
@@ -107,7 +106,7 @@ class Committer:
         self.lost: list[tuple[int, int, str]] = []
         self._held: list[PendingSave] = []  # in order; changed on the commit thread only
         self._held_lock = threading.Lock()
-        self._retry_delay = RETRY_FIRST_S
+        self._backoff = Backoff()  # its failures: the first hold, then each retry that failed
         self._hook = hook
         self._on_committed = on_committed
         self._saves: queue.Queue[PendingSave | _Retry | None] = queue.Queue()  # None stops it
@@ -159,7 +158,7 @@ class Committer:
     def _loop(self) -> None:
         while True:
             try:
-                item = self._saves.get(timeout=self._retry_delay if self._held else None)
+                item = self._saves.get(timeout=self._backoff.delay_s if self._held else None)
             except queue.Empty:
                 self._retry_on_its_own()
                 continue
@@ -242,6 +241,8 @@ class Committer:
     def _hold(self, save: PendingSave, reason: str) -> None:
         save.held = True
         save.reason = reason
+        if not self._held:  # the failure that starts the holding; the retries count on from it
+            self._backoff.failed()
         with self._held_lock:
             self._held.append(save)
         log.error("%s: episode %d is held for a retry: %s", self.root, save.index, reason)
@@ -255,7 +256,7 @@ class Committer:
                 self._write(save)
             except BaseException as exc:  # noqa: BLE001 - it stays held; the reason is reported
                 save.reason = _why(exc)
-                self._retry_delay = min(RETRY_MAX_S, self._retry_delay * 2)
+                self._backoff.failed()
                 return False
             with self._held_lock:
                 self._held.pop(0)
@@ -263,7 +264,7 @@ class Committer:
             if saved is not None:
                 saved.append(save.index)
             log.warning("%s: held episode %d is saved now", self.root, save.index)
-        self._retry_delay = RETRY_FIRST_S
+        self._backoff.succeeded()
         return True
 
     def _retry_on_its_own(self) -> None:

@@ -30,8 +30,9 @@ one thread per camera (``"thread"``, the default for the other codecs); ``HILREC
 chooses too. :meth:`DatasetWriter.video_backlog_s` says how far behind it is,
 :meth:`DatasetWriter.spill_problem` whether a new take may start.
 
-An episode that is open (frames added, not saved) when the process dies is dropped: its frames
-were never committed. ``hilrec repair`` reports it.
+An episode that is open (frames added, not saved) when the process dies keeps what its last
+checkpoint made durable, about a second behind (:mod:`.checkpoint`): ``hilrec repair`` saves
+that much of it, marked ``ended_by: crash`` (:mod:`.crashed`); reopening a root drops it.
 
 One writer per root: ``create`` and ``open`` take the root's exclusive lock
 (:class:`~.rootlock.RootLock`) before they touch anything in it, and the writer holds it until
@@ -86,6 +87,7 @@ from hilrec.daemon.dataset.writer.backlog import (
     VideoBacklog,
     encoder_mode,
 )
+from hilrec.daemon.dataset.writer.checkpoint import CHECKPOINT_EVERY_S
 from hilrec.daemon.dataset.writer.commit import Committer, PendingSave
 from hilrec.daemon.dataset.writer.encode import EpisodeEncoder, Numbering
 from hilrec.daemon.dataset.writer.episode import OpenEpisode
@@ -334,6 +336,20 @@ class DatasetWriter(WriterHealth):
         episode = self._episode or self._open_episode()
         episode.check_room()
         episode.add(values, task)
+        if episode.length - episode.checkpointed >= max(1, round(self.fps * CHECKPOINT_EVERY_S)):
+            try:
+                episode.checkpoint()
+            except OSError as exc:
+                # The take goes on (its save does not need the checkpoint); a crash now would
+                # cost more than a second of it, which the log says.
+                log.warning("%s: episode %d: checkpoint failed: %s", self.root, episode.index, exc)
+
+    @property
+    def durable_frames(self) -> int:
+        """Frames of the open take a crash now would keep (see :mod:`.checkpoint`); 0 when no
+        take is open. Safe from any thread."""
+        episode = self._episode
+        return episode.durable_frames if episode is not None else 0
 
     def save_episode(
         self, *, sidecar: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarray] | None = None

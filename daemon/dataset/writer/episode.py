@@ -48,6 +48,7 @@ from hilrec.daemon.dataset.video.spill import (
     spill_name,
     write_spill_meta,
 )
+from hilrec.daemon.dataset.writer.checkpoint import sync_video, write_rows
 from hilrec.daemon.dataset.writer.reserve import TakeReserve
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -101,6 +102,9 @@ class OpenEpisode:
         self.videos: dict[str, VideoSummary] | None = None
         # The room held back for this take's save (see .reserve); set by start().
         self.reserve: TakeReserve | None = None
+        # Rows checkpointed (see .checkpoint), and the frames a crash would keep of the take.
+        self.checkpointed = 0
+        self.durable_frames = 0
 
     @classmethod
     def start(
@@ -328,6 +332,27 @@ class OpenEpisode:
         for column in self.values.values():
             column.clear()
         self.samplers.clear()
+
+    def checkpoint(self) -> None:
+        """Make the frames so far durable (see :mod:`.checkpoint`): the rows since the last
+        checkpoint, then every camera's mp4 (and spill) fsynced. Writer thread only."""
+        n = self.length
+        videos: list[int] = []
+        for encoder in self.encoders.values():
+            in_file = encoder.frames_in_file  # before the fsync: all of these are then durable
+            sync_video(encoder.path)
+            videos.append(in_file)
+        for key, worker in self.workers.items():
+            muxed = worker.muxed_of(self.index)
+            self.spills[key].sync()
+            sync_video(self.directory / journal.video_file_name(key))
+            videos.append(self.durable_frames if muxed is None else muxed)
+        if n > self.checkpointed:
+            first = self.checkpointed
+            columns = {key: column[first:n] for key, column in self.values.items()}
+            write_rows(self.directory, first, columns, self.tasks[first:n])
+            self.checkpointed = n
+        self.durable_frames = min([self.checkpointed, *videos])
 
     def check_room(self) -> None:
         """Raise :class:`DiskFullError` when the disk cannot take this episode's next frame and

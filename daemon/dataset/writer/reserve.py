@@ -74,7 +74,12 @@ class TakeReserve:
             try:
                 self._grow(target)
             except OSError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                if exc.errno == errno.EFBIG:
+                    # A limit on one file's size (RLIMIT_FSIZE), not a lack of room: the take
+                    # goes on without the reserve, as a writer did before there was one.
+                    self._grown_at = length
+                    return
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
                 raise DiskFullError(
                     self._ended(root, index, length, f"{size_text(target)} cannot be held back for its save")
