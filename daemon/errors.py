@@ -226,3 +226,10 @@ class ReplayError(HilrecError):
 
 class FanoutError(HilrecError):
     """Per-episode tasks cannot be handed out: Ray missing or unreachable, a bad worker count."""
+
+
+# --- policies ----------------------------------------------------------------------------------
+
+
+class PolicyError(HilrecError):
+    """A policy cannot drive: its process died, or it could not be loaded or asked."""

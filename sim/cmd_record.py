@@ -16,9 +16,11 @@ from pathlib import Path
 
 from hilrec.daemon.config import flag_errors
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.policy.record import TakeoverMode
 from hilrec.daemon.text import DEFAULT_TASK
 from hilrec.sim.bimanual_scene import BIMANUAL_TASK, BimanualSceneConfig
 from hilrec.sim.recorder import RecordConfig, record
+from hilrec.sim.rollout import RolloutConfig
 from hilrec.sim.scene import SceneConfig
 
 
@@ -107,6 +109,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="record the seeds as Ray tasks on the cluster at ADDRESS (host:port, or 'auto'); "
         "needs pip install hilrec[ray] on every node",
     )
+    parser.add_argument(
+        "--policy",
+        default=None,
+        metavar="SPEC",
+        help="a policy drives instead of the scripted operator: a LeRobot pretrained directory with "
+        "its processors, or module:function, as hilrec eval takes it (asked in line, each frame)",
+    )
+    parser.add_argument(
+        "--takeover",
+        choices=("expert", "off"),
+        default="expert",
+        help="with --policy: the scripted operator takes over when the policy strays from it "
+        "(expert, default), or never (off)",
+    )
+    parser.add_argument(
+        "--takeover-threshold",
+        type=float,
+        default=RolloutConfig.threshold,
+        metavar="UNITS",
+        help=f"largest joint gap between the policy's goal and the expert's that counts as straying "
+        f"(LeRobot units; default {RolloutConfig.threshold:g})",
+    )
+    parser.add_argument(
+        "--takeover-ticks",
+        type=int,
+        default=RolloutConfig.ticks,
+        metavar="K",
+        help=f"frames in a row of straying before the expert takes over (default {RolloutConfig.ticks})",
+    )
+    parser.add_argument(
+        "--max-relative-target",
+        type=float,
+        default=RolloutConfig.max_relative_target,
+        metavar="UNITS",
+        help="with --policy: the per-frame clamp of a policy goal around the observed joints "
+        f"(default {RolloutConfig.max_relative_target:g})",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.set_defaults(func=run)
     return parser
@@ -145,6 +184,10 @@ _FLAGS = {
     "size": "--size",
     "scene": "--timestep",
     "realtime": "--realtime",
+    "policy": "--policy",
+    "takeover_ticks": "--takeover-ticks",
+    "takeover_threshold": "--takeover-threshold",
+    "max_relative_target": "--max-relative-target",
 }
 
 
@@ -155,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("workers", f"must be at least 1, got {args.workers}")
         if args.ray is not None and args.workers != 1:
             raise ConfigError("ray", "Ray chooses how many tasks run at once; give --ray or --workers")
+        rollout = _rollout(args)
+        if rollout is not None and (args.workers != 1 or args.ray is not None):
+            raise ConfigError("policy", "a policy records in this process; leave out --workers and --ray")
         # record() refuses a non-empty root without --resume, and a mismatching one with it.
         config = RecordConfig(
             root=args.root,
@@ -170,10 +216,29 @@ def run(args: argparse.Namespace) -> int:
             scene=(SceneConfig if args.arms == 1 else BimanualSceneConfig)(timestep=args.timestep),
             realtime=args.realtime,
             video_codec=args.video_codec,
+            rollout=rollout,
         )
         if args.workers == 1 and args.ray is None:
             return _record_here(config, progress=args.progress)
         return _record_fanned(config, workers=args.workers, ray_address=args.ray, progress=args.progress)
+
+
+def _rollout(args: argparse.Namespace) -> RolloutConfig | None:
+    if args.policy is None:
+        return None
+    if args.takeover_ticks < 1:
+        raise ConfigError("takeover_ticks", f"must be at least 1, got {args.takeover_ticks}")
+    if not args.takeover_threshold > 0:
+        raise ConfigError("takeover_threshold", f"must be positive, got {args.takeover_threshold}")
+    if not args.max_relative_target > 0:
+        raise ConfigError("max_relative_target", f"must be positive, got {args.max_relative_target}")
+    return RolloutConfig(
+        policy=args.policy,
+        takeover=TakeoverMode(args.takeover),
+        threshold=args.takeover_threshold,
+        ticks=args.takeover_ticks,
+        max_relative_target=args.max_relative_target,
+    )
 
 
 def _record_here(config: RecordConfig, *, progress: bool) -> int:

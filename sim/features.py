@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hilrec.daemon.errors import FeatureSpecError
+from hilrec.daemon.policy.record import INTERVENTION_KEY
 from hilrec.daemon.so101 import (
     ACTION_KEY,
     IMAGE_PREFIX,
@@ -34,6 +35,17 @@ def check_measurable(features: Mapping[str, Mapping[str, Any]], *, arms: int = 1
     for key, spec in features.items():
         if key == ACTION_KEY:
             _check_positions(key, spec, arms)
+            continue
+        if key == INTERVENTION_KEY:
+            # Allowed by name: whether a person had the arm is known on the bench as it happens
+            # (the takeover key, the leader), not an oracle of the simulator; LeRobot 0.6.1's
+            # rollouts write it, so training code reads it unchanged.
+            if spec.get("dtype") != "bool" or list(spec.get("shape", [])) != [1]:
+                raise FeatureSpecError(
+                    key,
+                    f"is bool [1] as LeRobot writes it, got dtype {spec.get('dtype')!r} "
+                    f"shape {spec.get('shape')}",
+                )
             continue
         if not key.startswith(OBSERVATION_PREFIX):
             continue

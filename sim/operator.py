@@ -189,6 +189,29 @@ class ScriptedOperator:
         self.replans.append(frame_index)
         return True
 
+    def take_over(self, frame_index: int, leader_units: np.ndarray, position: np.ndarray, yaw: float) -> bool:
+        """Take the arm at ``frame_index`` from wherever its goal is (``leader_units``: the goal
+        sent last, where a leader following the follower would be) with the cube at
+        ``position``/``yaw``: the rest of the episode is planned from there, so the first goal
+        of the takeover is one smooth step from the last. False (the plan unchanged) when the
+        cube is out of reach from there."""
+        plan = self._require_plan()
+        cube = CubePlacement(x=float(position[0]), y=float(position[1]), yaw=yaw, z=self.scene.cube_half_size)
+        try:
+            fresh = self._planned(cube, np.asarray(leader_units, dtype=np.float32), home=plan.home)
+        except SimError:
+            return False
+        offset = frame_index - 1
+        self._plan = Plan(
+            waypoints=fresh.waypoints,
+            path=np.concatenate([plan.path[:frame_index], fresh.path[1:]]),
+            phase_starts={k: v + offset for k, v in fresh.phase_starts.items()},
+            cube=cube,
+            home=plan.home,
+        )
+        self.replans.append(frame_index)
+        return True
+
     # --- planning -----------------------------------------------------------------------------
 
     def _require_plan(self) -> Plan:

@@ -23,6 +23,7 @@ import numpy as np
 
 from hilrec.daemon.dataset import FrameSink, holds_nothing
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.policy.driver import PolicyDriver
 from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, STATE_KEY, robot_type
 from hilrec.daemon.text import DEFAULT_TASK, task_problem
 from hilrec.sim.bimanual_operator import make_operator
@@ -37,8 +38,9 @@ from hilrec.sim.episode import (
     pushes_by_frame,
 )
 from hilrec.sim.features import sim_features
-from hilrec.sim.operator import OperatorConfig
+from hilrec.sim.operator import OperatorConfig, ScriptedOperator
 from hilrec.sim.provenance import dataset_provenance
+from hilrec.sim.rollout import RolloutConfig, run_policy_episode
 from hilrec.sim.scene import SceneConfig, Visual, camera_problem
 from hilrec.sim.twin import EpisodeStart, Twin
 
@@ -89,8 +91,12 @@ class RecordConfig:
     render_quality: Visual = "fast"
     scene: SceneConfig = field(default_factory=SceneConfig)
     operator: OperatorConfig = field(default_factory=OperatorConfig)
+    # A policy drives, the scripted operator takes over as the expert (hilrec.sim.rollout).
+    rollout: RolloutConfig | None = None
 
     def validate(self) -> None:
+        if self.rollout is not None and self.scene.arms != 1:
+            raise ConfigError("policy", "a policy rollout in the twin drives one arm; two arms are not yet")
         if self.episodes < 1:
             raise ConfigError("episodes", f"must be at least 1, got {self.episodes}")
         if self.seed < 0:
@@ -291,7 +297,7 @@ def record(
     from hilrec.daemon.dataset import update_dataset_sidecar
 
     cameras = dict.fromkeys(config.cameras, config.image_size)
-    features = sim_features(cameras, arms=config.scene.arms)
+    features = sim_features(cameras, extra=rollout_features(config), arms=config.scene.arms)
     resuming = check_root(config, features)
     if sink_factory is None or resuming:
         from hilrec.daemon.dataset import DatasetWriter
@@ -308,7 +314,11 @@ def record(
     held: contextlib.AbstractContextManager[Twin] = (
         contextlib.nullcontext(twin) if twin is not None else twin_for(config)
     )
-    with held as live:
+    # Loaded before the dataset is touched: a policy that cannot load leaves no empty root.
+    driver = policy_driver(config)
+    with contextlib.ExitStack() as closing, held as live:
+        if driver is not None:
+            closing.callback(driver.close)
         sink = sink_factory(
             config.root,
             fps=config.fps,
@@ -330,7 +340,7 @@ def record(
             )
             bar = progress_bar(config.episodes, enabled=progress)
             try:
-                _record_episodes(config, live, sink, summary, bar)
+                _record_episodes(config, live, sink, summary, bar, driver)
             finally:
                 bar.close()
     summary.wall_seconds = time.perf_counter() - began
@@ -414,8 +424,74 @@ def _reopen(root: Path, *, merge_interval_s: float, video_codec: str, **_same: A
     return DatasetWriter.open(root, video_codec=video_codec, merge_interval_s=merge_interval_s)
 
 
+def rollout_features(config: RecordConfig) -> dict[str, dict[str, Any]]:
+    """The features a rollout adds: LeRobot 0.6.1's ``intervention`` column."""
+    if config.rollout is None:
+        return {}
+    from hilrec.daemon.policy.record import INTERVENTION_KEY, intervention_feature
+
+    return {INTERVENTION_KEY: intervention_feature()}
+
+
+def policy_driver(config: RecordConfig) -> PolicyDriver | None:
+    """The policy of ``config.rollout``, asked in line (deterministic, faster than real time)."""
+    if config.rollout is None:
+        return None
+    from hilrec.daemon.policy.load import load_policy
+    from hilrec.daemon.policy.runner import InlineRunner
+
+    return PolicyDriver(InlineRunner(load_policy(config.rollout.policy)))
+
+
+def policy_recorded(
+    twin: Twin,
+    operator: ScriptedOperator,
+    sink: FrameSink,
+    driver: PolicyDriver,
+    config: RecordConfig,
+    seed: int,
+) -> RecordedEpisode:
+    """One rollout episode in the twin, with its sidecar (the rollout's record in it)."""
+    assert config.rollout is not None
+    played, start = run_policy_episode(
+        twin, operator, sink, driver, config.rollout, seed=seed, task=config.task, push_rate=config.push_rate
+    )
+    sidecar = episode_sidecar(
+        twin,
+        start,
+        seed=seed,
+        pushes=played.pushes,
+        push_rate=config.push_rate,
+        outcome=played.outcome.to_dict(),
+        contacts=played.tally.summary(),
+        phases=operator.phase_starts,
+        replans=operator.replans,
+        clipped=twin.clipped_commands,
+    )
+    sidecar["sim"]["leader"] = f"policy, scripted expert ({config.rollout.takeover})"
+    sidecar["rollout"] = {
+        **played.log.summary(),
+        "takeover": str(config.rollout.takeover),
+        "takeover_threshold": config.rollout.threshold,
+        "takeover_ticks": config.rollout.ticks,
+        "outcome": "success" if played.outcome.success else "failure",
+    }
+    return RecordedEpisode(
+        seed=seed,
+        frames=played.frames,
+        success=played.outcome.success,
+        sidecar=sidecar,
+        arrays={"initial_state": start.state, **played.log.arrays()},
+    )
+
+
 def _record_episodes(
-    config: RecordConfig, twin: Twin, sink: FrameSink, summary: RecordSummary, bar: Progress
+    config: RecordConfig,
+    twin: Twin,
+    sink: FrameSink,
+    summary: RecordSummary,
+    bar: Progress,
+    driver: PolicyDriver | None = None,
 ) -> None:
     pacer = Pacer(config.fps) if config.realtime else None
     save_nowait = getattr(sink, "save_episode_nowait", None)
@@ -431,9 +507,13 @@ def _record_episodes(
         operator = make_operator(
             seed, fps=config.fps, scene=config.scene, config=config.operator, units=twin.units
         )
-        episode = run_episode(
-            twin, operator, sink, seed=seed, task=config.task, push_rate=config.push_rate, pacer=pacer
-        )
+        if driver is not None:
+            assert isinstance(operator, ScriptedOperator)  # one arm: RecordConfig.validate
+            episode = policy_recorded(twin, operator, sink, driver, config, seed)
+        else:
+            episode = run_episode(
+                twin, operator, sink, seed=seed, task=config.task, push_rate=config.push_rate, pacer=pacer
+            )
         if save_nowait is None:
             count(episode, sink.save_episode(sidecar=episode.sidecar, arrays=episode.arrays))
             continue

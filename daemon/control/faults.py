@@ -24,6 +24,7 @@ class FaultKind(StrEnum):
     SPILL_FULL = "spill_full"  # the video spill reached its disk bound: the take ended there
     DISK_FULL = "disk_full"  # the dataset's disk filled during a take: the take ended there, saved
     LOOP = "loop"  # the loop itself died; only status and shutdown are served after it
+    POLICY = "policy"  # the policy cannot drive (its process died): the follower holds
 
 
 @dataclass(frozen=True)

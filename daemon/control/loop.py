@@ -46,6 +46,7 @@ from hilrec.daemon.errors import (
     CameraError,
     CameraStalledError,
     DeviceError,
+    PolicyError,
     PortGoneError,
     WriterStalledError,
 )
@@ -89,6 +90,12 @@ class ControlLoop:
         self.skipped_slots = 0
         self.last_tick: dict[str, Any] = {}
         self.crashed: str | None = None
+        # A policy leader (control.rollout) is shown the cameras' images before it is read.
+        self._sees: Callable[[Mapping[str, np.ndarray]], None] | None = getattr(rig.leader, "see", None)
+        # ...and says what a frame's features are when its read failed (who has the arm).
+        self._features: Callable[[], Mapping[str, np.ndarray] | None] = getattr(
+            rig.leader, "frame_features", lambda: None
+        )
         # The leader's reading thread (see the module docstring), made at the first tick that
         # needs it, on the loop thread.
         self._leader_pool: ThreadPoolExecutor | None = None
@@ -133,6 +140,8 @@ class ControlLoop:
         images, flags = self._read_cameras(flags)
         tick.observed = time.monotonic()
 
+        if images is not None and self._sees is not None:
+            self._sees(images)  # a policy looks at the same images the frame records
         leader, flags, leader_s = self._read_leader(measured, flags, early)
         tick.leader_read = time.monotonic()
         if early is not None:
@@ -140,6 +149,8 @@ class ControlLoop:
             tick.bus_s = max(follower_done - reads_start, leader_s)
         else:
             tick.bus_s = (follower_done - reads_start) + leader_s
+        if leader is not None and leader.flags:
+            flags |= FrameFlag(leader.flags)
 
         goal = leader.values if leader is not None else self._hold_target(measured)
         sent, flags = self._command(goal, flags)
@@ -152,7 +163,8 @@ class ControlLoop:
         recorded = False
         frame_index = self.session.frame_index
         if self.session.recording and row is not None and images is not None:
-            recorded = self._hand_off(row[0], row[1], images)
+            features = leader.features if leader is not None else self._features()
+            recorded = self._hand_off(row[0], row[1], images, features)
 
         twin = (
             self.rig.mirror.follow(measured) if self.rig.mirror is not None and measured is not None else None
@@ -283,10 +295,18 @@ class ControlLoop:
 
     # --- 4. hand-off ---------------------------------------------------------------------------
 
-    def _hand_off(self, measured: np.ndarray, sent: np.ndarray, images: Mapping[str, np.ndarray]) -> bool:
+    def _hand_off(
+        self,
+        measured: np.ndarray,
+        sent: np.ndarray,
+        images: Mapping[str, np.ndarray],
+        features: Mapping[str, np.ndarray] | None = None,
+    ) -> bool:
         frame: dict[str, Any] = {STATE_KEY: measured, ACTION_KEY: sent, "task": self.session.task}
         for name, image in images.items():
             frame[IMAGE_PREFIX + name] = image
+        if features:
+            frame.update(features)
         try:
             self.session.hand_off(frame)
         except WriterStalledError as exc:
@@ -316,6 +336,9 @@ class ControlLoop:
             return None
         except DeviceError as exc:
             self._fault(FaultKind.DEVICE_FAULT, device, str(exc))
+            return None
+        except PolicyError as exc:  # the policy's process died: hold, and say why
+            self._fault(FaultKind.POLICY, device, str(exc))
             return None
         self._failures[device] = 0
         # The device answered, so the faults of a failing device clear; a leader that answered

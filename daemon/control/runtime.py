@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,10 @@ from hilrec.daemon.control.rig import Rig, RigFactory
 from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
+from hilrec.daemon.policy.record import ControlSource
 from hilrec.daemon.so101 import ROBOT_TYPE
 from hilrec.daemon.wire.display_child import DisplayChild, no_screen, settings_argv
-from hilrec.daemon.wire.protocol import CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
+from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.wire.root import check_root, daemon_features
 from hilrec.daemon.wire.security import Security, endpoint
 from hilrec.daemon.wire.server import ControlServer
@@ -50,6 +52,10 @@ log = logging.getLogger(__name__)
 LOOP_STOP_TIMEOUT_S = 10.0
 FINALIZE_TIMEOUT_S = 600.0
 VERDICT_DRAIN_S = 30.0  # at shutdown, how long the last takes' verdicts may still take
+
+
+# The rollout's switch requests, and who has the arm after each.
+SWITCHES = {"takeover": ControlSource.HUMAN, "handback": ControlSource.POLICY}
 
 
 class LoopThread:
@@ -189,13 +195,18 @@ class Daemon:
             # The video backlog rides on every tick's telemetry (the publisher reads it, not the loop).
             self.telemetry.tick_fields = self.session.tick_fields
             factory = self._rig_factory_for(s, context, security)
+            if s.policy.spec:
+                from hilrec.daemon.control.rollout import rollout_factory
+
+                factory = rollout_factory(factory, s.policy)
             sys.setswitchinterval(s.loop.switch_interval_ms / 1000.0)
             self.loop_thread = LoopThread(
                 factory, self._make_loop, self.session, realtime_priority=s.loop.realtime_priority
             )
             # Devices first: a rig that cannot start leaves no dataset behind. Nothing is handed
             # to the writer before start_episode, which needs the control server (below).
-            self.loop_thread.start()
+            # A policy loads in its own process while the rig starts, and may take its own time.
+            self.loop_thread.start(60.0 + (s.policy.load_timeout_s if s.policy.spec else 0.0))
             stack.callback(self.loop_thread.stop, "startup failed", LOOP_STOP_TIMEOUT_S)
             self.recorder.start()
             stack.callback(self.recorder.close, 30.0)
@@ -396,7 +407,7 @@ class Daemon:
                 "only status and shutdown are served",
                 CODE_FAULT,
             )
-        future = self.session.submit(request)
+        future = self._switch(request.cmd) if request.cmd in SWITCHES else self.session.submit(request)
         timeout = self.settings.zmq.apply_timeout_ms / 1000.0
         try:
             return future.result(timeout=timeout)
@@ -411,6 +422,17 @@ class Daemon:
             raise
         except DatasetStateError as exc:
             raise RequestRefusedError(str(exc), CODE_FAULT) from None
+
+    def _switch(self, cmd: str) -> Future[dict[str, Any]]:
+        """``takeover`` / ``handback``: queued for the rollout's next tick edge."""
+        from hilrec.daemon.control.rollout import RolloutLeader
+
+        leader = self.loop_thread.rig.leader if self.loop_thread.rig is not None else None
+        if not isinstance(leader, RolloutLeader):
+            raise RequestRefusedError(
+                f"{cmd}: no policy drives here ([policy] spec is empty)", CODE_BAD_STATE
+            )
+        return leader.request(SWITCHES[cmd])
 
     def _loop_problem(self) -> str:
         loop = self.loop_thread.loop

@@ -348,7 +348,14 @@ class Session:
         }
         try:
             if save:
+                # A rollout's per-frame record (control.rollout) rides beside the tick timing.
+                end_record = getattr(self.hooks, "end_record", None)
+                more: dict[str, np.ndarray] = {}
+                if end_record is not None:
+                    fields, more = end_record(episode.frames)
+                    outcome = {**outcome, **fields}
                 sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
+                arrays = {**arrays, **more}
                 future = self._recorder.save(sidecar=sidecar, arrays=arrays)
                 self._saves_queued += 1
                 index, frames = episode.index, episode.frames

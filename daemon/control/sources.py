@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,6 +36,10 @@ class JointReading:
 
     values: np.ndarray  # float32 (6,)
     retries: int = 0
+    # A policy's marks on this tick (FrameFlag bits) and the dataset features it adds to the
+    # frame (``intervention``); a leader arm has neither.
+    flags: int = 0
+    features: Mapping[str, np.ndarray] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""``hilrec ctl status|start|stop|discard|finalize|shutdown``: talk to a running daemon.
+"""``hilrec ctl status|start|stop|discard|finalize|shutdown|takeover|handback``: talk to a running
+daemon (``takeover`` / ``handback``: a person takes the arm from the policy, and gives it back).
 
 Prints the daemon's JSON reply. ``--config FILE`` takes the host, control port and CURVE key
 from the daemon's config ([zmq]), as ``ui``, ``display`` and ``collect`` do. Exit status: 0 when
@@ -30,6 +31,8 @@ VERBS: dict[str, str] = {
     "discard": "discard_episode",
     "finalize": "finalize",
     "shutdown": "shutdown",
+    "takeover": "takeover",
+    "handback": "handback",
 }
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3

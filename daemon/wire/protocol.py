@@ -85,6 +85,10 @@ COMMANDS: Final[dict[str, dict[str, tuple[tuple[type, ...], bool]]]] = {
     "discard_episode": {},
     "finalize": {},
     "shutdown": {},
+    # A rollout's switches (hilrec ctl takeover / handback, space in hilrec rollout): a person
+    # takes the arm from the policy, and gives it back.
+    "takeover": {},
+    "handback": {},
 }
 _ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"v", "id", "cmd"})
 

@@ -11,13 +11,18 @@ from typing import Any
 
 from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.policy.record import INTERVENTION_KEY, intervention_feature
 from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
 from hilrec.daemon.wire.settings import DaemonSettings
 
 
 def daemon_features(settings: DaemonSettings) -> dict[str, Any]:
-    """The features of the dataset a daemon of these settings records."""
-    return so101_features({name: (cam.height, cam.width) for name, cam in settings.cameras.items()})
+    """The features of the dataset a daemon of these settings records (with a policy, LeRobot
+    0.6.1's ``intervention`` column too)."""
+    features = so101_features({name: (cam.height, cam.width) for name, cam in settings.cameras.items()})
+    if settings.policy.spec:
+        features[INTERVENTION_KEY] = intervention_feature()
+    return features
 
 
 def check_settings_root(settings: DaemonSettings, *, resume: bool) -> bool:

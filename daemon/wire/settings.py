@@ -17,6 +17,7 @@ from typing import Literal
 from hilrec.daemon.config import from_mapping, load_toml, read_toml
 from hilrec.daemon.dataset import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
 from hilrec.daemon.errors import ConfigError
+from hilrec.daemon.policy.record import TakeoverMode
 from hilrec.daemon.so101 import BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
 from hilrec.drivers.calibration import DEFAULT_ARM_IDS
@@ -289,6 +290,35 @@ class DisplaySettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicySettings:
+    """``[policy]``: a policy drives the follower (``hilrec rollout``); empty ``spec``: none."""
+
+    spec: str = ""  # a LeRobot pretrained directory, or module:function, as hilrec eval takes it
+    takeover: TakeoverMode = TakeoverMode.KEY
+    # --takeover leader: the leader this far from the follower (LeRobot units, the largest joint).
+    leader_threshold: float = 15.0
+    # --takeover expert (the scripted hand): the policy this far from it for expert_ticks ticks.
+    expert_threshold: float = 8.0
+    expert_ticks: int = 5
+    # On by default for policies: a policy goal moves at most this far from the present position
+    # per tick (the same GoalLimits clamp as every goal), and a switch steps no further.
+    max_relative_target: float = 6.0
+    device: str = "cpu"
+    threads: int = 1  # torch's intra-op threads in the policy's process
+    # Seconds a policy may take to load in its own process before the daemon gives up.
+    load_timeout_s: float = 120.0
+
+    def validate(self) -> None:
+        for key in ("leader_threshold", "expert_threshold", "max_relative_target", "load_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(key, f"must be positive, got {getattr(self, key)}")
+        if self.threads < 1:
+            raise ConfigError("threads", f"must be at least 1, got {self.threads}")
+        if self.expert_ticks < 1:
+            raise ConfigError("expert_ticks", f"must be at least 1, got {self.expert_ticks}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DaemonSettings:
     mode: Mode
     fps: int = 25
@@ -305,6 +335,7 @@ class DaemonSettings:
     emulated: EmulatedSettings = field(default_factory=EmulatedSettings)
     ui: UiSettings = field(default_factory=UiSettings)
     display: DisplaySettings = field(default_factory=DisplaySettings)
+    policy: PolicySettings = field(default_factory=PolicySettings)
 
     @property
     def period_s(self) -> float:

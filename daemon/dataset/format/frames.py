@@ -30,6 +30,8 @@ class FrameFlag(enum.IntFlag):
     LATE = 1 << 8  # the tick started after its deadline by more than the jitter budget
     SKIPPED = 1 << 9  # one or more whole tick slots were missed before this tick
     OVERRUN = 1 << 10  # the tick's work ran past the next deadline
+    STARVED = 1 << 11  # a policy drove and had no goal due this tick: the follower held its last goal
+    POLICY_REFUSED = 1 << 12  # a policy's answer arrived refused (NaN, wrong shape, out of range)
 
 
 def flag_names(flags: int) -> list[str]:

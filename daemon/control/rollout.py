@@ -1,0 +1,342 @@
+"""A policy drives the follower in the daemon's loop, and a person takes over and hands back.
+
+With ``[policy] spec`` set, the rig's leader becomes a :class:`RolloutLeader`: to the loop it is
+one more leader (:class:`~hilrec.daemon.control.sources.Leader`), read once per tick, that never
+blocks. Each tick it feeds the policy's process the observation and the images (newest wins,
+:mod:`hilrec.daemon.policy.runner`), takes the goal due from the newest chunk, and reads the
+human's leader as well, so that:
+
+- while the policy drives, its goal goes through the same :class:`~hilrec.daemon.goals.GoalLimits`
+  clamp as every goal, with ``max_relative_target`` on around the present position; when none is
+  due the follower holds its last goal and the tick is marked ``STARVED``; an answer refused
+  (NaN, wrong shape, 1e6) is counted, marked ``POLICY_REFUSED`` and sent nowhere;
+- ``takeover`` / ``handback`` (``hilrec ctl``, space in ``hilrec rollout``) switch at a tick
+  edge; ``takeover = "leader"`` also switches when the leader is moved away from the follower by
+  ``leader_threshold``, ``"expert"`` when the policy strays from the scripted hand; on handback
+  the policy restarts from the present observation;
+- after a switch the goal moves at most ``max_relative_target`` per tick from the goal sent last
+  until it has caught up, so no switch jumps; each switch's step is measured from the goals
+  actually sent (:class:`RolloutFollower` sees them) and recorded;
+- the policy's process dying is a ``PolicyError``, which the loop turns into a ``policy`` fault:
+  the take is saved, the arm holds, and the fault says why.
+
+The frame gets the ``intervention`` feature; the per-frame record and the summary go beside
+the episode (:class:`~hilrec.daemon.policy.record.RolloutLog`) through :class:`RolloutHooks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hilrec.daemon.control.rig import EpisodeHooks, Rig, RigFactory
+from hilrec.daemon.control.sources import Follower, JointReading, Leader, WriteResult
+from hilrec.daemon.dataset import FrameFlag
+from hilrec.daemon.errors import RequestRefusedError
+from hilrec.daemon.goals import GoalLimits
+from hilrec.daemon.policy.chunks import PLAUSIBLE_UNITS
+from hilrec.daemon.policy.driver import PolicyDriver
+from hilrec.daemon.policy.record import (
+    INTERVENTION_KEY,
+    ControlSource,
+    ExpertWatch,
+    RolloutLog,
+    TakeoverMode,
+)
+from hilrec.daemon.policy.runner import ProcessRunner
+from hilrec.daemon.so101 import IMAGE_PREFIX, NUM_JOINTS, STATE_KEY
+from hilrec.daemon.wire.protocol import CODE_BAD_STATE
+
+if TYPE_CHECKING:
+    from hilrec.daemon.wire.settings import PolicySettings
+
+_TASK_KEY = "task"
+_NO_GOAL = np.full(NUM_JOINTS, np.nan, dtype=np.float32)
+
+
+@dataclass
+class _Frame:
+    source: ControlSource
+    proposed: np.ndarray | None
+    age: int
+    fresh: bool
+    latency_s: float
+    starved: bool
+    sent: np.ndarray | None = None
+
+
+class RolloutLeader:
+    """The policy, and the human's leader beside it; see the module's text."""
+
+    def __init__(self, human: Leader, driver: PolicyDriver, settings: PolicySettings) -> None:
+        self.human = human
+        self.driver = driver
+        self.settings = settings
+        self.mode = TakeoverMode(settings.takeover)
+        self.max_step = float(settings.max_relative_target)
+        step = np.full(NUM_JOINTS, self.max_step, dtype=np.float64)
+        bound = np.full(NUM_JOINTS, PLAUSIBLE_UNITS, dtype=np.float32)
+        self._limits = GoalLimits(-bound, bound, step)
+        self._watch = ExpertWatch(threshold=settings.expert_threshold, ticks=settings.expert_ticks)
+        self.description = f"policy {driver.name} (takeover {self.mode}); human: {human.description}"
+        self.source = ControlSource.POLICY
+        self._lock = threading.Lock()
+        self._requests: list[tuple[ControlSource, Future[dict[str, Any]]]] = []
+        self._images: Mapping[str, np.ndarray] = {}
+        self._tick = 0
+        self._frame: int | None = None
+        self._frames: dict[int, _Frame] = {}
+        self._last_sent: np.ndarray | None = None
+        self._catching_up = False
+        self.takeovers = 0
+        self.starved = 0
+        self.fresh_chunks = 0
+
+    # --- control thread ------------------------------------------------------------------------
+
+    def request(self, to: ControlSource) -> Future[dict[str, Any]]:
+        """Queue a switch for the next tick edge; the future resolves when it is applied."""
+        if self.mode == TakeoverMode.OFF and to == ControlSource.HUMAN:
+            raise RequestRefusedError("takeover is off in [policy]: the policy keeps the arm", CODE_BAD_STATE)
+        future: Future[dict[str, Any]] = Future()
+        with self._lock:
+            self._requests.append((to, future))
+        return future
+
+    # --- loop thread ---------------------------------------------------------------------------
+
+    def see(self, images: Mapping[str, np.ndarray]) -> None:
+        self._images = images
+
+    def begin_episode(self) -> None:
+        self._frames = {}
+        self._switch(ControlSource.POLICY, restart=True)
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        self._apply_requests(frame_index)
+        human = self.human.read(frame_index, observation)
+        features = {STATE_KEY: observation, _TASK_KEY: ""}
+        for name, image in self._images.items():
+            features[IMAGE_PREFIX + name] = image
+        step = self.driver.step(self._tick, features)  # a dead policy raises: the loop's fault
+        self._tick += 1
+        flags = FrameFlag(0)
+        if step.refused:
+            flags |= FrameFlag.POLICY_REFUSED
+        if self.source == ControlSource.POLICY and self._should_take_over(step.goal, human, observation):
+            self._switch(ControlSource.HUMAN)
+        hold = self._last_sent if self._last_sent is not None else observation
+        starved = False
+        if self.source == ControlSource.POLICY:
+            if step.goal is None:
+                starved = True
+                flags |= FrameFlag.STARVED
+                goal = hold
+            else:
+                goal, _ = self._limits.clamp(step.goal, observation)
+        elif human is None:
+            flags |= FrameFlag.LEADER_STALE
+            goal = hold
+        else:
+            goal = human.values
+        goal = self._catch_up(goal)
+        self.starved += starved
+        self.fresh_chunks += step.fresh
+        self._frame = frame_index
+        if frame_index is not None:
+            # Kept by frame index: a tick whose frame was not recorded is overwritten by the next.
+            self._frames[frame_index] = _Frame(
+                source=self.source,
+                proposed=step.goal,
+                age=step.age,
+                fresh=step.fresh,
+                latency_s=step.latency_s,
+                starved=starved,
+            )
+        return JointReading(
+            np.asarray(goal, dtype=np.float32),
+            human.retries if human is not None else 0,
+            flags=int(flags),
+            features=self.frame_features(),
+        )
+
+    def frame_features(self) -> dict[str, np.ndarray]:
+        """The features a frame gets from the rollout (also when the leader's read failed)."""
+        return {INTERVENTION_KEY: np.array([self.source == ControlSource.HUMAN], dtype=bool)}
+
+    def note_sent(self, sent: np.ndarray) -> None:
+        """What the follower was sent this tick (after every clamp)."""
+        self._last_sent = np.asarray(sent, dtype=np.float32)
+        if self._frame is not None and self._frame in self._frames:
+            self._frames[self._frame].sent = self._last_sent
+
+    def _apply_requests(self, frame_index: int | None) -> None:
+        with self._lock:
+            requests, self._requests = self._requests, []
+        for to, future in requests:
+            if not future.set_running_or_notify_cancel():
+                continue
+            already = to == self.source
+            if not already:
+                self._switch(to, restart=to == ControlSource.POLICY)
+            future.set_result({"control": str(self.source), "already": already, "frame_index": frame_index})
+
+    def _should_take_over(
+        self, goal: np.ndarray | None, human: JointReading | None, observation: np.ndarray
+    ) -> bool:
+        if human is None:
+            return False
+        if self.mode == TakeoverMode.LEADER:
+            gap = np.abs(human.values.astype(np.float64) - observation.astype(np.float64))
+            return float(gap.max()) > self.settings.leader_threshold
+        if self.mode == TakeoverMode.EXPERT:
+            return self._watch.strayed(goal, human.values)
+        return False
+
+    def _switch(self, to: ControlSource, *, restart: bool = False) -> None:
+        if to != self.source:
+            self._catching_up = True
+            self.takeovers += to == ControlSource.HUMAN
+        self.source = to
+        self._watch.reset()
+        if restart:
+            self.driver.restart()  # the policy starts again from the present observation
+
+    def _catch_up(self, goal: np.ndarray) -> np.ndarray:
+        """After a switch, step from the goal sent last by at most ``max_step`` per tick."""
+        if not self._catching_up or self._last_sent is None:
+            return goal
+        last = self._last_sent.astype(np.float64)
+        wanted = np.asarray(goal, dtype=np.float64)
+        if float(np.abs(wanted - last).max()) <= self.max_step:
+            self._catching_up = False
+            return goal
+        return (last + np.clip(wanted - last, -self.max_step, self.max_step)).astype(np.float32)
+
+    def record(self, frames: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The episode's rollout summary (sidecar) and per-frame arrays (npz), ``frames`` long."""
+        log = RolloutLog(policy=self.driver.name, max_step=self.max_step)
+        previous: _Frame | None = None
+        for index in range(frames):
+            entry = self._frames.get(index)
+            if entry is None or entry.sent is None:
+                # A frame whose leader read failed (the loop held): the same hand, no proposal.
+                entry = _Frame(
+                    source=previous.source if previous is not None else ControlSource.POLICY,
+                    proposed=None,
+                    age=-1,
+                    fresh=False,
+                    latency_s=float("nan"),
+                    starved=False,
+                    sent=previous.sent if previous is not None else _NO_GOAL,
+                )
+            previous = entry
+            assert entry.sent is not None
+            log.starved += entry.starved
+            log.add(
+                source=entry.source,
+                proposed=entry.proposed,
+                age=entry.age,
+                fresh=entry.fresh,
+                latency_s=entry.latency_s,
+                sent=entry.sent,
+            )
+        log.refused = self.driver.refused
+        log.last_refusal = self.driver.last_refusal
+        self._frames = {}
+        summary = {**log.summary(), "takeover": str(self.mode)}
+        return {"rollout": summary}, log.arrays()
+
+    def status(self) -> dict[str, Any]:
+        human = self.human.status()
+        return {
+            **human,
+            "control": str(self.source),
+            "policy": self.driver.name,
+            "takeover": str(self.mode),
+            "takeovers": self.takeovers,
+            "starved_ticks": self.starved,
+            "fresh_chunks": self.fresh_chunks,
+            "refused_answers": self.driver.refused,
+            "last_refusal": self.driver.last_refusal,
+            "policy_dead": self.driver.runner.dead,
+        }
+
+    def close(self) -> None:
+        self.driver.close()  # the human's leader is the rig's, closed where it was opened
+
+
+class RolloutFollower:
+    """The follower, telling the rollout what it was sent (the goal after every clamp)."""
+
+    def __init__(self, follower: Follower, leader: RolloutLeader) -> None:
+        self.follower = follower
+        self.leader = leader
+        self.description = follower.description
+
+    def read(self) -> JointReading:
+        return self.follower.read()
+
+    def write(self, goal: np.ndarray) -> WriteResult:
+        result = self.follower.write(goal)
+        self.leader.note_sent(result.sent)
+        return result
+
+    def advance(self) -> None:
+        self.follower.advance()
+
+    def close(self) -> None:
+        self.follower.close()
+
+
+class RolloutHooks:
+    """The mode's episode hooks, with the rollout's start and record added."""
+
+    def __init__(self, hooks: EpisodeHooks, leader: RolloutLeader) -> None:
+        self.hooks = hooks
+        self.leader = leader
+
+    def prepare(self, seed: int | None) -> Any:
+        return self.hooks.prepare(seed)
+
+    def begin(self, prepared: Any) -> tuple[int | None, dict[str, Any], dict[str, np.ndarray]]:
+        started = self.hooks.begin(prepared)
+        self.leader.begin_episode()
+        return started
+
+    def end(self) -> dict[str, Any]:
+        return self.hooks.end()
+
+    def end_record(self, frames: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return self.leader.record(frames)
+
+
+def rollout_factory(factory: RigFactory, settings: PolicySettings) -> RigFactory:
+    """``factory``'s rig with the policy of ``settings`` driving (its process started here)."""
+
+    def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        # Started first: torch and the checkpoint load while the rig's devices start.
+        runner = ProcessRunner(
+            settings.spec,
+            device=settings.device,
+            threads=settings.threads,
+            ready_timeout_s=settings.load_timeout_s,
+            wait=False,
+        )
+        stack.callback(runner.close)
+        rig, hooks = factory(stack)
+        runner.await_ready()
+        driver = PolicyDriver(runner)
+        leader = RolloutLeader(rig.leader, driver, settings)
+        rig.leader = leader
+        rig.follower = RolloutFollower(rig.follower, leader)
+        rig.devices["policy"] = {"spec": settings.spec, "pid": runner.pid}
+        return rig, RolloutHooks(hooks, leader)
+
+    return build

@@ -1,0 +1,1 @@
+"""A policy driving the follower: loading, its own process, action chunks, refusals, takeover."""

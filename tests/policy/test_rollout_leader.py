@@ -1,0 +1,93 @@
+"""The daemon's rollout leader, tick by tick on its own (no daemon): who drives, the switch's
+catch-up within the per-tick clamp, the leader takeover threshold, starved and refused ticks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hilrec.daemon.control.rollout import RolloutLeader
+from hilrec.daemon.control.sources import JointReading
+from hilrec.daemon.dataset import FrameFlag
+from hilrec.daemon.policy.driver import PolicyDriver
+from hilrec.daemon.policy.load import load_policy
+from hilrec.daemon.policy.record import ControlSource
+from hilrec.daemon.policy.runner import InlineRunner
+from hilrec.daemon.wire.settings import PolicySettings
+
+POLICIES = Path(__file__).with_name("_policies.py")
+HOME = np.zeros(6, dtype=np.float32)
+
+
+class HandAt:
+    """A leader arm a person holds still at ``where`` (the loop's Leader protocol)."""
+
+    description = "a hand"
+
+    def __init__(self, where: np.ndarray) -> None:
+        self.where = np.asarray(where, dtype=np.float32)
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        return JointReading(self.where.copy())
+
+    def status(self) -> dict[str, Any]:
+        return {"source": "test", "state": "live"}
+
+    def close(self) -> None:
+        pass
+
+
+def leader(policy: str, hand: np.ndarray, **settings: Any) -> RolloutLeader:
+    driver = PolicyDriver(InlineRunner(load_policy(f"{POLICIES}:{policy}")))
+    rollout = RolloutLeader(HandAt(hand), driver, PolicySettings(spec=policy, **settings))
+    rollout.begin_episode()
+    return rollout
+
+
+def intervened(reading: JointReading | None) -> bool:
+    assert reading is not None and reading.features is not None
+    return bool(reading.features["intervention"][0])
+
+
+def tick(rollout: RolloutLeader, frame: int, observation: np.ndarray) -> JointReading:
+    reading = rollout.read(frame, observation)
+    assert reading is not None
+    rollout.note_sent(reading.values)  # a follower that executes exactly what it is sent
+    return reading
+
+
+def test_a_takeover_catches_up_with_the_hand_within_the_clamp() -> None:
+    hand = np.array([40.0, -30.0, 0.0, 0.0, 0.0, 50.0], dtype=np.float32)
+    rollout = leader("hold_still", hand, max_relative_target=5.0)
+    sent = [tick(rollout, k, HOME).values for k in range(3)]
+    rollout.request(ControlSource.HUMAN)
+    readings = [tick(rollout, k, sent[-1]) for k in range(3, 20)]
+    sent += [r.values for r in readings]
+    steps = np.abs(np.diff(np.stack(sent).astype(np.float64), axis=0)).max(axis=1)
+    assert steps.max() <= 5.0 + 1e-5
+    np.testing.assert_array_equal(sent[-1], hand)  # caught up, then the hand's goal itself
+    assert [intervened(r) for r in readings] == [True] * len(readings)
+    fields, arrays = rollout.record(20)
+    assert fields["rollout"]["takeovers"] == 1
+    assert fields["rollout"]["switches"][0] == {"frame": 3, "to": "human", "goal_step": 5.0, "max_step": 5.0}
+    assert arrays["control_source"].tolist() == [0] * 3 + [1] * 17
+
+
+def test_the_leader_moved_away_takes_over_in_leader_mode() -> None:
+    near = leader("hold_still", HOME + 1, takeover="leader", leader_threshold=10.0)
+    assert not intervened(tick(near, 0, HOME))
+    far = leader("hold_still", HOME + 20, takeover="leader", leader_threshold=10.0)
+    assert intervened(far.read(0, HOME))
+
+
+def test_refused_answers_hold_and_are_flagged() -> None:
+    rollout = leader("huge", HOME)
+    start = HOME + 3
+    first = tick(rollout, 0, start)
+    assert first.flags & FrameFlag.STARVED and first.flags & FrameFlag.POLICY_REFUSED
+    np.testing.assert_array_equal(first.values, start)  # held where the arm is
+    second = tick(rollout, 1, start + 1)
+    np.testing.assert_array_equal(second.values, start)  # held at the goal sent last
+    assert rollout.status()["refused_answers"] == 2
