@@ -75,7 +75,6 @@ CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
 
 
-
 class CollectPhase(StrEnum):
     """What a ``collect`` session is doing, as its ``session_note`` says (values on the wire)."""
 
@@ -379,7 +378,9 @@ def _check_note(args: Mapping[str, Any]) -> None:
             f"command 'session_note' argument 'phase' must be one of {phases}, got {_describe(args['phase'])}"
         )
     if args["takes"] < 1:
-        raise ProtocolError(f"command 'session_note' argument 'takes' must be at least 1, got {args['takes']}")
+        raise ProtocolError(
+            f"command 'session_note' argument 'takes' must be at least 1, got {args['takes']}"
+        )
     if not 1 <= args["take"] <= args["takes"]:
         raise ProtocolError(
             f"command 'session_note' argument 'take' must be in [1, takes={args['takes']}] "
