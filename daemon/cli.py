@@ -29,7 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "make a crashed dataset load again, keeping every saved episode",
     ),
     "render": ("hilrec.sim.cmd_render", "re-render the camera videos of sim episodes"),
-    "replay": ("hilrec.daemon.replay.cmd_replay", "replay-check hardware episodes on the twin"),
+    "replay": (
+        "hilrec.daemon.control.cmd_replay",
+        "replay-check hardware episodes on the twin, or play one on the arm (--on-arm)",
+    ),
     "find-port": (
         "hilrec.drivers.cmd_find_port",
         "find an arm's serial port (unplug it), or list the ports with servos",

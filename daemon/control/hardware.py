@@ -268,11 +268,72 @@ def open_camera(name: str, cam: CameraSettings, mirror: Mirror | None, fps: int)
     return opencv
 
 
+def rig_timestep(settings: DaemonSettings) -> float | None:
+    """The physics step every twin of a hardware rig steps (the emulated follower's, the mirror);
+    None for a hil rig without a mirror, which has no twin."""
+    from hilrec.sim.twin import timestep_for
+
+    has_twin = settings.mode == "emulated" or settings.twin.mirror
+    return timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
+
+
+def follower_port(
+    settings: DaemonSettings, stack: contextlib.ExitStack, workdir: Path | None, timestep: float | None
+) -> tuple[str, Path | None, dict[str, Any]]:
+    """The follower's port and calibration file: hil mode's from the config; emulated mode's from
+    a ``hilrec emulate follower`` child started here (stopped by ``stack``), its calibration
+    written into ``workdir``. Also what the rig's devices say of it (the child's pid)."""
+    if settings.mode != "emulated":
+        return settings.follower.port, settings.follower.calibration, {}
+    from hilrec.drivers.emulated.motion import TIMESTEP_ENV
+
+    assert workdir is not None
+    emu = settings.emulated
+    calibration = workdir / "follower.json"
+    emulator = EmulatorProcess(
+        "follower",
+        calibration_out=calibration,
+        wire_timing=emu.wire_timing,
+        motion="twin",
+        seed=emu.seed,
+        faults=emu.follower_faults,
+        timeout_s=emu.start_timeout_s,
+        env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
+    )
+    stack.callback(emulator.stop)
+    return emulator.port, calibration, {"emulator_pid": emulator.process.pid}
+
+
+def open_follower(
+    settings: DaemonSettings, stack: contextlib.ExitStack, port: str, calibration: Path | None
+) -> SO101Follower:
+    """The settings' follower arm on ``port``, open (torque on, holding where it stands) and
+    closed by ``stack`` (torque off)."""
+    from hilrec.drivers.arm import FollowerConfig, SO101Follower
+
+    faults = settings.faults
+    arm = SO101Follower(
+        FollowerConfig(
+            port=port,
+            id=settings.follower.id,
+            calibration=calibration,
+            body_mode=settings.follower.body_mode,
+            read_retries=faults.bus_retries,
+            reply_timeout_ms=faults.bus_reply_timeout_ms or None,
+            max_relative_target=settings.follower.max_relative_target,
+            tolerated_status=settings.follower.tolerated_status,
+        )
+    )
+    open_with_retries(arm, config_section=None if settings.mode == "emulated" else "follower")
+    stack.callback(arm.close)
+    return arm
+
+
 def hardware_rig_factory(
     settings: DaemonSettings, context: zmq.Context[Any], security: Security
 ) -> RigFactory:
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
-        from hilrec.drivers.arm import FollowerConfig, LeaderConfig, SO101Follower, SO101Leader
+        from hilrec.drivers.arm import LeaderConfig, SO101Leader
 
         faults = settings.faults
         reply_timeout = faults.bus_reply_timeout_ms or None
@@ -280,30 +341,15 @@ def hardware_rig_factory(
         follower_cal, leader_cal = settings.follower.calibration, settings.leader.calibration
         devices: dict[str, Any] = {}
         from hilrec.sim.scene import SceneConfig
-        from hilrec.sim.twin import timestep_for
 
         # Every twin of the rig (the emulated follower's, the mirror) steps the same physics step
         # (settings checked that it makes whole frames); a hil rig without a mirror has none.
-        has_twin = settings.mode == "emulated" or settings.twin.mirror
-        timestep = timestep_for(settings.fps, settings.twin.given_timestep) if has_twin else None
+        timestep = rig_timestep(settings)
         if settings.mode == "emulated":
             follower_port, follower_cal, leader_port, leader_cal = _start_emulators(
                 settings, stack, timestep, devices
             )
-        follower_arm = SO101Follower(
-            FollowerConfig(
-                port=follower_port,
-                id=settings.follower.id,
-                calibration=follower_cal,
-                body_mode=settings.follower.body_mode,
-                read_retries=faults.bus_retries,
-                reply_timeout_ms=reply_timeout,
-                max_relative_target=settings.follower.max_relative_target,
-                tolerated_status=settings.follower.tolerated_status,
-            )
-        )
-        open_with_retries(follower_arm, config_section=None if settings.mode == "emulated" else "follower")
-        stack.callback(follower_arm.close)
+        follower_arm = open_follower(settings, stack, follower_port, follower_cal)
         follower = ArmFollower(follower_arm)
         leader: Leader
         if settings.leader.source == "serial":
@@ -346,7 +392,7 @@ def hardware_rig_factory(
             cameras=cameras,
             mirror=mirror,
             dataset_fields={
-                **_dataset_fields(settings, follower_arm, leader),
+                **dataset_fields(settings, follower_arm, leader),
                 **_twin_fields(mirror, timestep, settings.fps),
             },
             devices=devices,
@@ -361,25 +407,11 @@ def _start_emulators(
 ) -> tuple[str, Path, str, Path | None]:
     """Emulated mode's arms: ``hilrec emulate`` children (stopped by ``stack``), with their
     ports and the calibrations they write; the rig's devices get their pids."""
-    from hilrec.drivers.emulated.motion import TIMESTEP_ENV
-
     emu = settings.emulated
     leader_port, leader_cal = settings.leader.port, settings.leader.calibration  # a remote leader's
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
-    follower_cal = workdir / "follower.json"
-    follower_emu = EmulatorProcess(
-        "follower",
-        calibration_out=follower_cal,
-        wire_timing=emu.wire_timing,
-        motion="twin",
-        seed=emu.seed,
-        faults=emu.follower_faults,
-        timeout_s=emu.start_timeout_s,
-        env={TIMESTEP_ENV: repr(timestep)} if timestep is not None else None,
-    )
-    stack.callback(follower_emu.stop)
-    follower_port = follower_emu.port
-    devices["follower"] = {"emulator_pid": follower_emu.process.pid}
+    follower_port_, follower_cal, devices["follower"] = follower_port(settings, stack, workdir, timestep)
+    assert follower_cal is not None
     if settings.leader.source == "serial":
         leader_cal = workdir / "leader.json"
         motion = {"operator": "operator", "wave": "wave", "servo": "servo"}[emu.leader_motion]
@@ -395,7 +427,7 @@ def _start_emulators(
         stack.callback(leader_emu.stop)
         leader_port = leader_emu.port
         devices["leader"] = {"emulator_pid": leader_emu.process.pid}
-    return follower_port, follower_cal, leader_port, leader_cal
+    return follower_port_, follower_cal, leader_port, leader_cal
 
 
 def _twin_fields(mirror: Mirror | None, timestep: float | None, fps: int) -> dict[str, Any]:
@@ -406,7 +438,7 @@ def _twin_fields(mirror: Mirror | None, timestep: float | None, fps: int) -> dic
     return {} if timestep is None else {"twin": {"timestep": timestep, "fps": fps}}
 
 
-def _dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader) -> dict[str, Any]:
+def dataset_fields(settings: DaemonSettings, follower_arm: Any, leader: Leader | None) -> dict[str, Any]:
     """What a hardware dataset says about its units and calibration (for ``hilrec replay``)."""
     from hilrec.daemon.so101 import MOTORS
 

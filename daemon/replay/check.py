@@ -128,7 +128,7 @@ def parse_episode_spec(specs: Iterable[str]) -> list[int]:
     return out
 
 
-def _column_order(info: dict[str, Any], key: str) -> list[int]:
+def column_order(info: dict[str, Any], key: str) -> list[int]:
     """Indices that put the feature's columns in SO-101 joint order; ReplayError if it can't."""
     spec = info.get("features", {}).get(key)
     if spec is None:
@@ -222,8 +222,8 @@ def replay_dataset(
         return check
 
     try:
-        action_order = _column_order(info, ACTION_KEY)
-        state_order = _column_order(info, STATE_KEY)
+        action_order = column_order(info, ACTION_KEY)
+        state_order = column_order(info, STATE_KEY)
         check.units = resolve_units(root, sidecar, units_flag=units_flag, calibration_flag=calibration_flag)
         engine = (engine_factory or _default_engine)(fps, sidecar, settings)
     except ReplayError as exc:

@@ -24,7 +24,8 @@ from pathlib import Path
 from hilrec.daemon.replay.results import verdict_table
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Add the command's parser (``hilrec.daemon.control.cmd_replay`` adds ``--on-arm`` to it)."""
     parser = subparsers.add_parser(
         "replay",
         help="replay-check hardware episodes on the twin",
@@ -61,7 +62,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the follower's LeRobot calibration JSON (needed with --units m100_100)",
     )
     parser.add_argument(
-        "--config", type=Path, metavar="FILE", help="thresholds (default: configs/replay.toml)"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="thresholds (default: configs/replay.toml); "
+        "with --on-arm, the daemon config naming the follower",
     )
     parser.add_argument(
         "--workers",
@@ -77,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "or auto); every node must see ROOT at the same path",
     )
     parser.set_defaults(func=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

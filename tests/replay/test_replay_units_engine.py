@@ -13,7 +13,7 @@ from hilrec.daemon.replay.engine import ReplayEngine, timestep_for
 from hilrec.daemon.replay.units import resolve_units
 from hilrec.daemon.so101 import JOINT_NAMES
 
-# The dataset sidecar fields hilrec's hardware rigs write (daemon/control/hardware.py _dataset_fields).
+# The dataset sidecar fields hilrec's hardware rigs write (daemon/control/hardware.py dataset_fields).
 CAL = {
     name: {
         "id": i + 1,
