@@ -121,7 +121,7 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         expect(page.locator("#state")).to_have_text("reset")
         expect(page.locator("#take")).to_have_text("take 1 of 3")
         expect(page.locator("#left")).to_have_text(re.compile(r"^(2\d|30)\.\d s$"))
-        expect(page.locator("#take-list tr[data-take=\"0\"] td").first).to_have_text("1")
+        expect(page.locator('#take-list tr[data-take="0"] td').first).to_have_text("1")
         # Nobody renews it (as when collect quits): it stops showing within the note's lifetime.
         expect(page.locator("#state")).to_have_text("idle")
         expect(page.locator("#left")).to_have_text("—")
