@@ -109,6 +109,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="record the seeds as Ray tasks on the cluster at ADDRESS (host:port, or 'auto'); "
         "needs pip install hilrec[ray] on every node",
     )
+    _add_policy_flags(parser)
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    """--policy and its takeover flags: a policy drives, the scripted operator is the expert."""
     parser.add_argument(
         "--policy",
         default=None,
@@ -146,9 +154,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --policy: the per-frame clamp of a policy goal around the observed joints "
         f"(default {RolloutConfig.max_relative_target:g})",
     )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    parser.set_defaults(func=run)
-    return parser
 
 
 def parse_cameras(text: str) -> tuple[str, ...]:
