@@ -177,6 +177,7 @@ def test_the_table_lists_every_package_and_pyproject_agrees() -> None:
         ("hilrec.daemon.replay.check", "hilrec.daemon.dataset.format.reader", True),
     ],
 )
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_the_rule_can_fail(tmp_path: Path, source: str, target: str, allowed: bool) -> None:
     """The checker itself: a planted import of each kind is (or is not) reported."""
     table = layers()

@@ -15,6 +15,8 @@ take the reset waits for its verdict, then runs its time (→ finishes now, ← 
 only then is the dataset finalized.
 
 Only this thread uses the control client; the panel and the telemetry monitor run beside it.
+Each time it polls status it first tells the daemon its phase, take i of N and countdown
+(``session_note``), so the pages beside it (``hilrec ui``) show the session, not the daemon's idle.
 """
 
 from __future__ import annotations
@@ -32,12 +34,23 @@ from hilrec.daemon.collect.sounds import Speaker
 from hilrec.daemon.dataset import EpisodeVerdict, episode_json_path
 from hilrec.daemon.errors import HilrecError, ProtocolError
 from hilrec.daemon.wire.client import ControlClient
+from hilrec.daemon.wire.protocol import CollectPhase
 
 STATUS_PERIOD_S: Final[float] = 0.5
 KEY_POLL_S: Final[float] = 0.1
 FINALIZE_WAIT_S: Final[float] = 300.0
 VERDICT_WAIT_S: Final[float] = 120.0
 START_RETRY_S: Final[float] = 60.0
+
+
+# The panel's phase -> the note's ("verdict": the last take's reset, waiting for its verdict).
+_NOTE_PHASES: Final[dict[str, CollectPhase]] = {
+    "recording": CollectPhase.RECORDING,
+    "reset": CollectPhase.RESET,
+    "verdict": CollectPhase.FINAL_RESET,
+    "paused": CollectPhase.PAUSED,
+    "finishing": CollectPhase.FINISHING,
+}
 
 
 class TakeEnd(enum.Enum):
@@ -99,6 +112,8 @@ class CollectSession:
         self._next_status = 0.0
         self._next_sidecar = 0.0
         self._quit = False
+        self._final = False  # in the reset after the last take
+        self._notes = True  # off once a daemon refuses session_note (an older one)
 
     # --- the session -------------------------------------------------------------------------------
 
@@ -179,6 +194,8 @@ class CollectSession:
         state = self.panel.state
         state.phase, state.episode_index, state.limit_s = "reset", None, self.reset_time_s
         state.started = time.monotonic()
+        self._final = final
+        self._status(force=True)  # the pages beside it hear of the reset at once
         self.speaker.say("reset")
         remaining = self.reset_time_s
         paused = False
@@ -350,8 +367,27 @@ class CollectSession:
         now = time.monotonic()
         if force or now >= self._next_status:
             self._next_status = now + STATUS_PERIOD_S
+            self._send_note(now)
             self.panel.state.status = self.client.call("status")
         return self.panel.state.status or {}
+
+    def _send_note(self, now: float) -> None:
+        """Tell the daemon what the panel shows: phase, take i of N (1-based), time left."""
+        state = self.panel.state
+        phase = _NOTE_PHASES.get(state.phase)
+        if not self._notes or phase is None or state.take < 1:
+            return
+        if phase is CollectPhase.RESET and self._final:
+            phase = CollectPhase.FINAL_RESET
+        args: dict[str, Any] = {"phase": phase.value, "take": state.take, "takes": self.episodes}
+        if state.task:
+            args["task"] = state.task
+        if state.limit_s is not None and state.started is not None and phase is not CollectPhase.PAUSED:
+            args["seconds_left"] = max(0.0, state.started + state.limit_s - now)
+        reply = self.client.request("session_note", **args)
+        if not reply["ok"]:
+            self._notes = False  # a daemon that does not know it: the session goes on without
+            self.panel.line(f"the daemon refused session_note ({reply['error']}); the ui shows no take")
 
     def _poll_events(self) -> None:
         for event in self.monitor.events():

@@ -30,6 +30,7 @@ from typing import Any
 import zmq
 
 from hilrec.daemon.control.clock import TickPacer
+from hilrec.daemon.control.collect_note import CollectNotes
 from hilrec.daemon.control.loop import ControlLoop
 from hilrec.daemon.control.priority import set_thread_priority
 from hilrec.daemon.control.recorder import Recorder
@@ -139,6 +140,7 @@ class Daemon:
         self.verdict_gate = verdict_gate
         self.verdict_worker: VerdictWorker | None = None
         self.server: ControlServer | None = None
+        self.collect_notes = CollectNotes()
         self._rig_factory_for = rig_factory_for or default_rig_factory
         self._stop = threading.Event()
         self._stop_reason = "shutdown"
@@ -397,6 +399,8 @@ class Daemon:
     def _handle(self, request: Request) -> dict[str, Any]:
         if request.cmd == "status":
             return self.status()
+        if request.cmd == "session_note":
+            return self.collect_notes.note(request.args)
         if request.cmd == "shutdown":
             self._stop_reason = "shutdown"
             self._stop.set()
@@ -465,6 +469,7 @@ class Daemon:
                 if self.server is not None
                 else None,
                 "verdicts": self.verdict_worker.status() if self.verdict_worker is not None else None,
+                "collect": self.collect_notes.status(),
             }
         )
         return out

@@ -9,8 +9,9 @@ and :data:`LINK` messages say when the daemon stopped answering.
 Messages to the page (JSON objects, ``type`` first):
 
 - ``link``: ``daemon`` (``up``/``down``/``unknown``), ``last_answer``, ``down_since``, ``error``;
-- ``status``: ``status`` (the daemon's status reply), ``takes`` (newest first, each with its
-  ``verdict`` or null), ``faults_log``;
+- ``status``: ``status`` (the daemon's status reply), ``session`` (what the Session panel
+  shows: :func:`session_view`), ``takes`` (newest first, each with its ``verdict`` or null),
+  ``faults_log``;
 - ``tick``: the telemetry tick (joints, command, twin, timing, flags, faulted devices);
 - ``preview``: ``cameras`` ``[{name, width, height, jpeg}]`` with ``jpeg`` in base64;
 - ``event``: the telemetry event's header (``event`` names it);
@@ -39,6 +40,38 @@ TICK_FIELDS: Final[tuple[str, ...]] = (
     "faults",
 )
 TIMING_FIELDS: Final[tuple[str, ...]] = ("late_ms", "duration_ms", "skipped", "overrun")
+
+
+def session_view(status: dict[str, Any], now: float) -> dict[str, Any]:
+    """The Session panel's phase, take and countdown, from a status reply received at ``now``.
+
+    With a ``collect`` beside the daemon (its live ``session_note`` in ``status.collect``): its
+    phase, "take i of N" (1-based: take 1 is episode 0 of a fresh dataset) and ``ends_at``, the
+    wall time its countdown ends (null when the phase has none). Without one: the daemon's state
+    and its episode, numbered from 1 for the eye (episode indices in files stay 0-based).
+    """
+    note = status.get("collect")
+    if isinstance(note, dict):
+        left = note.get("seconds_left")
+        return {
+            "source": "collect",
+            "phase": note.get("phase"),
+            "take": f"take {note.get('take')} of {note.get('takes')}",
+            "task": note.get("task"),
+            "ends_at": None if left is None else now + float(left),
+        }
+    episode = status.get("episode")
+    if isinstance(episode, dict):
+        take = f"take {int(episode['index']) + 1}"
+    else:
+        take = f"next: take {int((status.get('dataset') or {}).get('episodes') or 0) + 1}"
+    return {
+        "source": "daemon",
+        "phase": status.get("state"),
+        "take": take,
+        "task": episode.get("task") if isinstance(episode, dict) else None,
+        "ends_at": None,
+    }
 
 
 class BenchModel:
@@ -169,6 +202,7 @@ class BenchModel:
             "type": "status",
             "at": self.status_at,
             "status": self.status,
+            "session": session_view(self.status, self.status_at or 0.0) if self.status is not None else None,
             "takes": self.takes(),
             "faults_log": list(self.faults_log),
         }

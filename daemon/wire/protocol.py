@@ -30,6 +30,7 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 import numpy as np
@@ -74,10 +75,24 @@ CODE_TIMEOUT: Final[str] = "timeout"
 CODE_INTERNAL: Final[str] = "internal"
 
 
+class CollectPhase(StrEnum):
+    """What a ``collect`` session is doing, as its ``session_note`` says (values on the wire)."""
+
+    RECORDING = "recording"
+    RESET = "reset"
+    FINAL_RESET = "final_reset"  # after the last take, before finalizing: ← can still redo it
+    PAUSED = "paused"
+    FINISHING = "finishing"
+
+
+# Longest countdown a note may carry: a day (a bigger one is a unit or clock mix-up).
+MAX_NOTE_SECONDS: Final[float] = 86400.0
+
 # command -> {argument: (accepted python types, required)}. The table *is* the request schema.
 _INT = (int,)
 _STR = (str,)
 _BOOL = (bool,)
+_NUM = (int, float)
 COMMANDS: Final[dict[str, dict[str, tuple[tuple[type, ...], bool]]]] = {
     "status": {},
     "start_episode": {"task": (_STR, True), "seed": (_INT, False)},
@@ -89,6 +104,15 @@ COMMANDS: Final[dict[str, dict[str, tuple[tuple[type, ...], bool]]]] = {
     # takes the arm from the policy, and gives it back.
     "takeover": {},
     "handback": {},
+    # collect's session state, for the pages beside it: take is 1-based (take 1 is episode 0),
+    # seconds_left the phase's countdown when it has one (the daemon adds its own clock).
+    "session_note": {
+        "phase": (_STR, True),
+        "take": (_INT, True),
+        "takes": (_INT, True),
+        "seconds_left": (_NUM, False),
+        "task": (_STR, False),
+    },
 }
 _ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"v", "id", "cmd"})
 
@@ -346,6 +370,32 @@ def _check_args(cmd: str, args: Mapping[str, Any]) -> None:
     seed = args.get("seed")
     if isinstance(seed, int) and not 0 <= seed < 2**32:
         raise ProtocolError(f"command {cmd!r} argument 'seed' must be in [0, 2**32), got {seed}")
+    if cmd == "session_note":
+        _check_note(args)
+
+
+def _check_note(args: Mapping[str, Any]) -> None:
+    """The values of a ``session_note`` (their types are checked already)."""
+    phases = ", ".join(p.value for p in CollectPhase)
+    if args["phase"] not in {p.value for p in CollectPhase}:
+        raise ProtocolError(
+            f"command 'session_note' argument 'phase' must be one of {phases}, got {_describe(args['phase'])}"
+        )
+    if args["takes"] < 1:
+        raise ProtocolError(
+            f"command 'session_note' argument 'takes' must be at least 1, got {args['takes']}"
+        )
+    if not 1 <= args["take"] <= args["takes"]:
+        raise ProtocolError(
+            f"command 'session_note' argument 'take' must be in [1, takes={args['takes']}] "
+            f"(1-based), got {args['take']}"
+        )
+    left = args.get("seconds_left")
+    if left is not None and not (math.isfinite(left) and 0.0 <= left <= MAX_NOTE_SECONDS):
+        raise ProtocolError(
+            f"command 'session_note' argument 'seconds_left' must be a finite number in "
+            f"[0, {MAX_NOTE_SECONDS:g}], got {_describe(left)}"
+        )
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

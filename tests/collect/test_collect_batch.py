@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _daemon import Daemon, check_passes, sim_config
@@ -91,6 +93,45 @@ def test_attach_drives_a_running_daemon_and_leaves_it_running(tmp_path: Path) ->
     finally:
         daemon.close()
     assert len(load_episodes(root)) == 1
+
+
+def test_collect_tells_the_daemon_its_phase_take_and_countdown(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = Daemon(tmp_path, sim_config(root)).start()
+    try:
+        argv = [sys.executable, "-m", "hilrec.daemon.cli", "collect", "--config", str(daemon.config_path)]
+        argv += ["--no-sounds", "--attach", "--episodes", "2", "--episode-time-s", "2", "--reset-time-s", "2"]
+        argv += ["--task", "Put the cube in the bin."]
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        notes: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 240.0
+        while proc.poll() is None and time.monotonic() < deadline:
+            note = daemon.call("status")["collect"]
+            if note is not None and (not notes or _key(note) != _key(notes[-1])):
+                notes.append(note)
+            time.sleep(0.05)  # a polling period, not a wait for an outcome
+        out = proc.communicate(timeout=30)[0].decode()
+        assert proc.returncode == 0, out
+        seen = [_key(n) for n in notes]
+        assert ("recording", 1, 2) in seen and ("recording", 2, 2) in seen, seen
+        assert ("reset", 1, 2) in seen and ("final_reset", 2, 2) in seen, seen
+        assert seen.index(("recording", 1, 2)) < seen.index(("reset", 1, 2)) < seen.index(("recording", 2, 2))
+        for note in notes:
+            assert note["task"] == "Put the cube in the bin." and note["age_s"] < 5.0
+            if note["phase"] in ("recording", "reset"):
+                assert note["seconds_left"] is not None and 0.0 <= note["seconds_left"] <= 2.0
+        assert daemon.call("status")["state"] == "finalized"
+        # collect is gone: its last note stops being reported once it is not renewed.
+        daemon.wait_status(lambda st: st["collect"] is None, timeout_s=30.0)
+        assert daemon.shutdown() == 0
+    finally:
+        daemon.close()
+
+
+def _key(note: dict[str, Any]) -> tuple[str, int, int]:
+    return note["phase"], note["take"], note["takes"]
 
 
 def _task_indices(root: Path, episode: dict) -> list[int]:

@@ -19,6 +19,9 @@ from _daemon import Daemon, check_passes, run_cli, sim_config
 from hilrec.daemon.dataset.format.reader import load_episodes
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 ENCODERS = {
     "process": 'video_encoder = "process"',
     "thread": 'video_encoder = "thread"\nvideo_codec = "libx264"',

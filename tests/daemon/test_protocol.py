@@ -36,6 +36,7 @@ def test_every_command_round_trips_through_the_client_encoding() -> None:
     examples: dict[str, dict[str, Any]] = {
         "start_episode": {"task": "pick the cube", "seed": 7},
         "stop_episode": {"success": True},
+        "session_note": {"phase": "reset", "take": 1, "takes": 3, "seconds_left": 2.5, "task": "x"},
     }
     for cmd in COMMANDS:
         request = new_request(cmd, **examples.get(cmd, {}))
@@ -183,3 +184,45 @@ def test_task_strings_that_cannot_be_written_are_refused_at_the_socket(task: str
 def test_a_request_key_given_twice_is_refused() -> None:
     with pytest.raises(ProtocolError, match="appears twice"):
         parse_request([b'{"v":1,"cmd":"status","cmd":"shutdown"}'])
+
+
+def _note(**fields: Any) -> bytes:
+    return json.dumps({"cmd": "session_note", "phase": "recording", "take": 1, "takes": 2, **fields}).encode()
+
+
+@pytest.mark.parametrize("phase", ["recording", "reset", "final_reset", "paused", "finishing"])
+def test_a_session_note_carries_collects_phase_and_1_based_take(phase: str) -> None:
+    parsed = parse_request([_note(phase=phase, take=2, seconds_left=0, task="pick")])
+    assert dict(parsed.args) == {"phase": phase, "take": 2, "takes": 2, "seconds_left": 0, "task": "pick"}
+    assert "seconds_left" not in parse_request([_note()]).args  # a phase with no countdown
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"phase": "idle"}, "argument 'phase' must be one of recording, reset, final_reset"),
+        ({"phase": 3}, "argument 'phase' must be str"),
+        ({"take": 0}, "argument 'take' must be in [1, takes=2] (1-based), got 0"),
+        ({"take": 3}, "argument 'take' must be in [1, takes=2]"),
+        ({"take": True}, "argument 'take' must be int"),
+        ({"take": 1.0}, "argument 'take' must be int"),
+        ({"takes": 0, "take": 0}, "argument 'takes' must be at least 1"),
+        ({"seconds_left": -1}, "argument 'seconds_left' must be a finite number in [0, 86400]"),
+        ({"seconds_left": 1e300}, "argument 'seconds_left' must be a finite number"),
+        ({"seconds_left": "5"}, "argument 'seconds_left' must be int or float"),
+        ({"task": ""}, "argument 'task'"),
+        ({"ends_at": 3.0}, "unknown argument 'ends_at'"),
+    ],
+)
+def test_bad_session_notes_are_refused_naming_the_field(fields: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_request([_note(**fields)])
+    assert fragment in str(caught.value)
+
+
+def test_a_session_note_without_its_required_fields_is_refused() -> None:
+    for name in ("phase", "take", "takes"):
+        obj = json.loads(_note())
+        del obj[name]
+        with pytest.raises(ProtocolError, match=f"needs argument '{name}'"):
+            parse_request([json.dumps(obj).encode()])

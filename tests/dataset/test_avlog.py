@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = """
 import sys, numpy as np, av
 from pathlib import Path
@@ -32,6 +34,7 @@ print("done")
 """
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_early_stopping_decodes_do_not_hang_after_torchvision_is_imported(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path / "v.mp4")],

@@ -31,8 +31,9 @@ LENGTHS = [11, 7, 13, 9, 10, 8]
 @pytest.fixture(scope="module")
 def broken_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("parallel") / "ds"
-    # A small video file limit: the later episodes roll over into a second mp4 per camera.
-    write_dataset(DatasetWriter.create, root, LENGTHS, cameras=CAMS, video_files_size_in_mb=0.004)
+    # A small video file limit: the later episodes roll over into a second mp4 per camera (each
+    # take is about 5 KB a camera).
+    write_dataset(DatasetWriter.create, root, LENGTHS, cameras=CAMS, video_files_size_in_mb=0.02)
     table = pq.read_table(root / EPISODES)
     for column, row, delta in (
         ("stats/observation.images.front/mean", 1, 0.2),

@@ -113,6 +113,7 @@ def test_lerobot_getitem_returns_what_was_written(datasets: dict, lerobot_datase
         assert item["index"].item() == i
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_lerobot_decodes_the_written_frames(datasets: dict, lerobot_dataset_class: Any) -> None:
     ds = load_lerobot(lerobot_dataset_class, datasets[("native", True)])
     frames = [f for episode in expected_frames(True) for f in episode]
@@ -291,6 +292,7 @@ def test_lerobot_sink_without_lerobot_is_a_clear_error(
 # --- (d) LeRobot's merge and the spelling of the video info -------------------------------------
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_lerobot_merges_hilrec_with_its_own_and_loads_the_0_6_spelling(
     datasets: dict, lerobot_dataset_class: Any, tmp_path: Path
 ) -> None:

@@ -111,6 +111,7 @@ def frame(i: int, task: str) -> dict:
     }
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_second_writer_is_refused_and_the_first_ones_take_survives(tmp_path: Path) -> None:
     """The daemon-like sequence: A records, B starts on the same root, A saves "A1": episode 0
     holds A1, whole; B was told who writes the root."""
@@ -150,6 +151,7 @@ def test_a_second_writer_is_refused_and_the_first_ones_take_survives(tmp_path: P
     assert check_dataset(root).failures == []
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_writer_that_exits_without_finalize_frees_the_root(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     a = WriterA(root)
@@ -167,6 +169,7 @@ def test_a_writer_that_exits_without_finalize_frees_the_root(tmp_path: Path) -> 
     assert [e["length"] for e in load_episodes(root)] == [20, 20]
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_killed_writer_frees_the_root_and_its_open_episode_is_dropped(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     a = WriterA(root)

@@ -220,6 +220,7 @@ def test_the_kill_left_two_takes_in_their_spills_and_one_open(killed: Path) -> N
     assert json.loads((killed / "meta/info.json").read_text())["total_episodes"] == 1
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_repair_encodes_spilled_takes_keeps_them_and_reports_it(killed: Path, tmp_path: Path) -> None:
     root = fresh_copy(killed, tmp_path)
     done = hilrec("repair", str(root))
@@ -241,6 +242,7 @@ def test_repair_encodes_spilled_takes_keeps_them_and_reports_it(killed: Path, tm
     assert_takes_whole(root)
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_the_json_report_lists_kept_encoded_and_lost_apart(killed: Path, tmp_path: Path) -> None:
     root = fresh_copy(killed, tmp_path)
     done = hilrec("repair", str(root), "--json")
@@ -261,6 +263,7 @@ def test_the_json_report_lists_kept_encoded_and_lost_apart(killed: Path, tmp_pat
     assert again["exit_code"] == 0 and again["encoded_from_spill"] == [] and again["dropped"] == []
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_rebuild_keeps_the_spilled_takes_and_says_where_their_frames_came_from(
     killed: Path, tmp_path: Path
 ) -> None:

@@ -25,7 +25,7 @@ from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 from hilrec.daemon.dataset.video.spill import SPILL_META
 from hilrec.daemon.dataset.writer import backlog
 from hilrec.daemon.dataset.writer.dataset_writer import DatasetWriter
-from hilrec.daemon.errors import SpillFullError, VideoEncodingError
+from hilrec.daemon.errors import DiskFullError, SpillFullError, VideoEncodingError
 from hilrec.daemon.so101 import so101_features
 
 FPS = 25
@@ -389,7 +389,11 @@ def test_the_spill_is_bounded_by_the_free_disk_too(tmp_path: Path, monkeypatch: 
     root = tmp_path / "ds"
     writer = create(root)
     try:
-        with pytest.raises(SpillFullError, match=r"disk is nearly full.*frame 0 of episode 0 is refused"):
+        # The take ends at once (DiskFullError, a take-ending error like SpillFullError): what it
+        # recorded fits the room held back for its save.
+        with pytest.raises(
+            DiskFullError, match=r"disk is nearly full for the video spill.*episode 0 ends at frame 0"
+        ):
             writer.add_frame(frame(np.random.default_rng(9)))
     finally:
         writer.close()

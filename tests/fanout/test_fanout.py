@@ -104,6 +104,7 @@ def test_with_on_done_the_results_are_the_callbacks_alone() -> None:
     assert outcomes[2].error == "SimError: item -1 refused"
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_task_past_its_timeout_is_failed_and_its_worker_killed() -> None:
     outcomes = run_tasks(square_or_fail, [-5, 3, 4], workers=2, timeout_s=TIMEOUT_S)
     assert outcomes[0].error == f"task 0 gave no result within {TIMEOUT_S:g} s (timeout_s): worker killed"

@@ -287,6 +287,7 @@ def test_cli_json_and_exit_status(emulated_root: Path, capsys: pytest.CaptureFix
     assert doc["frames_replayed"] == 365
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_cli_report_writes_plots_and_a_summary(
     emulated_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -70,6 +70,7 @@ def test_operator_puts_the_cube_in_the_bin(seed: int) -> None:
     assert outcome.success, outcome.check
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_operator_puts_the_cube_in_the_bin_at_30_fps_in_at_least_90_percent_of_100_seeds() -> None:
     # LeRobot's default rate: the twin steps 7 x 1/210 s a frame; the plan is sampled at 30 fps.
     # About 5 s on one core (bench/bench_sim.py --fps 30 25 reports the same over any seeds).

@@ -46,6 +46,7 @@ def test_a_broader_dataset_measures_broader() -> None:
     assert large.test_coverage > small.test_coverage
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_100k_against_100k_states_takes_seconds() -> None:
     rng = np.random.default_rng(1)
     data = States(values=rng.normal(0, 1, (100_000, 6)), origin=[("episode", 0, 0)], episodes=1)
@@ -55,6 +56,7 @@ def test_100k_against_100k_states_takes_seconds() -> None:
     assert result.test_coverage is not None and 0.0 < result.test_coverage < 1.0
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_the_command_writes_json_and_a_png(sim: Path, tmp_path: Path) -> None:
     png = tmp_path / "coverage.png"
     done = subprocess.run(

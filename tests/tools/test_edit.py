@@ -205,6 +205,7 @@ def test_set_task_keep_and_remove_feature(source: Path, tmp_path: Path) -> None:
         edit.remove_feature(root, "index", out=tmp_path / "x")
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_merge_and_split(source: Path, tmp_path: Path) -> None:
     other = make_dataset(tmp_path / "other", (7, 13), offset=10)
     merged = tmp_path / "merged"
@@ -259,6 +260,7 @@ def test_the_two_rename_fallback_recovers(
     assert tree_digest(root) == before and not edit.temp_dirs(root)
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_sim_dataset_still_replays_after_delete(tmp_path: Path) -> None:
     from hilrec.sim.recorder import RecordConfig, record
     from hilrec.sim.replay import replay_check

@@ -86,7 +86,7 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok"))
         expect(page.locator("#state")).to_have_text("recording")
         page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 75")
-        expect(page.locator("#take")).to_have_text("0")
+        expect(page.locator("#take")).to_have_text("take 1")  # episode 0, numbered for the eye
         expect(page.locator("#elapsed")).to_have_text(re.compile(r"^0:0[2-9]\.\d$|^0:[1-5]\d\.\d$"))
         # Every text take 0's row shows, in order: first without a verdict, then the daemon's.
         page.evaluate(
@@ -115,12 +115,22 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         assert first_verdict > 0 and all("no verdict" in text for text in texts[:first_verdict]), texts
         late = page.locator('#loop-numbers dd[data-key="late_ticks"]').inner_text()
         assert late.isdigit(), late
+        # collect beside the daemon says it is in the reset after take 1 of 3: the page shows
+        # that, not the daemon's idle, with the reset's countdown running.
+        daemon.call("session_note", phase="reset", take=1, takes=3, seconds_left=30.0, task="Put it back.")
+        expect(page.locator("#state")).to_have_text("reset")
+        expect(page.locator("#take")).to_have_text("take 1 of 3")
+        expect(page.locator("#left")).to_have_text(re.compile(r"^(2\d|30)\.\d s$"))
+        expect(page.locator('#take-list tr[data-take="0"] td').first).to_have_text("1")
+        # Nobody renews it (as when collect quits): it stops showing within the note's lifetime.
+        expect(page.locator("#state")).to_have_text("idle")
+        expect(page.locator("#left")).to_have_text("—")
 
         # A second take (Enter in the task field starts it), re-recorded with <- under the same
         # task whatever the field says now, then discarded: the dataset keeps one take.
         page.locator("#task").fill("The second take.")
         page.locator("#task").press("Enter")
-        expect(page.locator("#take")).to_have_text("1")
+        expect(page.locator("#take")).to_have_text("take 2")
         page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 10")
         page.locator("#task").fill("not this text")
         page.locator("body").click(position={"x": 5, "y": 5})

@@ -99,3 +99,30 @@ def test_the_take_files_are_read_again_when_the_daemon_adds_the_verdict(tmp_path
     model = BenchModel(started_at=0.0)
     model.on_status(status(1.0, episodes=1), [listed], now=1.0)
     assert model.takes()[0]["verdict"]["verdict"] == "sound"
+
+
+def test_collects_note_becomes_the_pages_phase_take_and_countdown() -> None:
+    model = BenchModel(started_at=0.0)
+    note = {"phase": "reset", "take": 1, "takes": 3, "task": "pick", "seconds_left": 4.5, "age_s": 0.1}
+    pushed = model.on_status({**status(5.0, episodes=1), "collect": note}, [take(0)], now=20.0)[-1]
+    assert pushed["session"] == {
+        "source": "collect",
+        "phase": "reset",
+        "take": "take 1 of 3",
+        "task": "pick",
+        "ends_at": 24.5,
+    }
+    waiting = {**note, "phase": "final_reset", "take": 3, "seconds_left": None}
+    pushed = model.on_status({**status(6.0, episodes=3), "collect": waiting}, [], now=30.0)[-1]
+    assert (pushed["session"]["phase"], pushed["session"]["take"]) == ("final_reset", "take 3 of 3")
+    assert pushed["session"]["ends_at"] is None
+
+
+def test_without_collect_the_page_shows_the_daemons_state_with_takes_from_1() -> None:
+    model = BenchModel(started_at=0.0)
+    pushed = model.on_status({**status(5.0, episodes=0), "collect": None}, [], now=10.0)[-1]
+    assert pushed["session"]["source"] == "daemon"
+    assert (pushed["session"]["phase"], pushed["session"]["take"]) == ("idle", "next: take 1")
+    recording = {**status(6.0), "state": "recording", "episode": {"index": 0, "task": "pick"}}
+    pushed = model.on_status(recording, [], now=11.0)[-1]
+    assert (pushed["session"]["phase"], pushed["session"]["take"]) == ("recording", "take 1")

@@ -65,8 +65,13 @@ def crashed_dir(root: Path) -> Path:
 def set_aside(root: Path) -> list[CrashedTake]:
     """Move every open episode with checkpointed rows out of the journal (see the module
     docstring); the takes set aside, by episode index, including those of an earlier run."""
-    info = read_json(root / INFO_PATH, what="info.json")
-    cameras = video_keys(info["features"])
+    try:
+        info = read_json(root / INFO_PATH, what="info.json")
+        cameras = video_keys(info["features"])
+    except (CorruptDatasetError, KeyError, TypeError, AttributeError):
+        # The repair rebuilds an unreadable info.json; without it no take can be measured,
+        # so an open one is left for the repair to drop, as before.
+        return []
     with RootLock(root, "hilrec repair"):
         for index in journal.open_episodes(root):
             source = journal.open_episode_dir(root, index)

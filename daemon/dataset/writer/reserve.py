@@ -10,7 +10,10 @@ ahead. The save deletes it first, and writes into the room it gave back.
 :meth:`TakeReserve.check` ends the take (:class:`DiskFullError`) at the frame where the reserve
 cannot grow, or the disk's free space falls under :meth:`TakeReserve.low_water` (what the
 encoders may still write until the save: a second of raw frames and a margin), so the frames
-taken so far are kept whoever filled the disk.
+taken so far are kept whoever filled the disk, as long as what is left holds the encoders' next
+writes: a disk another process fills to its last byte between two frames fails the thread
+encoder's next write of the mp4, and that take is lost (the reserve holds the save's room, not
+the encoders').
 """
 
 from __future__ import annotations

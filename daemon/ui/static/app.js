@@ -14,6 +14,7 @@ const S = {
   info: {},
   link: { daemon: "unknown" },
   status: null, statusAt: null,
+  session: null,      // the Session panel's phase, take, task, ends_at (model.session_view)
   tick: null, tickAt: null,
   previewAt: null,
   takes: [], faultsLog: [],
@@ -84,7 +85,7 @@ function handle(msg) {
       break;
     case "link": S.link = msg; break;
     case "status":
-      S.status = msg.status; S.statusAt = msg.at; S.takes = msg.takes; S.faultsLog = msg.faults_log;
+      S.status = msg.status; S.statusAt = msg.at; S.session = msg.session; S.takes = msg.takes; S.faultsLog = msg.faults_log;
       renderStatus(); renderTakes(); renderFaults();
       break;
     case "tick": onTick(msg); break;
@@ -162,14 +163,16 @@ function renderStatus() {
   const st = S.status;
   if (!st) return;
   const ep = st.episode;
+  const session = S.session || { phase: st.state, take: "—", task: null, ends_at: null };
   const state = $("state");
-  state.textContent = st.state;
-  state.className = `state ${st.state}`;
-  $("take").textContent = ep ? ep.index : `next ${st.dataset?.episodes ?? "—"}`;
-  $("episode-task").textContent = ep ? `task: ${ep.task}` : "";
+  state.textContent = String(session.phase).replace("_", " ");
+  state.className = `state ${session.phase}`;
+  state.title = session.source === "collect" ? "as hilrec collect tells it" : "the daemon's state";
+  $("take").textContent = session.take;
+  $("episode-task").textContent = session.task ? `task: ${session.task}` : "";
   const last = st.last_episode;
   $("last-take").textContent = last
-    ? `last take ${last.episode_index}: ${last.frames} frames, ${last.ended_by}, ` +
+    ? `last take ${last.episode_index + 1} (episode ${last.episode_index}): ${last.frames} frames, ${last.ended_by}, ` +
       (last.discarded ? "discarded" : last.saved ? "saved" : last.error ? `save failed: ${last.error}` : "saving…")
     : "";
   if (!ep) { $("frames").textContent = "—"; $("elapsed").textContent = "—"; }
@@ -247,7 +250,7 @@ function renderTakes() {
     const ended = t.saving ? "saving…" : [t.ended_by, t.success === true ? "success" : t.success === false ? "failure" : ""]
       .filter(Boolean).join(", ");
     return el("tr", { dataset: { take: t.episode_index } },
-      el("td", {}, t.episode_index), el("td", {}, t.frames ?? "—"), el("td", { class: "task" }, t.task ?? ""),
+      el("td", { title: `episode ${t.episode_index}` }, t.episode_index + 1), el("td", {}, t.frames ?? "—"), el("td", { class: "task" }, t.task ?? ""),
       el("td", {}, ended), el("td", {}, verdict), el("td", {}, report));
   });
   $("take-list").replaceChildren(...(rows.length ? rows
@@ -275,6 +278,10 @@ function renderAges() {
     const elapsed = st.episode.elapsed_s + (st.state === "recording" ? ageOf(S.statusAt) : 0);
     $("elapsed").textContent = `${Math.floor(elapsed / 60)}:${(elapsed % 60).toFixed(1).padStart(4, "0")}`;
   }
+  // collect's countdown, on the server's clock; shown only while its status is fresh.
+  const endsAt = S.session?.ends_at;
+  $("left").textContent = endsAt != null && S.wsUp && ageOf(S.statusAt) < 2.5
+    ? `${Math.max(0, endsAt - serverNow()).toFixed(1)} s` : "—";
   renderLink();
 }
 
