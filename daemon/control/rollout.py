@@ -85,7 +85,9 @@ class RolloutLeader:
         self._limits = GoalLimits(-bound, bound, step)
         self._watch = ExpertWatch(threshold=settings.expert_threshold, ticks=settings.expert_ticks)
         self.description = f"policy {driver.name} (takeover {self.mode}); human: {human.description}"
-        self.source = ControlSource.POLICY
+        # Between takes the human's leader drives (the reset, as in hilrec collect); each take
+        # begins with the policy, which is fed all along so its first chunk is not a cold one.
+        self.source = ControlSource.HUMAN
         self._lock = threading.Lock()
         self._requests: list[tuple[ControlSource, Future[dict[str, Any]]]] = []
         self._images: Mapping[str, np.ndarray] = {}
@@ -118,6 +120,11 @@ class RolloutLeader:
         self._frames = {}
         self._switch(ControlSource.POLICY, restart=True)
 
+    def end_episode(self) -> None:
+        if self.source != ControlSource.HUMAN:  # not a takeover: the take is over
+            self.source = ControlSource.HUMAN
+            self._catching_up = True
+
     def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
         self._apply_requests(frame_index)
         human = self.human.read(frame_index, observation)
@@ -147,7 +154,7 @@ class RolloutLeader:
             goal = human.values
         goal = self._catch_up(goal)
         self.starved += starved
-        self.fresh_chunks += step.fresh
+        self.fresh_chunks += step.fresh and frame_index is not None
         self._frame = frame_index
         if frame_index is not None:
             # Kept by frame index: a tick whose frame was not recorded is overwritten by the next.
@@ -311,6 +318,7 @@ class RolloutHooks:
         return started
 
     def end(self) -> dict[str, Any]:
+        self.leader.end_episode()
         return self.hooks.end()
 
     def end_record(self, frames: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -48,8 +48,9 @@ def test_takeover_and_handback_through_ctl_are_labelled_and_do_not_jump(
     daemon: Daemon, tmp_path: Path
 ) -> None:
     root = tmp_path / "ds"
-    assert daemon.call("status")["leader"]["control"] == "policy"
+    assert daemon.call("status")["leader"]["control"] == "human"  # between takes
     daemon.call("start_episode", task="sway")
+    assert daemon.call("status")["leader"]["control"] == "policy"
     daemon.wait_frames(40)
     ctl(daemon, "takeover")
     assert daemon.call("status")["leader"]["control"] == "human"
