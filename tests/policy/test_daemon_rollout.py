@@ -73,12 +73,15 @@ def test_takeover_and_handback_through_ctl_are_labelled_and_do_not_jump(
     rollout = sidecar["rollout"]
     assert rollout["takeovers"] == 1 and rollout["handbacks"] == 1
     assert [s["frame"] for s in rollout["switches"]] == switches.tolist()
-    # The goal steps around each switch, from the recorded actions: within the per-tick clamp
-    # (the emulated leader's scripted hand is elsewhere when the person takes over).
+    # The goal steps at each switch, from the recorded actions: within the per-tick clamp while
+    # the goal catches up with the new hand (the emulated leader's scripted hand is elsewhere when
+    # the person takes over). The catch-up ends with its first step short of the clamp; after it
+    # the goal is the hand's own, which may move faster than the clamp per tick.
     action = rows["action"].astype(np.float64)
     for frame in switches:
         steps = np.abs(np.diff(action[frame - 1 : frame + 25], axis=0)).max(axis=1)
-        assert steps.max() <= MAX_STEP + 1e-3, (frame, steps)
+        ramp_end = next((i for i, s in enumerate(steps) if s < MAX_STEP - 1e-3), len(steps) - 1)
+        assert steps[: ramp_end + 1].max() <= MAX_STEP + 1e-3, (frame, steps)
     n = len(intervention)
     assert arrays["policy_action"].shape == (n, 6) and arrays["control_source"].shape == (n,)
     assert arrays["action_age_ticks"].shape == (n,) and arrays["inference_latency_s"].shape == (n,)
