@@ -107,7 +107,13 @@ def test_a_take_the_disk_fills_under_ends_there_and_is_saved(
         before = daemon.wait_frames(20)["episode"]["frames"]
         disk.fill(leave=256 * 1024)
         status = daemon.wait_status(
-            lambda s: s["state"] == "idle" and any(f["kind"] == "disk_full" for f in s["faults"]),
+            # The fault and the idle state come at the tick that ends the take; last_episode when
+            # the writer thread has taken its save, a moment later.
+            lambda s: (
+                s["state"] == "idle"
+                and any(f["kind"] == "disk_full" for f in s["faults"])
+                and s["last_episode"] is not None
+            ),
             timeout_s=60,
             what="the take ended by a disk_full fault",
         )

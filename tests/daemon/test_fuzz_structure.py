@@ -186,3 +186,12 @@ def test_structured_leader_commands_leave_the_loop_ticking(live: Peer) -> None:
     while live.status()["loop"]["ticks"] <= ticks:
         assert time.monotonic() < deadline + 10.0, "the loop stopped ticking"
     assert live.status()["loop"]["crashed"] is None
+
+
+def test_every_field_of_every_verb_has_a_well_typed_strategy() -> None:
+    """A new verb's fields must be fuzzed with good values too, or its accepting path goes untried."""
+    from _hostile import well_typed
+
+    from hilrec.daemon.wire.protocol import COMMANDS
+
+    assert not sorted({name for fields in COMMANDS.values() for name in fields} - set(well_typed))

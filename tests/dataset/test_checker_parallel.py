@@ -31,9 +31,9 @@ LENGTHS = [11, 7, 13, 9, 10, 8]
 @pytest.fixture(scope="module")
 def broken_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("parallel") / "ds"
-    # A small video file limit: the later episodes roll over into a second mp4 per camera (each
-    # take is about 5 KB a camera).
-    write_dataset(DatasetWriter.create, root, LENGTHS, cameras=CAMS, video_files_size_in_mb=0.02)
+    # A small video file limit: a take is about 2 KB a camera (a little more while staged), so
+    # each file holds two or three takes and every camera rolls over into more files.
+    write_dataset(DatasetWriter.create, root, LENGTHS, cameras=CAMS, video_files_size_in_mb=0.006)
     table = pq.read_table(root / EPISODES)
     for column, row, delta in (
         ("stats/observation.images.front/mean", 1, 0.2),

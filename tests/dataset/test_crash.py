@@ -100,6 +100,7 @@ def child_main(
 
         episode_module.FINISH_WAIT_S = 0.0
     target, _, nth = stall_at.partition("#")
+    serial_merges = int(nth or 1) > 1 and target.startswith(("intent-", "renamed "))
     seen: dict[str, int] = {}
     lock = threading.Lock()
 
@@ -140,6 +141,10 @@ def child_main(
             os.kill(worker.pid, signal.SIGCONT)
         index = writer.save_episode(sidecar={"episode": episode})
         emit(f"SAVED {index}")
+        if serial_merges:
+            # One merge per episode, so the nth merge step exists whatever the merge's speed
+            # (a background merge slower than the next take merges two takes in one batch).
+            writer._merger.wait(60)
     writer.finalize()
     emit("DONE")
 

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from hilrec.daemon.atomic import temp_path
+from hilrec.daemon.atomic import fsync_dir, temp_path
 from hilrec.daemon.backoff import Backoff
 from hilrec.daemon.dataset.store import journal
 from hilrec.daemon.dataset.store.journal import Hook
+from hilrec.daemon.dataset.writer.checkpoint import ROWS_PREFIX
 from hilrec.daemon.dataset.writer.encode import EncodedEpisode
 from hilrec.daemon.dataset.writer.episode import OpenEpisode
 from hilrec.daemon.errors import DatasetError
@@ -232,6 +233,7 @@ class Committer:
             for path in save.encoded.beside:
                 temp_path(path).unlink(missing_ok=True)
             raise
+        _drop_checkpoints(journal.episode_dir(self.root, episode.index))
         if self._hook is not None:
             self._hook("committed")
         self.num_episodes += 1
@@ -335,3 +337,14 @@ def _why(exc: BaseException) -> str:
         where = f": {exc.filename}" if exc.filename else ""
         return f"[Errno {exc.errno}] {exc.strerror}{where}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _drop_checkpoints(directory: Path) -> None:
+    """A committed episode's rows are its parquet: the checkpoints that kept the open take's rows
+    durable (:mod:`.checkpoint`) are removed after the commit, never before it, so a crash in
+    between costs nothing but a stray file in a whole entry."""
+    stale = sorted(directory.glob(f"{ROWS_PREFIX}*.npz"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        fsync_dir(directory)
