@@ -157,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fps", type=int, nargs="+", default=[25, 30])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per take (default 20)")
+    parser.add_argument("--smoke", action="store_true", help="one 3 s take at 25 fps (make bench-smoke)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.fps, args.duration = [25], 3.0
     with tempfile.TemporaryDirectory(prefix="hilrec-bench-rollout-") as tmp:
         workdir = Path(tmp)
         act = train_tiny_act(workdir / "act")
