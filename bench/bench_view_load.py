@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -148,7 +149,10 @@ class Viewers:
         from playwright.sync_api import sync_playwright
 
         [port] = free_ports(1)
-        self._spawn(["ui", "--config", str(self.config), "--port", str(port)], self.work / "ui.log")
+        token = secrets.token_urlsafe(24)  # the page refuses a browser without the start's token
+        self._spawn(
+            ["ui", "--config", str(self.config), "--port", str(port), "--token", token], self.work / "ui.log"
+        )
         self._spawn(
             ["display", "--config", str(self.config), "--rrd", str(self.work / "display.rrd")],
             self.display_log,
@@ -162,7 +166,7 @@ class Viewers:
         deadline = time.monotonic() + 60
         while True:
             try:
-                page.goto(f"http://127.0.0.1:{port}/", timeout=5000)
+                page.goto(f"http://127.0.0.1:{port}/?token={token}", timeout=5000)
                 break
             except Exception:
                 if time.monotonic() > deadline:
