@@ -81,6 +81,11 @@ class SpillFullError(TakeEndedError):
     until the encoder catches up (``DatasetWriter.video_backlog_s``)."""
 
 
+class EncoderBehindError(SpillFullError):
+    """An in-process (thread) encoder's queue of frames waiting for it reached its memory bound:
+    that mode's spill. No frame is dropped; the take ends at this frame and is saved."""
+
+
 class DiskFullError(TakeEndedError):
     """The root's disk is (nearly) full during a take: the take ends at this frame and its
     frames so far fit in the room the writer held back for its save."""

@@ -21,7 +21,7 @@ class FaultKind(StrEnum):
     CAMERA_STALLED = "camera_stalled"  # no new frame within the camera's stall limit
     LEADER_TIMEOUT = "leader_timeout"  # no remote leader command within the watchdog
     WRITER_STALLED = "writer_stalled"  # the writer thread did not take a frame in time
-    SPILL_FULL = "spill_full"  # the video spill reached its disk bound: the take ended there
+    SPILL_FULL = "spill_full"  # the frames waiting for the encoder reached their bound: the take ended, saved
     DISK_FULL = "disk_full"  # the dataset's disk filled during a take: the take ended there, saved
     LOOP = "loop"  # the loop itself died; only status and shutdown are served after it
     POLICY = "policy"  # the policy cannot drive (its process died): the follower holds

@@ -36,7 +36,7 @@ import numpy as np
 
 from hilrec.daemon.dataset.video.avlog import open_av
 from hilrec.daemon.dataset.video.codec_threads import CodecThreads
-from hilrec.daemon.errors import CorruptDatasetError, VideoEncodingError
+from hilrec.daemon.errors import CorruptDatasetError, EncoderBehindError, VideoEncodingError
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +260,17 @@ class EpisodeVideoEncoder:
         """Frames in the (fragmented) file so far: durable once the file is fsynced."""
         stream = self._stream
         return stream.in_file if stream is not None else 0
+
+    def check_room(self) -> None:
+        """Raise :class:`EncoderBehindError` when the queue is at its bound: asked of every camera
+        before any takes the frame, so a take that ends there ends whole, on every camera."""
+        behind = self._queue.qsize()
+        if behind >= self.max_queued:
+            raise EncoderBehindError(
+                f"{self._where()}: the encoder is {behind} frames behind (its queue's bound, "
+                f"{self.max_queued} frames); the take ends at frame {self.frames_in} and is saved "
+                "(the encoder processes, video_encoder = \"process\", spill instead)"
+            )
 
     def put(self, frame: np.ndarray) -> None:
         """Enqueue a copy of ``frame`` (H, W, 3) uint8; raise rather than drop it."""

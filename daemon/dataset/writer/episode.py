@@ -172,6 +172,7 @@ class OpenEpisode:
         """Append one validated frame (see :class:`~.features.FrameValidator`)."""
         for encoder in self.encoders.values():
             encoder.raise_if_failed()
+            encoder.check_room()
         for key, column in self.values.items():
             column.append(np.array(values[key], copy=True))
         for key, encoder in self.encoders.items():
