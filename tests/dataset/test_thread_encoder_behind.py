@@ -57,8 +57,11 @@ def create(root: Path) -> DatasetWriter:
 
 
 def frames_in(path: Path) -> int:
-    with av.open(str(path)) as container:
+    container = av.open(str(path))
+    try:
         return sum(1 for _ in container.decode(video=0))
+    finally:
+        container.close()
 
 
 def test_the_writer_refuses_the_frame_whole_as_a_take_end(tmp_path: Path) -> None:

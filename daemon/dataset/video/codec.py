@@ -269,7 +269,7 @@ class EpisodeVideoEncoder:
             raise EncoderBehindError(
                 f"{self._where()}: the encoder is {behind} frames behind (its queue's bound, "
                 f"{self.max_queued} frames); the take ends at frame {self.frames_in} and is saved "
-                "(the encoder processes, video_encoder = \"process\", spill instead)"
+                '(the encoder processes, video_encoder = "process", spill instead)'
             )
 
     def put(self, frame: np.ndarray) -> None:
