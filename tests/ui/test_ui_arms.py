@@ -2,84 +2,36 @@
 by side, each named, each with its own values (twelve per vector, left arm first, as LeRobot's
 bi_so_follower orders them).
 
-The daemon's side is a stand-in on the real wire (hilrec's own telemetry publisher and control
-server, on the ports of a daemon config): it publishes ticks of twelve known values and answers
-status, so what each cell must show is known; the page, the ui server and its bridge are real,
-in Debian's Chromium."""
+The daemon's side is a stand-in on the real wire (tests/support/standin.py: hilrec's own
+telemetry publisher and control server, on the ports of a daemon config): it publishes ticks of
+twelve known values and answers status, so what each cell must show is known; the page, the ui
+server and its bridge are real, in Debian's Chromium."""
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import zmq
 from _daemon import Daemon, sim_config
 from _ui import ARTIFACTS, CHROMIUM_ARGS, TOKEN, Ui, chromium
 from playwright.sync_api import expect, sync_playwright
+from support.standin import ACTION, STATE, two_arm_wire
 
-from hilrec.daemon.errors import RequestRefusedError
 from hilrec.daemon.so101 import JOINT_NAMES
-from hilrec.daemon.wire.protocol import Request
-from hilrec.daemon.wire.security import Security, endpoint
-from hilrec.daemon.wire.server import ControlServer
-from hilrec.daemon.wire.settings import load_settings
-from hilrec.daemon.wire.telemetry import Telemetry
 
 pytestmark = pytest.mark.slow
 
 WAIT_MS = 60_000
-STATE = [10.0 * i + 1.0 for i in range(12)]  # left 1..51, right 61..111
-ACTION = [v + 2.0 for v in STATE]
 
 
 @pytest.fixture
 def two_arm_daemon(tmp_path: Path) -> Iterator[Daemon]:
     """A daemon config's ports served by the stand-in: status, and a tick every 40 ms."""
     daemon = Daemon(tmp_path, sim_config(tmp_path / "ds"))
-    settings = load_settings(daemon.config_path)
-    context: zmq.Context[Any] = zmq.Context()
-    telemetry = Telemetry(
-        context,
-        endpoint("127.0.0.1", daemon.telemetry_port),
-        hwm=100,
-        preview_hz=0.0,
-        preview_width=32,
-        jpeg_quality=80,
-    )
-    telemetry.start()
-
-    def status(request: Request) -> dict[str, Any]:
-        if request.cmd != "status":
-            raise RequestRefusedError(f"{request.cmd}: not served by this stand-in", "bad_state")
-        return {"state": "idle", "mode": "sim", "fps": 25, "uptime_s": 1.0, "dataset": {"episodes": 0}}
-
-    server = ControlServer(context, settings.zmq, Security(context, None), status)
-    stop = threading.Event()
-
-    def ticks() -> None:
-        slot = 0
-        while not stop.wait(0.04):  # the stand-in's own 25 Hz pace
-            slot += 1
-            telemetry.tick(
-                {"slot": slot, "recording": False, "state": STATE, "action": ACTION, "twin": STATE}
-            )
-
-    threads = [threading.Thread(target=server.serve, args=(stop,)), threading.Thread(target=ticks)]
-    for thread in threads:
-        thread.start()
-    try:
+    with two_arm_wire(daemon.config_path):
         yield daemon
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        server.close()
-        telemetry.close()
-        context.destroy(linger=0)
 
 
 def test_the_page_shows_both_arms_side_by_side_each_named(
