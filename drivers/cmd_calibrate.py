@@ -22,7 +22,7 @@ import select
 import sys
 import time
 
-from hilrec.daemon.errors import CalibrationError
+from hilrec.daemon.errors import CalibrationError, FlagError
 from hilrec.daemon.so101 import ARM_SIDES, Role
 from hilrec.drivers.arm import check_servos
 from hilrec.drivers.bus import BusConfig, FeetechBus
@@ -114,6 +114,13 @@ def _narrow(mins: dict[str, int], maxes: dict[str, int]) -> str | None:
 def _arm_id(args: argparse.Namespace) -> str:
     if args.arm is None:
         return str(args.id or default_arm_id(args.role))
+    if args.id is not None and args.id.endswith(tuple(f"_{side}" for side in ARM_SIDES)):
+        # The pair's id is wanted: `--id bench_left --arm left` would write bench_left_left.json.
+        raise FlagError(
+            "--id",
+            f"{args.id!r} already names a side; with --arm give the pair's id "
+            f"(LeRobot's --robot.id), e.g. {args.id.rsplit('_', 1)[0]!r}",
+        )
     return arm_calibration_id(args.id or default_arm_id(args.role), args.arm)
 
 

@@ -107,6 +107,9 @@ def test_the_pairs_id_names_both_files_and_a_bad_side_is_refused(emulate, tmp_pa
     args = ["calibrate", "leader", "--port", emu.port, "--id", "bench7", "--arm", "right"]
     assert main([*args, "--output", f"{out}/", "--yes", "--duration", "2.5"]) == 0
     assert [p.name for p in out.iterdir()] == ["bench7_right.json"]
+    # A side's own id given with --arm would name a file <id>_right_right: refused, arm untouched.
+    assert main([*args[:-4], "--id", "bench7_right", "--arm", "right", "--output", f"{out}/", "--yes"]) == 2
+    assert [p.name for p in out.iterdir()] == ["bench7_right.json"]
     try:
         main(["calibrate", "leader", "--port", emu.port, "--arm", "middle", "--yes"])
     except SystemExit as exc:
