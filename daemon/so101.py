@@ -127,3 +127,14 @@ def so101_features(
     for name, (height, width) in (cameras or {}).items():
         features[IMAGE_PREFIX + name] = camera_feature(height, width, video=video)
     return features
+
+
+def arm_groups(count: int) -> tuple[tuple[str | None, slice], ...] | None:
+    """Which of a ``count``-joint vector's values are which arm's, for showing each arm apart:
+    six, one arm, ``((None, 0:6),)``; twelve, ``(("left", 0:6), ("right", 6:12))`` in
+    :func:`joint_names` order; None for any other count."""
+    if count == NUM_JOINTS:
+        return ((None, slice(0, NUM_JOINTS)),)
+    if count == NUM_JOINTS * len(ARM_SIDES):
+        return tuple((side, slice(k * NUM_JOINTS, (k + 1) * NUM_JOINTS)) for k, side in enumerate(ARM_SIDES))
+    return None

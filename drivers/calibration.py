@@ -29,7 +29,7 @@ import numpy as np
 
 from hilrec.daemon.atomic import atomic_write_bytes, temp_path
 from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTORS, BodyMode, NormMode, Role
+from hilrec.daemon.so101 import ARM_SIDES, JOINT_NAMES, MAX_TICK, MOTORS, BodyMode, NormMode, Role
 
 HALF_TURN: Final[int] = MAX_TICK // 2  # 2047: where set_half_turn_homings puts the present pose
 HOMING_OFFSET_LIMIT: Final[int] = 2047  # sign-magnitude, sign at bit 11
@@ -272,8 +272,20 @@ def load_calibration(path: str | os.PathLike[str]) -> ArmCalibration:
     return ArmCalibration.from_mapping(data, source=str(path))
 
 
-def default_arm_id(role: Role | str) -> str:
-    return DEFAULT_ARM_IDS[Role(role)]
+def default_arm_id(role: Role | str, arm: str | None = None) -> str:
+    """The id hilrec calibrates ``role`` under; with ``arm`` (left/right), that arm's of a pair."""
+    base = DEFAULT_ARM_IDS[Role(role)]
+    return base if arm is None else arm_calibration_id(base, arm)
+
+
+def arm_calibration_id(base_id: str, arm: str) -> str:
+    """The calibration id of one side of a two-arm bench whose id is ``base_id``: LeRobot 0.4.4's
+    BiSOFollower / BiSOLeader give each side ``<id>_left`` / ``<id>_right``, in the one-arm
+    directory (robots/so_follower, teleoperators/so_leader), so a pair calibrated by either tool
+    is found by the other."""
+    if arm not in ARM_SIDES:
+        raise CalibrationError(f"arm {arm!r} is not one of {', '.join(ARM_SIDES)}")
+    return f"{base_id}_{arm}"
 
 
 def calibration_output(path: str | os.PathLike[str], arm_id: str) -> Path:

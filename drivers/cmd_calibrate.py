@@ -8,6 +8,11 @@ The file goes where the daemon looks for it: LeRobot's calibration directory, ``
 the id the daemon's config expects by default (``so101_follower`` / ``so101_leader``). ``--output``
 takes a file or a folder (then ``<folder>/<id>.json``, as LeRobot's ``calibration_dir``); it is
 checked before the arm is touched.
+
+``--arm left|right`` calibrates one side of a two-arm bench as LeRobot's ``bi_so_follower`` /
+``bi_so_leader`` do: the file is ``<id>_left.json`` / ``<id>_right.json`` (``--id`` is then the
+pair's id, as LeRobot's ``--robot.id``), so the two sides never share a file, and every line
+printed names the side.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import select
 import sys
 import time
 
-from hilrec.daemon.errors import CalibrationError
-from hilrec.daemon.so101 import Role
+from hilrec.daemon.errors import CalibrationError, FlagError
+from hilrec.daemon.so101 import ARM_SIDES, Role
 from hilrec.drivers.arm import check_servos
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import (
     DEFAULT_ARM_IDS,
+    arm_calibration_id,
     calibration_output,
     default_arm_id,
     lerobot_calibration_path,
@@ -46,7 +52,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--id",
         default=None,
-        help=f"arm id: the file is <id>.json (default {defaults}, the daemon's follower.id / leader.id)",
+        help=f"arm id: the file is <id>.json (default {defaults}, the daemon's follower.id / leader.id); "
+        "with --arm, the pair's id: the file is <id>_<arm>.json",
+    )
+    parser.add_argument(
+        "--arm",
+        choices=ARM_SIDES,
+        default=None,
+        help="which arm of a two-arm bench (LeRobot's bi_so_follower / bi_so_leader): its own file",
     )
     parser.add_argument(
         "--output",
@@ -98,8 +111,23 @@ def _narrow(mins: dict[str, int], maxes: dict[str, int]) -> str | None:
     )
 
 
+def _arm_id(args: argparse.Namespace) -> str:
+    if args.arm is None:
+        return str(args.id or default_arm_id(args.role))
+    if args.id is not None and args.id.endswith(tuple(f"_{side}" for side in ARM_SIDES)):
+        # The pair's id is wanted: `--id bench_left --arm left` would write bench_left_left.json.
+        raise FlagError(
+            "--id",
+            f"{args.id!r} already names a side; with --arm give the pair's id "
+            f"(LeRobot's --robot.id), e.g. {args.id.rsplit('_', 1)[0]!r}",
+        )
+    return arm_calibration_id(args.id or default_arm_id(args.role), args.arm)
+
+
 def run(args: argparse.Namespace) -> int:
-    arm_id = args.id or default_arm_id(args.role)
+    arm_id = _arm_id(args)
+    who = args.role if args.arm is None else f"{args.arm} {args.role}"
+    side = "" if args.arm is None else f"{who}: "  # one arm's lines stay as they were
     # Before any servo is touched: a bad path must not cost the person the whole procedure.
     output = (
         calibration_output(args.output, arm_id)
@@ -107,23 +135,23 @@ def run(args: argparse.Namespace) -> int:
         else calibration_output(lerobot_calibration_path(args.role, arm_id), arm_id)
     )
     with FeetechBus(BusConfig(port=args.port)) as bus:
-        error, _ = check_servos(bus, who=f"SO-101 {args.role} on {args.port}", role=Role(args.role))
+        error, _ = check_servos(bus, who=f"SO-101 {who} on {args.port}", role=Role(args.role))
         if error is not None:
             raise error
         calibrator = Calibrator(bus)
         calibrator.prepare()
         if not args.yes:
-            input(f"Move the {args.role} to the middle of its range of motion and press ENTER...")
+            input(f"Move the {who} to the middle of its range of motion and press ENTER...")
         offsets = calibrator.set_middle()
         print("homing offsets:", ", ".join(f"{k} {v}" for k, v in offsets.items()))
         mins, maxes = _record(
             calibrator, args, f"Move every joint through its entire range of motion ({_FULL_TURN_NOTE})."
         )
         while narrow := _narrow(mins, maxes):
-            print(f"WARNING: {narrow}")
+            print(f"WARNING: {side}{narrow}")
             if args.duration is not None:
                 raise CalibrationError(
-                    f"{narrow}; run it again and move every joint (an emulated arm moves by itself "
+                    f"{side}{narrow}; run it again and move every joint (an emulated arm moves by itself "
                     "with `hilrec emulate ... --motion sweep`)"
                 )
             answer = input("Press ENTER to record the ranges again (they add up), or type keep and ENTER: ")
@@ -141,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
         save_calibration(calibration, output)
     except CalibrationError:
         # The servos hold it already; the person must not lose it: print the file itself.
-        print(f"The calibration could not be saved to {output}; its content is:", file=sys.stderr)
+        print(f"The {who}'s calibration could not be saved to {output}; its content is:", file=sys.stderr)
         print(calibration.to_json(), file=sys.stderr)
         raise
-    print(f"Calibration saved to {output}")
+    print(f"Calibration {side and f'of the {who} '}saved to {output}")
     return 0

@@ -8,6 +8,9 @@ for servos at other ids), and each is printed with the servo ids that answer on 
 The ports looked at are the machine's serial ports (pyserial's list, plus /dev/ttyACM*,
 /dev/ttyUSB* and macOS's usbmodem/usbserial nodes), or only those matching ``--port`` (a path
 or a glob, repeatable): an emulated arm's ``--link``, or a pty.
+
+``--arm left|right`` (a two-arm bench: four boards) names the arm being unplugged in every line,
+and the config section and ``--arm`` flag its port goes with.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hilrec.daemon.errors import BusError, BusTimeoutError, DeviceError, PortBusyError
-from hilrec.daemon.so101 import MOTOR_IDS
+from hilrec.daemon.errors import BusError, BusTimeoutError, ConfigError, DeviceError, PortBusyError
+from hilrec.daemon.so101 import ARM_SIDES, MOTOR_IDS
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.tables import MODEL_NUMBER_STS3215
 
@@ -59,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="PATH|GLOB",
         help="look only at these ports (repeatable); default: the machine's serial ports",
+    )
+    parser.add_argument(
+        "--arm",
+        choices=ARM_SIDES,
+        default=None,
+        help="which arm of a two-arm bench is unplugged (named in the answer); not with --list",
     )
     parser.set_defaults(func=run)
 
@@ -136,8 +145,10 @@ def probe(port: str) -> PortReport:
 
 def run(args: argparse.Namespace) -> int:
     if args.list:
+        if args.arm is not None:
+            raise ConfigError("--arm", "--list probes every port and unplugs none: leave --arm out")
         return _list(args.port)
-    return _unplug(args.port)
+    return _unplug(args.port, args.arm)
 
 
 def _list(patterns: Sequence[str]) -> int:
@@ -166,14 +177,15 @@ def _no_ports(patterns: Sequence[str]) -> str:
     return "No serial port found. Is the arm's controller board plugged in over USB?"
 
 
-def _unplug(patterns: Sequence[str]) -> int:
-    print("Finding all available ports for the arm's controller board.")
+def _unplug(patterns: Sequence[str], arm: str | None = None) -> int:
+    whose = "the arm's" if arm is None else f"the {arm} arm's"
+    print(f"Finding all available ports for {whose} controller board.")
     before = serial_ports(patterns)
     if not before:
         print(_no_ports(patterns))
         return EXIT_NOT_FOUND
     print("Ports before disconnecting:", ", ".join(before))
-    print("Remove the USB cable from the arm's controller board and press Enter when done.", flush=True)
+    print(f"Remove the USB cable from {whose} controller board and press Enter when done.", flush=True)
     try:
         sys.stdin.readline()
     except KeyboardInterrupt:
@@ -187,12 +199,7 @@ def _unplug(patterns: Sequence[str]) -> int:
             break
         time.sleep(0.1)  # bounded poll of /dev; nothing to wait on but the directory
     if len(gone) == 1:
-        print(f"The port of this arm is '{gone[0]}'")
-        print("Reconnect the USB cable.")
-        print(
-            f"Use it as follower.port or leader.port in the daemon's config (configs/hil.toml), "
-            f"and for hilrec setup-motors / calibrate --port {gone[0]}."
-        )
+        _found(gone[0], arm)
         return 0
     if not gone:
         print(
@@ -202,3 +209,20 @@ def _unplug(patterns: Sequence[str]) -> int:
     else:
         print(f"Could not detect the port: more than one port disappeared ({', '.join(gone)}).")
     return EXIT_NOT_FOUND
+
+
+def _found(port: str, arm: str | None) -> None:
+    if arm is None:
+        print(f"The port of this arm is '{port}'")
+        print("Reconnect the USB cable.")
+        print(
+            f"Use it as follower.port or leader.port in the daemon's config (configs/hil.toml), "
+            f"and for hilrec setup-motors / calibrate --port {port}."
+        )
+        return
+    print(f"The port of the {arm} arm is '{port}'")
+    print("Reconnect the USB cable.")
+    print(
+        f"Use it as the {arm} arm's follower or leader port ([arms.{arm}] in the daemon's config, "
+        f"configs/bimanual-hil.toml), and for hilrec setup-motors / calibrate --arm {arm} --port {port}."
+    )

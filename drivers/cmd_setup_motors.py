@@ -16,6 +16,8 @@ person connects the controller board to that servo only and presses Enter; then:
 A servo that cannot be found is asked for again (Enter retries, Ctrl-C stops), as are two
 servos answering at once and a servo this run has just set (Enter pressed before the cable was
 moved on: it would silently get the next id). ``--joints`` sets only some joints (e.g. one replaced servo).
+``--arm left|right`` names the side of a two-arm bench in every line, and in the calibrate
+command it ends with (LeRobot's bi_so_follower / bi_so_leader sides).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from hilrec.daemon.errors import ConfigError, DeviceError, HilrecError
-from hilrec.daemon.so101 import JOINT_NAMES, MOTORS
+from hilrec.daemon.so101 import ARM_SIDES, JOINT_NAMES, MOTORS
 from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.tables import BAUD_RATES, MODEL_NUMBER_STS3215
 
@@ -50,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--joints",
         default=",".join(reversed(JOINT_NAMES)),
         help="the joints to set, in this order, comma-separated",
+    )
+    parser.add_argument(
+        "--arm",
+        choices=ARM_SIDES,
+        default=None,
+        help="which arm of a two-arm bench this is (named in every prompt and in the calibrate step)",
     )
     parser.set_defaults(func=run)
 
@@ -132,24 +140,29 @@ def _ask(prompt: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     joints: Sequence[str] = _joints(args.joints)
+    # One arm's lines stay as they were; a side of a pair is named in each.
+    board = "the controller board" if args.arm is None else f"the {args.arm} {args.role}'s controller board"
+    side = "" if args.arm is None else f"{args.arm} {args.role}: "
+    arm_flag = "" if args.arm is None else f" --arm {args.arm}"
     just_set: dict[int, str] = {}
     for joint in joints:
         target = MOTORS[joint][0]
-        _ask(f"Connect the controller board to the '{joint}' motor only and press Enter.")
+        _ask(f"Connect {board} to the '{joint}' motor only and press Enter.")
         while True:
             try:
                 rate, found = setup_servo(args.port, target, just_set)
                 break
             except DeviceError as exc:  # none, two at once, a bus error: the person fixes it
-                print(f"'{joint}': {exc}", flush=True)
+                print(f"{side}'{joint}': {exc}", flush=True)
                 _ask(f"Fix it, then press Enter to try the '{joint}' motor again (Ctrl-C stops).")
         print(
-            f"'{joint}' motor id set to {target} (was id {found} at {_rate(rate)}), baud rate 1 Mbps",
+            f"{side}'{joint}' motor id set to {target} (was id {found} at {_rate(rate)}), baud rate 1 Mbps",
             flush=True,
         )
         just_set[target] = joint
     print(
-        f"Done. Chain the servos together and calibrate: hilrec calibrate {args.role} --port {args.port}",
+        f"Done. Chain the servos together and calibrate: hilrec calibrate {args.role}{arm_flag} "
+        f"--port {args.port}",
         flush=True,
     )
     return 0

@@ -3,8 +3,9 @@
 While a session runs, the panel is redrawn a few times a second from the session's
 :class:`PanelState` and the telemetry :class:`~hilrec.daemon.collect.monitor.Snapshot`: take i of
 N and its phase, elapsed and remaining time, frames; the loop's ticks, late and skipped ticks and
-jitter; faults and the writer queue; the follower's joints against the leader's; the last take's
-verdict. A late tick shows in red as it happens (for a few seconds), a fault at once.
+jitter; faults and the writer queue; the follower's joints against the leader's (a two-arm
+bench's twelve as two tables side by side, left and right); the last take's verdict. A late
+tick shows in red as it happens (for a few seconds), a fault at once.
 
 Without a terminal on stdout there is no panel: only the lines (take started, saved, verdict...),
 so a log or a CI run reads cleanly.
@@ -24,7 +25,7 @@ from rich.text import Text
 
 from hilrec.daemon.collect.monitor import Monitor, Snapshot
 from hilrec.daemon.dataset import EpisodeVerdict
-from hilrec.daemon.so101 import JOINT_NAMES
+from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS, arm_groups
 
 LATE_HIGHLIGHT_S: Final[float] = 3.0
 BACKLOG_WARN_S: Final[float] = 1.0  # a backlog this long is shown in colour: the encoder is behind
@@ -172,12 +173,26 @@ def backlog_line(snap: Snapshot) -> str | None:
 
 
 def _joints_table(tick: dict[str, Any] | None) -> Table:
-    table = Table(box=None, pad_edge=False, show_edge=False)
-    for name, justify in (("joint", "left"), ("follower", "right"), ("leader", "right"), ("|diff|", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    """The follower against the leader per joint: one table, or one per arm side by side."""
     state = (tick or {}).get("state")
     leader = (tick or {}).get("leader")
-    for i, name in enumerate(JOINT_NAMES):
+    count = next((len(v) for v in (state, leader) if isinstance(v, list)), NUM_JOINTS)
+    groups = arm_groups(count) or ((None, slice(0, NUM_JOINTS)),)
+    tables = [_arm_table(side, where, state, leader) for side, where in groups]
+    if len(tables) == 1:
+        return tables[0]
+    grid = Table.grid(padding=(0, 4))
+    grid.add_row(*tables)
+    return grid
+
+
+def _arm_table(
+    side: str | None, where: slice, state: list[float] | None, leader: list[float] | None
+) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, title=None if side is None else f"{side} arm")
+    for name, justify in (("joint", "left"), ("follower", "right"), ("leader", "right"), ("|diff|", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for i, name in zip(range(where.start, where.stop), JOINT_NAMES, strict=True):
         follower = _num(state, i)
         lead = _num(leader, i)
         diff = "" if state is None or leader is None else f"{abs(state[i] - leader[i]):7.2f}"

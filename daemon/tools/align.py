@@ -231,9 +231,11 @@ def _compare_units(result: Alignment, calibrations: tuple[Calibration, Calibrati
             ]  # fmt: skip
             lows[i] = np.concatenate([lo for lo, _ in converted])
             highs[i] = np.concatenate([hi for _, hi in converted])
+        m100 = a if a.units == BodyMode.RANGE_M100_100 else b
+        files = "FILE" if len(m100.joints) == NUM_JOINTS else "LEFT RIGHT (one per arm, left first)"
         result.fixes.append(
             "record both sides in one unit (LeRobot's use_degrees=True is hilrec's default), or convert "
-            "the RANGE_M100_100 one: hilrec edit convert-units ROOT --to degrees --calibration FILE"
+            f"the RANGE_M100_100 one: hilrec edit convert-units ROOT --to degrees --calibration {files}"
         )
     # Joint by joint where both sides have it (a one-arm side against a two-arm one: its
     # columns against the left arm's, the feature rows above already say they differ).

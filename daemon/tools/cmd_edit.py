@@ -110,13 +110,19 @@ def register(subparsers: Any) -> None:
         "--calibration",
         required=True,
         type=Path,
-        help="the follower's LeRobot calibration file (observation.state, and action by default)",
+        nargs="+",
+        metavar="FILE",
+        help="the follower's LeRobot calibration file (observation.state, and action by default); "
+        "a two-arm dataset: one per arm, left first (<id>_left.json <id>_right.json)",
     )
     p.add_argument(
         "--leader-calibration",
         type=Path,
+        nargs="+",
+        metavar="FILE",
         default=None,
-        help="the leader's calibration, for action (LeRobot records the leader's reading there)",
+        help="the leader's calibration, for action (LeRobot records the leader's reading there); "
+        "two arms: one per arm, left first",
     )
     _common(p)
 

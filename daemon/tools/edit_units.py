@@ -23,6 +23,12 @@ converted rows (:func:`hilrec.daemon.tools.edit_write.write_dataset`), and ``hil
 records the new units (``units.joints``, read by :mod:`hilrec.daemon.dataset.format.joint_units`) with
 the calibrations used, so ``hilrec align`` and ``hilrec replay`` read degrees from it.
 
+A two-arm dataset (LeRobot's ``bi_so_follower`` columns, ``left_*`` then ``right_*``) takes a
+calibration per arm, left first (``--calibration LEFT RIGHT``, ``--leader-calibration LEFT
+RIGHT``), as LeRobot keeps one file per side (``<id>_left.json``, ``<id>_right.json``): each arm's
+six columns go through its own file, and a file given for the wrong side is refused or noted
+naming the arm. Its metadata keeps the calibrations per arm (``calibration.left.follower``...).
+
 Refused, naming what and where: a dataset already in degrees (its hilrec metadata says so, or a
 body value passes 100), a calibration that does not hold every SO-101 joint, a body value outside
 -100..100 (episode, frame, joint), or columns that are not the SO-101's joints.
@@ -31,7 +37,7 @@ body value passes 100), a calibration that does not hold every SO-101 joint, a b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,7 +46,20 @@ import pyarrow as pa
 
 from hilrec.daemon.dataset import column_to_numpy, recorded_body_mode
 from hilrec.daemon.errors import CalibrationError, DatasetError, FlagError
-from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, MAX_TICK, MOTORS, STATE_KEY, BodyMode, NormMode
+from hilrec.daemon.so101 import (
+    ACTION_KEY,
+    ARM_SIDES,
+    JOINT_NAMES,
+    MAX_TICK,
+    MOTORS,
+    NUM_JOINTS,
+    STATE_KEY,
+    BodyMode,
+    NormMode,
+    arm_prefixes,
+    arms_of,
+    position_names,
+)
 from hilrec.daemon.tools.edit_run import Options, hook_of, run_edit
 from hilrec.daemon.tools.edit_source import EditReport, Pick, Source
 from hilrec.daemon.tools.edit_write import write_dataset
@@ -54,6 +73,24 @@ BODY: Final[tuple[int, ...]] = tuple(
     i for i, name in enumerate(JOINT_NAMES) if MOTORS[name][1] != NormMode.RANGE_0_100
 )
 KEPT: Final[tuple[int, ...]] = tuple(i for i in range(len(JOINT_NAMES)) if i not in BODY)
+# A calibration flag's value: one file, or one per arm (left first).
+Calibrations = Path | Sequence[Path]
+
+
+@dataclass(frozen=True)
+class ArmFiles:
+    """One arm's calibrations (``side`` None for a one-arm dataset) and the files they came from."""
+
+    side: str | None
+    follower: ArmCalibration
+    leader: ArmCalibration
+    follower_path: Path
+    leader_path: Path
+    columns: slice
+
+    @property
+    def named(self) -> str:
+        return "" if self.side is None else f"{self.side} arm: "
 
 
 def m100_to_ticks(values: np.ndarray, cal: ArmCalibration) -> np.ndarray:
@@ -80,43 +117,52 @@ def convert_units(
     root: Path,
     *,
     to: BodyMode,
-    calibration: Path,
-    leader_calibration: Path | None = None,
+    calibration: Calibrations,
+    leader_calibration: Calibrations | None = None,
     out: Path | None = None,
     options: Options | None = None,
 ) -> EditReport:
     """Convert ``root``'s ``observation.state`` and ``action`` to ``to`` (degrees), in place or
-    into ``out`` (see the module doc)."""
+    into ``out`` (see the module doc). Two arms: a calibration per arm, left first."""
     if to != BodyMode.DEGREES:
         raise FlagError("--to", f"{to}: only degrees is a conversion target (from RANGE_M100_100)")
-    follower = _calibration("--calibration", calibration)
-    leader = (
-        _calibration("--leader-calibration", leader_calibration)
+    # Read before anything is written: a bad file is refused with nothing touched.
+    followers = [(p, _calibration("--calibration", p)) for p in _paths(calibration)]
+    leaders = (
+        [(p, _calibration("--leader-calibration", p)) for p in _paths(leader_calibration)]
         if leader_calibration is not None
-        else follower
+        else None
     )
-    cals = {STATE_KEY: follower, ACTION_KEY: leader}
     hook = hook_of(options)
 
     def build(sources: Sequence[Source], result: Path, report: EditReport) -> None:
         source = sources[0]
         stated = _stated_units(source)
-        for key in cals:
-            _check_columns(source, key)
-        off_tick = dict.fromkeys(cals, 0.0)
+        arms = {_check_columns(source, key) for key in (STATE_KEY, ACTION_KEY)}
+        if len(arms) != 1:
+            raise DatasetError(f"{source.root}: {STATE_KEY} and {ACTION_KEY} name different arms")
+        files = _arm_files(arms.pop(), followers, leaders)
+        off_tick = {(key, arm.side): 0.0 for key in (STATE_KEY, ACTION_KEY) for arm in files}
 
         def transform(pick: Pick, table: pa.Table) -> pa.Table:
             frames = column_to_numpy(table.column("frame_index"), [1], name="frame_index")
-            for key, cal in cals.items():
-                values = column_to_numpy(table.column(key), [6], name=key)
-                if stated is None:
-                    _refuse_degrees_like(source, key, pick.episode, frames, values)
-                _refuse_out_of_range(source, key, pick.episode, frames, values)
-                ticks = m100_to_ticks(values, cal)
-                whole = np.rint(ticks)
-                off_tick[key] = max(off_tick[key], float(np.max(np.abs(ticks - whole)[:, BODY], initial=0)))
-                converted = ticks_to_degrees(whole, cal).astype(np.float32)
-                converted[:, KEPT] = values[:, KEPT]  # bit for bit: the gripper is not converted
+            for key in (STATE_KEY, ACTION_KEY):
+                values = column_to_numpy(table.column(key), [NUM_JOINTS * len(files)], name=key)
+                converted = np.empty_like(values, dtype=np.float32)
+                for arm in files:
+                    own = values[:, arm.columns]
+                    where = (source, key, pick.episode, frames, arm.side)
+                    if stated is None:
+                        _refuse_degrees_like(*where, own)
+                    _refuse_out_of_range(*where, own)
+                    cal = arm.follower if key == STATE_KEY else arm.leader
+                    ticks = m100_to_ticks(own, cal)
+                    whole = np.rint(ticks)
+                    worst = float(np.max(np.abs(ticks - whole)[:, BODY], initial=0))
+                    off_tick[key, arm.side] = max(off_tick[key, arm.side], worst)
+                    part = ticks_to_degrees(whole, cal).astype(np.float32)
+                    part[:, KEPT] = own[:, KEPT]  # bit for bit: the gripper is not converted
+                    converted[:, arm.columns] = part
                 table = table.set_column(table.schema.get_field_index(key), key, _float32_vectors(converted))
             return table
 
@@ -127,8 +173,11 @@ def convert_units(
                 if stated
                 else "assumed (no hilrec metadata; every body value within ±100)"
             )
-            + f" -> degrees; {STATE_KEY} through {calibration}, {ACTION_KEY} through "
-            + f"{leader_calibration or calibration}"
+            + " -> degrees; "
+            + "; ".join(
+                f"{arm.named}{STATE_KEY} through {arm.follower_path}, {ACTION_KEY} through {arm.leader_path}"
+                for arm in files
+            )
         )
         write_dataset(
             result,
@@ -138,25 +187,68 @@ def convert_units(
             report=report,
             hook=hook,
             transform=transform,
-            sidecar=_units_sidecar(follower, leader if leader_calibration is not None else None),
+            sidecar=_units_sidecar(files, with_leader=leaders is not None),
         )
-        if off_tick[STATE_KEY] > OFF_TICK_NOTE:
-            # The follower's file is the one that matters: refused, not a note in a report.
-            raise FlagError(
-                "--calibration",
-                f"{calibration} is not the calibration {STATE_KEY} was recorded with: its values lie up "
-                f"to {off_tick[STATE_KEY]:.2f} ticks off whole ticks of it. Give the follower's file "
-                "(the daemon's follower.calibration, by default so101_follower.json), not the leader's",
-            )
-        for key, worst in off_tick.items():
-            if worst > OFF_TICK_NOTE:
-                report.notes.append(
-                    f"{key}: values lie up to {worst:.2f} ticks off whole ticks of its calibration: was "
-                    f"it recorded with {cals[key].source}? (action holds the leader's reading: "
-                    "--leader-calibration)"
-                )
+        _judge_off_ticks(files, off_tick, report)
 
     return run_edit("convert-units", [root], out or root, build, options)
+
+
+def _paths(value: Calibrations) -> list[Path]:
+    return [Path(value)] if isinstance(value, Path | str) else [Path(v) for v in value]
+
+
+def _arm_files(
+    arms: int,
+    followers: list[tuple[Path, ArmCalibration]],
+    leaders: list[tuple[Path, ArmCalibration]] | None,
+) -> list[ArmFiles]:
+    """Each arm's calibrations: one file per arm, left first (the leader's default: the follower's)."""
+    for flag, paths in (("--calibration", followers), ("--leader-calibration", leaders)):
+        if paths is not None and len(paths) != arms:
+            what = "one arm: one file" if arms == 1 else f"{arms} arms: one file per arm, left first"
+            raise FlagError(
+                flag, f"{len(paths)} file(s) given; the dataset has {what} ({', '.join(ARM_SIDES)})"
+            )
+    sides: list[str | None] = [None] if arms == 1 else list(ARM_SIDES)
+    leader_files = leaders if leaders is not None else followers
+    return [
+        ArmFiles(
+            side=side,
+            follower=follower[1],
+            leader=leader[1],
+            follower_path=follower[0],
+            leader_path=leader[0],
+            columns=slice(i * NUM_JOINTS, (i + 1) * NUM_JOINTS),
+        )
+        for i, (side, follower, leader) in enumerate(zip(sides, followers, leader_files, strict=True))
+    ]
+
+
+def _judge_off_ticks(
+    files: list[ArmFiles], off_tick: dict[tuple[str, str | None], float], report: EditReport
+) -> None:
+    for arm in files:
+        worst = off_tick[STATE_KEY, arm.side]
+        if worst > OFF_TICK_NOTE:
+            # The follower's file is the one that matters: refused, not a note in a report.
+            other = "" if arm.side is None else ", nor the other arm's (one file per arm, left first)"
+            raise FlagError(
+                "--calibration",
+                f"{arm.named}{arm.follower_path} is not the calibration {STATE_KEY} was recorded with: its "
+                f"values lie up to {worst:.2f} ticks off whole ticks of it. Give the follower's file "
+                "(the daemon's follower.calibration, by default so101_follower.json), not the "
+                f"leader's{other}",
+            )
+    for (key, side), worst in off_tick.items():
+        if worst > OFF_TICK_NOTE:
+            arm = next(a for a in files if a.side == side)
+            cal = arm.follower if key == STATE_KEY else arm.leader
+            report.notes.append(
+                f"{arm.named}{key}: values lie up to {worst:.2f} ticks off whole ticks of its calibration: "
+                f"was it recorded with {cal.source}? (action holds the leader's reading: "
+                "--leader-calibration)"
+            )
 
 
 def _calibration(flag: str, path: Path) -> ArmCalibration:
@@ -177,35 +269,42 @@ def _stated_units(source: Source) -> BodyMode | None:
     return mode
 
 
-def _check_columns(source: Source, key: str) -> None:
+def _check_columns(source: Source, key: str) -> int:
+    """How many arms ``key``'s columns hold (one, or LeRobot's bi_so_follower two)."""
     spec = source.features.get(key)
     if spec is None:
         raise DatasetError(f"{source.root}: no feature '{key}' to convert")
     names = list(spec.get("names") or [])
-    want = [f"{name}.pos" for name in JOINT_NAMES]
-    if names != want or list(spec.get("shape") or []) != [6]:
+    arms = arms_of(names)
+    if arms is None or list(spec.get("shape") or []) != [len(names)]:
         raise DatasetError(
             f"{source.root}: meta/info.json features.{key}: names {names}, shape {spec.get('shape')}; "
-            f"convert-units needs the SO-101's {want}"
+            f"convert-units needs the SO-101's {position_names(1)}, or two arms' {position_names(2)}"
         )
+    return arms
+
+
+def _joint(side: str | None, index: int) -> str:
+    prefix = "" if side is None else arm_prefixes(len(ARM_SIDES))[ARM_SIDES.index(side)]
+    return prefix + JOINT_NAMES[index]
 
 
 def _refuse_degrees_like(
-    source: Source, key: str, episode: int, frames: np.ndarray, values: np.ndarray
+    source: Source, key: str, episode: int, frames: np.ndarray, side: str | None, values: np.ndarray
 ) -> None:
     body = np.abs(values[:, BODY])
     if body.size and float(body.max()) > M100_LIMIT + M100_SLACK:
         row, col = np.unravel_index(int(np.argmax(body)), body.shape)
         raise DatasetError(
             f"{source.root}: episode {episode}, frame {int(frames[row])}, joint "
-            f"{JOINT_NAMES[BODY[col]]}: {key} is {float(values[row, BODY[col]]):.3f}, beyond "
+            f"{_joint(side, BODY[col])}: {key} is {float(values[row, BODY[col]]):.3f}, beyond "
             "RANGE_M100_100's -100..100: the dataset looks like degrees already (hilrec align "
             "infers the same); nothing converted"
         )
 
 
 def _refuse_out_of_range(
-    source: Source, key: str, episode: int, frames: np.ndarray, values: np.ndarray
+    source: Source, key: str, episode: int, frames: np.ndarray, side: str | None, values: np.ndarray
 ) -> None:
     body = values[:, BODY].astype(np.float64)
     bad = ~np.isfinite(body) | (np.abs(body) > M100_LIMIT + M100_SLACK)
@@ -213,7 +312,7 @@ def _refuse_out_of_range(
         row, col = (int(i[0]) for i in np.nonzero(bad))
         raise DatasetError(
             f"{source.root}: episode {episode}, frame {int(frames[row])}, joint "
-            f"{JOINT_NAMES[BODY[col]]}: {key} is {float(body[row, col])!r}, outside the calibrated "
+            f"{_joint(side, BODY[col])}: {key} is {float(body[row, col])!r}, outside the calibrated "
             f"range -100..100 of RANGE_M100_100 ({int(bad.sum())} such value(s) in this episode)"
         )
 
@@ -225,14 +324,20 @@ def _float32_vectors(values: np.ndarray) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(flat, data.shape[1])
 
 
-def _units_sidecar(follower: ArmCalibration, leader: ArmCalibration | None) -> dict[str, Any]:
+def _units_sidecar(files: Sequence[ArmFiles], *, with_leader: bool) -> dict[str, Any]:
     joints = {
         name: (mode if mode == NormMode.RANGE_0_100 else BodyMode.DEGREES)
         for name, (_, mode) in MOTORS.items()
     }
-    calibration = {"follower": {name: asdict(cal) for name, cal in follower.motors.items()}}
-    if leader is not None:
-        calibration["leader"] = {name: asdict(cal) for name, cal in leader.motors.items()}
+
+    def used(arm: ArmFiles) -> dict[str, Any]:
+        entry = {"follower": {name: asdict(cal) for name, cal in arm.follower.motors.items()}}
+        if with_leader:
+            entry["leader"] = {name: asdict(cal) for name, cal in arm.leader.motors.items()}
+        return entry
+
+    # One arm: as before ({follower, leader}); two: the same per side ({left: {...}, right: {...}}).
+    calibration = used(files[0]) if files[0].side is None else {str(a.side): used(a) for a in files}
     return {
         "units": {
             "body_norm_mode": BodyMode.DEGREES,

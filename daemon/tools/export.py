@@ -4,8 +4,8 @@ The file is robomimic's (its ``SequenceDataset`` reads it as written)::
 
     data/                 attrs: total (samples), env_args (JSON: what this data came from)
       demo_<episode>/     attrs: num_samples, task, tasks, hilrec_episode_index
-        actions           float32 (n, 6), the recorded action column, unchanged
-        obs/state         float32 (n, 6), observation.state
+        actions           float32 (n, 6), the recorded action column, unchanged (two arms: (n, 12))
+        obs/state         float32 (n, 6), observation.state (two arms: (n, 12), left arm first)
         obs/<cam>_image   uint8 (n, H, W, 3), decoded from the episode's video ("image" in the
                           name is how robomimic's configs recognise an RGB key)
         next_obs/<key>    obs/<key> one frame on, the last frame repeated: a virtual dataset
@@ -17,6 +17,10 @@ The file is robomimic's (its ``SequenceDataset`` reads it as written)::
 ``next_obs`` is laid out as robomimic's converters write it (``convert_d4rl.py``: the observation
 after each frame, and at an episode's end a copy of its last observation, since nothing was
 observed after it); ``SequenceDataset`` reads it by default (``load_next_obs=True``).
+
+``env_args`` names the columns of both (``env_kwargs.names``: the dataset's feature names, e.g.
+``left_shoulder_pan.pos ... right_gripper.pos`` for LeRobot's bi_so_follower), so which values
+are which arm's travels with the file.
 
 ``task`` is the episode's task as the dataset holds it (``meta/tasks.parquet`` through each row's
 ``task_index``), the first if the episode holds several; ``tasks`` lists them all, in order.
@@ -288,6 +292,10 @@ def _env_args(
             "cameras": cameras,
             "image_size_wh": list(size) if size else None,
             "units": sidecar.get("units"),
+            "names": {
+                "actions": list(info["features"][ACTION_KEY].get("names") or []),
+                "obs/state": list(info["features"][STATE_KEY].get("names") or []),
+            },
             "sim": {k: sidecar["sim"][k] for k in ("scene", "physics") if k in sidecar.get("sim", {})},
         },
     }

@@ -7,7 +7,8 @@ socket's high-water mark drops them, counted here from the per-topic ``seq`` gap
 Entity paths:
 
 - ``camera/<name>``: the preview JPEGs (``telemetry.preview_hz``), logged as they come (encoded);
-- ``state/<joint>``, ``action/<joint>``, ``leader/<joint>``, ``twin/<joint>``: per tick;
+- ``state/<joint>``, ``action/<joint>``, ``leader/<joint>``, ``twin/<joint>``: per tick (a two-arm
+  daemon's twelve grouped per arm, ``state/left/<joint>``, as ``hilrec view`` logs them);
 - ``divergence/<kind>/<joint>``: ``commanded_vs_measured``, ``measured_vs_twin``, ``commanded_vs_twin``;
 - ``timing/late_ms``, ``timing/duration_ms``: the loop's tick timing;
 - ``flags/text``: the frame flags of the ticks that have any; ``faults``: fault events and changes
@@ -29,7 +30,8 @@ from typing import Any
 
 from hilrec.daemon.dataset import EpisodeVerdict
 from hilrec.daemon.errors import HilrecError
-from hilrec.daemon.so101 import JOINT_NAMES
+from hilrec.daemon.so101 import NUM_JOINTS, arm_groups, joint_names
+from hilrec.daemon.viz.view import series_paths
 from hilrec.daemon.wire.client import ClientKeys, TelemetryClient
 
 log = logging.getLogger(__name__)
@@ -139,9 +141,10 @@ class Display:
             self._log(path, self.rr.Scalars(float(value)))
 
     def _joints(self, prefix: str, values: Any) -> None:
-        if isinstance(values, list) and len(values) == len(JOINT_NAMES):
-            for name, value in zip(JOINT_NAMES, values, strict=True):
-                self._scalar(f"{prefix}/{name}", value)
+        if isinstance(values, list) and arm_groups(len(values)) is not None:
+            names = list(joint_names(len(values) // NUM_JOINTS))
+            for path, value in zip(series_paths(prefix, names), values, strict=True):
+                self._scalar(path, value)
 
     def _set_time(self, frame_index: Any = None) -> None:
         rr = self.rr

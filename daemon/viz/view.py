@@ -4,7 +4,9 @@ timing and frame flags, and for a hardware dataset the twin's replay beside the 
 Entity paths (all under the recording's root):
 
 - ``camera/<name>``: the decoded frames of each video feature ``observation.images.<name>``;
-- ``state/<joint>``, ``action/<joint>``: the dataset's columns, LeRobot units;
+- ``state/<joint>``, ``action/<joint>``: the dataset's columns, LeRobot units; a two-arm
+  dataset's (LeRobot's bi_so_follower) grouped per arm, ``state/left/<joint>``,
+  ``state/right/<joint>``, with a layout showing the two arms' plots side by side;
 - ``timing/late_ms`` (tick start minus its deadline), ``timing/skipped`` (whole slots missed
   before the tick), from the episode's ``tick_*`` arrays (daemon recordings only);
 - ``flags/bits`` (the ``frame_flags`` uint32 as a scalar) and ``flags/text`` (the flag names, on
@@ -27,7 +29,7 @@ import numpy as np
 
 from hilrec.daemon.dataset import flag_names, load_dataset_sidecar, load_episode_sidecar, reader
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.so101 import ACTION_KEY, IMAGE_PREFIX, POSITION_NAMES, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, ARM_SIDES, IMAGE_PREFIX, JOINT_NAMES, STATE_KEY, arm_groups
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,39 @@ def joint_names(info: dict[str, Any], key: str) -> list[str]:
         shape = info["features"].get(key, {}).get("shape", [0])
         names = [f"{i}" for i in range(int(shape[0]))]
     return [str(n).removesuffix(".pos") for n in names]
+
+
+def series_paths(prefix: str, names: list[str]) -> list[str]:
+    """Entity paths of a joint vector's values: ``prefix/<joint>`` for one arm, and for two
+    arms grouped per arm, ``prefix/left/<joint>`` (the ``left_`` of LeRobot's column dropped)."""
+    groups = arm_groups(len(names))
+    if groups is None or groups[0][0] is None:
+        return [f"{prefix}/{name}" for name in names]
+    return [
+        f"{prefix}/{side}/{name.removeprefix(f'{side}_')}" for side, where in groups for name in names[where]
+    ]
+
+
+def send_arm_layout(rr: Any, recording: Any, sides: list[str], cameras: list[str]) -> None:
+    """Two arms: a layout with one joint plot per arm, side by side (state and action, named
+    left / right), the cameras below and the timing last; one arm keeps rerun's own layout."""
+    import rerun.blueprint as rrb
+
+    arms = [
+        rrb.TimeSeriesView(
+            name=f"{side} arm", origin="/", contents=[f"/state/{side}/**", f"/action/{side}/**"]
+        )
+        for side in sides
+    ]
+    rows: list[Any] = [rrb.Horizontal(*arms)]
+    if cameras:
+        rows.append(rrb.Horizontal(*(rrb.Spatial2DView(name=c, origin=f"/camera/{c}") for c in cameras)))
+    rows.append(
+        rrb.TimeSeriesView(
+            name="timing, flags, replay", origin="/", contents=["/timing/**", "/flags/**", "/replay/**"]
+        )
+    )
+    rr.send_blueprint(rrb.Blueprint(rrb.Vertical(*rows), collapse_panels=False), recording=recording)
 
 
 def is_hardware_dataset(root: Path) -> bool:
@@ -98,12 +133,20 @@ def log_episode(
         )
         summary.entities[path] = int(picked.size)
 
+    sides: list[str] = []
     for key, prefix in ((STATE_KEY, "state"), (ACTION_KEY, "action")):
         if key not in columns:
             continue
         values = np.asarray(columns[key], dtype=np.float64).reshape(n, -1)
-        for j, name in enumerate(joint_names(info, key)[: values.shape[1]]):
-            send(f"{prefix}/{name}", values[:, j])
+        names = joint_names(info, key)[: values.shape[1]]
+        groups = arm_groups(len(names))
+        if groups is not None and groups[0][0] is not None:
+            sides = list(ARM_SIDES)
+        for j, path in enumerate(series_paths(prefix, names)):
+            send(path, values[:, j])
+    if sides:
+        cameras = [k.removeprefix(IMAGE_PREFIX) for k, f in features.items() if f.get("dtype") == "video"]
+        send_arm_layout(rr, recording, sides, cameras)
 
     deadline = arrays.get("tick_deadline")
     if start is not None and deadline is not None and start.shape == deadline.shape == (n,):
@@ -165,10 +208,13 @@ def _log_replay(rr: Any, recording: Any, root: Path, index: int, summary: ViewSu
         return
     m = min(summary.frames, traj.recorded.shape[0], traj.replayed.shape[0])
     rows = np.arange(m)
-    for j, name in enumerate(POSITION_NAMES):
-        joint = name.removesuffix(".pos")
-        send(f"replay/recorded/{joint}", traj.recorded[:m, j], rows)
-        send(f"replay/replayed/{joint}", traj.replayed[:m, j], rows)
+    width = int(traj.recorded.shape[1]) if traj.recorded.ndim == 2 else len(JOINT_NAMES)
+    groups = arm_groups(width) or ((None, slice(0, len(JOINT_NAMES))),)
+    names = [f"{side}_{j}" if side else j for side, _ in groups for j in JOINT_NAMES]
+    for kind in ("recorded", "replayed"):
+        values = getattr(traj, kind)
+        for j, path in enumerate(series_paths(f"replay/{kind}", names)):
+            send(path, values[:m, j], rows)
 
 
 def episode_choice(root: Path, episode: int | None) -> int:

@@ -114,6 +114,7 @@ def test_range_m100_100_arms_convert_each_with_its_own_calibration(
     units = (None, BodyMode.RANGE_M100_100)
     one_file = align(hilrec_two_arm, m100, units=units, calibrations=(None, paths[:1]))
     assert any("once per arm, left first" in fix for fix in one_file.fixes)
+    assert any("convert-units ROOT --to degrees --calibration LEFT RIGHT" in fix for fix in one_file.fixes)
     converted = align(hilrec_two_arm, m100, units=units, calibrations=(None, paths))
     ranges = {joint: b for joint, _, b, _ in converted.ranges}
     for joint, cal in (("left_shoulder_pan", left), ("right_shoulder_pan", right)):

@@ -13,7 +13,7 @@ import pytest
 from hilrec.daemon.cli import main
 from hilrec.daemon.dataset import load_episodes, load_info, read_episode
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.so101 import ACTION_KEY, BIMANUAL_ROBOT_TYPE, STATE_KEY, joint_names
+from hilrec.daemon.so101 import ACTION_KEY, BIMANUAL_ROBOT_TYPE, STATE_KEY, joint_names, position_names
 from hilrec.daemon.tools.coverage import dataset_states, measure, rollout_states
 from hilrec.daemon.tools.evaluate import EvalConfig, evaluate
 from hilrec.daemon.tools.policies import as_policy
@@ -120,6 +120,11 @@ def test_export_writes_both_arms_state_and_actions(recorded: Path, tmp_path: Pat
         state = read_episode(recorded, 0, [STATE_KEY])[STATE_KEY]
         assert demo["obs/state"].shape == demo["actions"].shape == (len(state), 12)
         np.testing.assert_array_equal(demo["obs/state"][:], state)
+        action = read_episode(recorded, 0, [ACTION_KEY])[ACTION_KEY]
+        np.testing.assert_array_equal(demo["actions"][:], action)
+        # Which values are which arm's travels with the file: LeRobot's bi_so_follower names.
+        names = json.loads(exported["data"].attrs["env_args"])["env_kwargs"]["names"]
+        assert names["obs/state"] == names["actions"] == position_names(2)
 
 
 def test_eval_refuses_an_arm_count_the_policy_was_not_trained_on() -> None:

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +34,22 @@ from hilrec.drivers.calibration import ArmCalibration, load_calibration
 from hilrec.drivers.emulated.priority import EMULATOR_NICE, EMULATOR_RT_PRIORITY
 from hilrec.drivers.tables import REGISTER
 
-# The console script installed beside this Python (LeRobot 0.4.4's), else the one on PATH.
-TELEOPERATE = str(Path(sys.executable).with_name("lerobot-teleoperate"))
-if not Path(TELEOPERATE).exists():
-    TELEOPERATE = shutil.which("lerobot-teleoperate") or TELEOPERATE
+
+def _console_script(name: str) -> str:
+    """LeRobot 0.4.4's console script: beside this Python, else beside the environment LeRobot is
+    installed in (a venv layered on another one's site-packages has none of its own), else on PATH."""
+    import lerobot
+
+    beside = Path(sys.executable).with_name(name)
+    # <env>/lib/pythonX.Y/site-packages/lerobot/__init__.py -> <env>/bin
+    installed = Path(lerobot.__file__).resolve().parents[4] / "bin" / name
+    for candidate in (beside, installed):
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which(name) or str(beside)
+
+
+TELEOPERATE = _console_script("lerobot-teleoperate")
 TELEOP_TIME_S = 5.0
 RUN_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 10.0
@@ -57,9 +69,12 @@ POSES = (
 class Arm:
     """One ``hilrec emulate ROLE`` process; its calibration written where LeRobot looks."""
 
-    def __init__(self, role: str, calibration_dir: Path, *motion: str) -> None:
-        self.role = role
-        self.id = f"emulated_{role}"
+    def __init__(self, role: str, calibration_dir: Path, *motion: str, side: str | None = None) -> None:
+        self.role = role if side is None else f"{side} {role}"
+        # One arm of a pair: the file LeRobot's bi_so_follower / bi_so_leader read for that side
+        # of the pair id ``emulated_<role>``, ``<id>_<side>.json``.
+        self.pair_id = f"emulated_{role}"
+        self.id = self.pair_id if side is None else f"{self.pair_id}_{side}"
         self.calibration_path = calibration_dir / f"{self.id}.json"
         self.process = subprocess.Popen(
             [
@@ -139,20 +154,49 @@ class Arm:
 
 
 def teleoperate(follower: Arm, leader: Arm) -> subprocess.CompletedProcess[str]:
-    command = [
-        TELEOPERATE,
-        "--robot.type=so101_follower",
-        f"--robot.port={follower.port}",
-        f"--robot.id={follower.id}",
-        f"--robot.calibration_dir={follower.calibration_path.parent}",
-        # The follower keeps its last goal afterwards, so where it went can be read back.
-        "--robot.disable_torque_on_disconnect=false",
-        "--teleop.type=so101_leader",
-        f"--teleop.port={leader.port}",
-        f"--teleop.id={leader.id}",
-        f"--teleop.calibration_dir={leader.calibration_path.parent}",
-        f"--teleop_time_s={TELEOP_TIME_S}",
-    ]
+    return _run_client(
+        [
+            TELEOPERATE,
+            "--robot.type=so101_follower",
+            f"--robot.port={follower.port}",
+            f"--robot.id={follower.id}",
+            f"--robot.calibration_dir={follower.calibration_path.parent}",
+            # The follower keeps its last goal afterwards, so where it went can be read back.
+            "--robot.disable_torque_on_disconnect=false",
+            "--teleop.type=so101_leader",
+            f"--teleop.port={leader.port}",
+            f"--teleop.id={leader.id}",
+            f"--teleop.calibration_dir={leader.calibration_path.parent}",
+            f"--teleop_time_s={TELEOP_TIME_S}",
+        ]
+    )
+
+
+def teleoperate_pair(followers: Sequence[Arm], leaders: Sequence[Arm]) -> subprocess.CompletedProcess[str]:
+    """``lerobot-teleoperate --robot.type=bi_so_follower --teleop.type=bi_so_leader``, as its own
+    docstring runs it: left and right ports, one id per pair (each side's file ``<id>_<side>``)."""
+    robot = [f"--robot.left_arm_config.port={followers[0].port}"]
+    robot += [f"--robot.right_arm_config.port={followers[1].port}"]
+    # The followers keep their last goals afterwards, so where they went can be read back.
+    robot += [f"--robot.{side}_arm_config.disable_torque_on_disconnect=false" for side in ("left", "right")]
+    return _run_client(
+        [
+            TELEOPERATE,
+            "--robot.type=bi_so_follower",
+            f"--robot.id={followers[0].pair_id}",
+            f"--robot.calibration_dir={followers[0].calibration_path.parent}",
+            *robot,
+            "--teleop.type=bi_so_leader",
+            f"--teleop.id={leaders[0].pair_id}",
+            f"--teleop.calibration_dir={leaders[0].calibration_path.parent}",
+            f"--teleop.left_arm_config.port={leaders[0].port}",
+            f"--teleop.right_arm_config.port={leaders[1].port}",
+            f"--teleop_time_s={TELEOP_TIME_S}",
+        ]
+    )
+
+
+def _run_client(command: list[str]) -> subprocess.CompletedProcess[str]:
     with subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
@@ -266,3 +310,18 @@ def cpu_load(processes: int | None = None) -> Iterator[int]:
         for process in busy:
             process.kill()
             process.wait(10)
+
+
+@contextlib.contextmanager
+def emulated_pairs(calibration_dir: Path) -> Iterator[tuple[list[Arm], list[Arm]]]:
+    """Four ``hilrec emulate`` arms, a two-arm bench: the left and right followers (each its own
+    MuJoCo twin) and leaders (their joints stay where they are put); stopped on the way out."""
+    started: list[Arm] = []
+    try:
+        for side in ("left", "right"):
+            started.append(Arm("follower", calibration_dir, side=side))
+            started.append(Arm("leader", calibration_dir, "--motion", "servo", side=side))
+        yield started[0::2], started[1::2]
+    finally:
+        for arm in started:
+            arm.stop()

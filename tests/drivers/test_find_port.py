@@ -99,3 +99,22 @@ def test_stopping_an_emulator_removes_its_port(emulate, tmp_path: Path) -> None:
     assert os.path.exists(device) and (tmp_path / "link").is_symlink()
     arm.stop()
     assert not os.path.exists(device) and not (tmp_path / "link").exists()
+
+
+def test_unplugging_one_arm_of_a_pair_names_that_arm(emulate, tmp_path: Path, capsys) -> None:
+    """`--arm right` on a two-arm bench: the answer names the right arm, its config section and the
+    `--arm right` the setup steps take; `--list` with `--arm` is refused (it unplugs nothing)."""
+    links = [tmp_path / f"ttyARM{i}" for i in range(4)]
+    arms = [emulate("follower" if i % 2 == 0 else "leader", link=link) for i, link in enumerate(links)]
+    child = hilrec("find-port", "--arm", "right", "--port", str(tmp_path / "ttyARM*"))
+    child.expect("Remove the USB cable from the right arm's controller board and press Enter when done")
+    arms[2].stop()  # the right follower's cable
+    child.sendline("")
+    child.expect(f"The port of the right arm is '{links[2]}'")
+    child.expect(r"\[arms\.right\]")
+    child.expect(f"calibrate --arm right --port {links[2]}")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert main(["find-port", "--list", "--arm", "left", "--port", str(links[0])]) == 2
+    assert "--list probes every port" in capsys.readouterr().err

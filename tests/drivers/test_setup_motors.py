@@ -173,3 +173,27 @@ def test_enter_before_moving_the_cable_is_refused_naming_the_joint(emulate) -> N
     with arm.paused():
         assert arm.servos[JOINT_NAMES.index("gripper")].servo_id == 6
         assert arm.servos[JOINT_NAMES.index("wrist_roll")].servo_id == 5
+
+
+def test_the_arm_of_a_pair_is_named_in_every_prompt_and_in_the_calibrate_step(emulate) -> None:
+    """`--arm right`: each prompt and result names the right leader, and the step it ends with is
+    that side's calibration (its own file, `hilrec calibrate leader --arm right`)."""
+    arm: EmulatedArm = emulate("leader", new_servos=True)
+    argv = ["-m", "hilrec.daemon.cli", "setup-motors", "leader", "--arm", "right", "--port", arm.port]
+    child = pexpect.spawn(
+        sys.executable,
+        [*argv, "--joints", "gripper,wrist_roll"],
+        encoding="utf-8",
+        timeout=60,
+        env=dict(os.environ),
+    )
+    for step, joint in enumerate(("gripper", "wrist_roll")):
+        child.expect(f"Connect the right leader's controller board to the '{joint}' motor only")
+        if step:
+            assert arm.connect_next() == joint
+        child.sendline("")
+        child.expect(f"right leader: '{joint}' motor id set to {JOINT_NAMES.index(joint) + 1}")
+    child.expect(f"hilrec calibrate leader --arm right --port {arm.port}")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

@@ -6,6 +6,12 @@
 "use strict";
 
 const JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"];
+// A two-arm daemon sends twelve values per vector, left arm first (LeRobot's bi_so_follower):
+// its arms are shown side by side, each named. One arm: one side without a name.
+const SIDES = ["left", "right"];
+const sidesOf = (v) => (Array.isArray(v) && v.length === SIDES.length * JOINTS.length ? SIDES : [null]);
+const SERIES = ["state", "action", "twin", "gap"];
+const SERIES_HEAD = ["follower", "command", "twin", "|command − follower|"];
 const TRACE_SECONDS = 10;
 const COLOURS = { follower: "#1c64d8", command: "#e8590c", twin: "#2f9e44", late: "#e03131", grid: "#e3e6ea" };
 
@@ -186,19 +192,25 @@ function renderTick() {
   else if (!st || !st.episode) $("frames").textContent = "—";
   const faulted = t.faults || [];
   $("tick-faults").textContent = faulted.length ? `faulted: ${faulted.join(", ")}` : "";
-  const body = $("joint-table").tBodies[0];
-  if (body.rows.length !== JOINTS.length) {
+  const table = $("joint-table"), body = table.tBodies[0];
+  const sides = sidesOf(t.state || t.action || t.twin);
+  if (body.rows.length !== JOINTS.length || table.dataset.arms !== String(sides.length)) {
+    table.dataset.arms = String(sides.length);
+    const named = sides[0] !== null;
+    table.tHead.replaceChildren(
+      ...(named ? [el("tr", {}, el("th", {}), ...sides.map((side) => el("th", { colspan: SERIES.length, class: "arm" }, `${side} arm`)))] : []),
+      el("tr", {}, el("th", {}, "joint"), ...sides.flatMap(() => SERIES_HEAD.map((h) => el("th", {}, h)))));
     body.replaceChildren(...JOINTS.map((j) => el("tr", {},
       el("th", {}, j),
-      ...["state", "action", "twin", "gap"].map((s) => el("td", { dataset: { joint: j, series: s } }, "—")))));
+      ...sides.flatMap((side) => SERIES.map((s) => el("td", { dataset: { joint: side ? `${side}_${j}` : j, series: s } }, "—"))))));
   }
-  JOINTS.forEach((j, i) => {
-    const row = body.rows[i];
-    row.cells[1].textContent = fmtNum(t.state?.[i]);
-    row.cells[2].textContent = fmtNum(t.action?.[i]);
-    row.cells[3].textContent = fmtNum(t.twin?.[i]);
-    row.cells[4].textContent = t.state && t.action ? fmtNum(Math.abs(t.action[i] - t.state[i])) : "—";
-  });
+  sides.forEach((_, k) => JOINTS.forEach((j, jj) => {
+    const row = body.rows[jj], i = k * JOINTS.length + jj, c = 1 + k * SERIES.length;
+    row.cells[c].textContent = fmtNum(t.state?.[i]);
+    row.cells[c + 1].textContent = fmtNum(t.action?.[i]);
+    row.cells[c + 2].textContent = fmtNum(t.twin?.[i]);
+    row.cells[c + 3].textContent = t.state && t.action ? fmtNum(Math.abs(t.action[i] - t.state[i])) : "—";
+  }));
 }
 
 function renderLoop() {
@@ -297,14 +309,18 @@ function drawTraces() {
   const ctx = canvas.getContext("2d");
   ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
   ctx.clearRect(0, 0, w, h);
-  const cols = 3, rows = 2, pad = 6, cw = w / cols, ch = h / rows;
+  const sample = S.trace.find((p) => p.state || p.action || p.twin);
+  const sides = sidesOf(sample && (sample.state || sample.action || sample.twin));
+  // Each arm its own block of plots, side by side: 3 x 2 per arm.
+  const cols = 3, rows = 2, pad = 6, aw = w / sides.length, cw = aw / cols, ch = h / rows;
   const stale = !S.wsUp || ageOf(S.tickAt) > 1;
   ctx.globalAlpha = stale ? 0.35 : 1;
   const fps = (S.status && S.status.fps) || S.info.fps || 25;
   const newest = S.trace.length ? S.trace[S.trace.length - 1].slot : 0;
   const span = TRACE_SECONDS * fps;
-  JOINTS.forEach((joint, j) => {
-    const x0 = (j % cols) * cw + pad, y0 = Math.floor(j / cols) * ch + pad;
+  sides.forEach((side, k) => JOINTS.forEach((joint, jj) => {
+    const j = k * JOINTS.length + jj;
+    const x0 = k * aw + (jj % cols) * cw + pad, y0 = Math.floor(jj / cols) * ch + pad;
     const pw = cw - 2 * pad, ph = ch - 2 * pad - 14;
     let lo = Infinity, hi = -Infinity;
     for (const p of S.trace) for (const s of [p.state, p.action, p.twin]) if (s) { lo = Math.min(lo, s[j]); hi = Math.max(hi, s[j]); }
@@ -318,7 +334,7 @@ function drawTraces() {
     for (const p of S.trace) if (p.recording) ctx.fillRect(X(p.slot) - pw / span / 2, y0 + 14, pw / span + 0.5, ph);
     ctx.strokeStyle = COLOURS.grid; ctx.lineWidth = 1; ctx.strokeRect(x0 + 0.5, y0 + 14.5, pw - 1, ph - 1);
     ctx.fillStyle = "#333"; ctx.font = "12px system-ui, sans-serif"; ctx.textBaseline = "top";
-    ctx.fillText(joint + (joint === "gripper" ? " (0..100)" : " (°)"), x0, y0);
+    ctx.fillText((side ? `${side} ` : "") + joint + (joint === "gripper" ? " (0..100)" : " (°)"), x0, y0);
     ctx.fillStyle = "#888"; ctx.textAlign = "right";
     ctx.fillText(`${fmtNum(hi, 0)} … ${fmtNum(lo, 0)}`, x0 + pw, y0);
     ctx.textAlign = "left";
@@ -337,7 +353,7 @@ function drawTraces() {
       ctx.stroke();
     }
     ctx.setLineDash([]);
-  });
+  }));
   ctx.globalAlpha = 1;
   if (stale) {
     const text = S.tickAt == null ? "no joint data yet" : `no new joint data (${fmtAge(ageOf(S.tickAt))})`;
