@@ -46,6 +46,7 @@ from hilrec.daemon.policy.record import (
     INTERVENTION_KEY,
     ControlSource,
     ExpertWatch,
+    RecordMode,
     RolloutLog,
     TakeoverMode,
 )
@@ -118,6 +119,8 @@ class RolloutLeader:
 
     def begin_episode(self) -> None:
         self._frames = {}
+        if self.settings.record == RecordMode.CORRECTIONS:
+            return  # an episode is one correction window: it begins with whoever has the arm
         self._switch(ControlSource.POLICY, restart=True)
 
     def end_episode(self) -> None:

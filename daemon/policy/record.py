@@ -56,6 +56,15 @@ class TakeoverMode(StrEnum):
     OFF = "off"  # the policy keeps the arm
 
 
+class RecordMode(StrEnum):
+    """What a rollout records (``hilrec rollout --record``)."""
+
+    ALL = "all"  # every frame of the take, the policy's and the human's, labelled by ``intervention``
+    # Only the correction windows, one episode each (LeRobot's ``record_autonomous=False``): the
+    # policy drives between them unrecorded.
+    CORRECTIONS = "corrections"
+
+
 class ExpertWatch:
     """True once the policy's goal has strayed from the expert's by more than ``threshold``
     (LeRobot units, the largest joint's difference) for ``ticks`` ticks in a row."""
