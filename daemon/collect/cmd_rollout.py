@@ -58,9 +58,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes (10)"
     )
-    parser.add_argument(
-        "--task", help=f"task text of every take (default {DEFAULT_TASK!r})"
-    )
+    parser.add_argument("--task", help=f"task text of every take (default {DEFAULT_TASK!r})")
     parser.add_argument("--resume", action="store_true", help="add to the dataset already in the root")
     parser.add_argument(
         "--takeover", choices=TAKEOVERS, default="key", help="what takes the arm from the policy (key)"
