@@ -260,7 +260,7 @@ class RolloutLeader:
         log.refused = self.driver.refused
         log.last_refusal = self.driver.last_refusal
         self._frames = {}
-        summary = {**log.summary(), "takeover": str(self.mode)}
+        summary = {**log.summary(), "takeover": str(self.mode), "record": str(self.settings.record)}
         return {"rollout": summary}, log.arrays()
 
     def status(self) -> dict[str, Any]:
