@@ -28,6 +28,15 @@ ROLLOUT_KEYS_HELP: Final[str] = (
     "→/n save   ←/r again   Esc/q finish"
 )
 _OUTCOMES: Final[dict[Key, bool]] = {Key.SUCCESS: True, Key.FAILURE: False}
+# What ended a correction window, as the summary says it.
+_ENDED_BY: Final[dict[Key, str]] = {
+    Key.PAUSE: "handback",
+    Key.NEXT: "→",
+    Key.SUCCESS: "s",
+    Key.FAILURE: "f",
+    Key.QUIT: "Esc",
+    Key.INTERRUPT: "Ctrl-C",
+}
 
 
 class RolloutSession(CollectSession):
@@ -123,7 +132,7 @@ class RolloutSession(CollectSession):
                 key in (Key.PAUSE, Key.NEXT, Key.QUIT, Key.INTERRUPT, *_OUTCOMES) or over
             ):
                 success = _OUTCOMES.get(key) if key is not None else None
-                why = {Key.PAUSE: "handback", Key.NEXT: "→"}.get(key, "Esc") if key is not None else "time"
+                why = _ENDED_BY[key] if key is not None else f"{self.episode_time_s:g} s"
                 saved += self._stop(number, window, task, why, success=success) is TakeEnd.SAVED
                 window = None
                 if key is Key.PAUSE and not over:

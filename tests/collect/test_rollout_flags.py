@@ -41,9 +41,15 @@ def config(tmp_path: Path) -> Path:
             ("--policy", f"{POLICIES}:hold_still", "--record", "corrections", "--takeover", "off"),
             "flag --record: recording only the corrections needs a takeover",
         ),
-        (("--policy", f"{POLICIES}:hold_still", "--takeover", "elbow"), "--takeover: invalid choice: 'elbow'"),
+        (
+            ("--policy", f"{POLICIES}:hold_still", "--takeover", "elbow"),
+            "--takeover: invalid choice: 'elbow'",
+        ),
         (("--policy", f"{POLICIES}:hold_still", "--task", ""), "flag --task:"),
-        (("--policy", f"{POLICIES}:hold_still", "--episode-time-s", "0"), "--episode-time-s: must be positive"),
+        (
+            ("--policy", f"{POLICIES}:hold_still", "--episode-time-s", "0"),
+            "--episode-time-s: must be positive",
+        ),
     ],
 )
 def test_a_bad_flag_is_named_and_no_daemon_starts(config: Path, flags: tuple[str, ...], said: str) -> None:
@@ -62,10 +68,22 @@ def test_expert_takeover_is_refused_in_hil_mode(tmp_path: Path) -> None:
 
 
 def test_the_daemons_policy_flags_are_checked_and_named(config: Path) -> None:
-    done = run_cli("daemon", "--config", str(config), "--policy", "x:y", "--takeover", "sometimes", timeout_s=60)
-    assert done.returncode == 2
-    assert "flag --takeover: expected one of key, leader, expert, off, got 'sometimes'" in done.stderr, done.stderr
     done = run_cli(
-        "daemon", "--config", str(config), "--policy", "x:y", "--takeover", "off", "--policy-record", "corrections"
+        "daemon", "--config", str(config), "--policy", "x:y", "--takeover", "sometimes", timeout_s=60
+    )
+    assert done.returncode == 2
+    assert "flag --takeover: expected one of key, leader, expert, off, got 'sometimes'" in done.stderr, (
+        done.stderr
+    )
+    done = run_cli(
+        "daemon",
+        "--config",
+        str(config),
+        "--policy",
+        "x:y",
+        "--takeover",
+        "off",
+        "--policy-record",
+        "corrections",
     )
     assert done.returncode == 2 and "flag --policy-record: recording only the corrections" in done.stderr
