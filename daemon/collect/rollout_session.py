@@ -20,7 +20,7 @@ import time
 from typing import Any, Final
 
 from hilrec.daemon.collect.keys import Key
-from hilrec.daemon.collect.session import CollectSession, TakeEnd
+from hilrec.daemon.collect.session import KEY_POLL_S, CollectSession, TakeEnd
 from hilrec.daemon.policy.record import ControlSource, RecordMode
 
 ROLLOUT_KEYS_HELP: Final[str] = (
@@ -68,8 +68,8 @@ class RolloutSession(CollectSession):
 
     def _take_key(self, key: Key, number: int, index: int, task: str) -> TakeEnd | None:
         if key is Key.PAUSE:
-            human = self._control == ControlSource.HUMAN
-            self._switch("handback" if human else "takeover")
+            self._status(force=True)  # the leader or the expert may have taken over since the last poll
+            self._switch("handback" if self._control == ControlSource.HUMAN else "takeover")
             return None
         if key in _OUTCOMES:
             mark = "s" if _OUTCOMES[key] else "f"
@@ -107,7 +107,7 @@ class RolloutSession(CollectSession):
         window: int | None = None
         saved = 0
         while True:
-            key = self.keys.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            key = self.keys.wait(min(KEY_POLL_S, max(0.0, deadline - time.monotonic())))
             if window is not None:
                 ended = self._daemon_ended_take(window)
                 if ended is not None:  # a fault closed the window (saved, as every take)

@@ -30,24 +30,24 @@ def source_states(root: Path) -> tuple[States, States]:
     names = joint_names(dataset_arms(root))
     human = States(values=np.empty((0, len(names))), origin=[], names=names)
     policy = States(values=np.empty((0, len(names))), origin=[], names=names)
-    chunks: dict[int, list[np.ndarray]] = {id(human): [], id(policy): []}
+    runs: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
     for row in load_episodes(root):
         index = int(row["episode_index"])
         rows = read_episode(root, index, [STATE_KEY, INTERVENTION_KEY])
         values = rows[STATE_KEY].astype(np.float64)
         by_human = rows[INTERVENTION_KEY].reshape(len(values), -1)[:, 0].astype(bool)
-        for states, mask in ((human, by_human), (policy, ~by_human)):
+        for states, chunks, mask in ((human, runs[0], by_human), (policy, runs[1], ~by_human)):
             if not mask.any():
                 continue
             states.episodes += 1
             # One origin per run of frames, so a state's frame is its frame in the episode.
             edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
             for start, stop in zip(edges[::2], edges[1::2], strict=True):
-                states.origin.append(("episode", index, sum(len(c) for c in chunks[id(states)])))
+                states.origin.append(("episode", index, sum(len(c) for c in chunks)))
                 states.first_frames.append(int(start))
-                chunks[id(states)].append(values[start:stop])
-    for states, who in ((human, "a human"), (policy, "the policy")):
-        if not chunks[id(states)]:
+                chunks.append(values[start:stop])
+    for states, chunks, who in ((human, runs[0], "a human"), (policy, runs[1], "the policy")):
+        if not chunks:
             raise FlagError("--by-source", f"{root}: no frame was driven by {who}; nothing to compare")
-        states.values = np.concatenate(chunks[id(states)])
+        states.values = np.concatenate(chunks)
     return human, policy
