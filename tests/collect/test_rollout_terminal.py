@@ -82,7 +82,7 @@ def test_space_takes_over_and_hands_back_and_s_marks_a_success(tmp_path: Path) -
     switches = np.flatnonzero(np.diff(intervention.astype(np.int8))) + 1
     assert not intervention[0] and not intervention[-1] and len(switches) == 2
     meta, _ = load_episode_sidecar(root, 0)
-    assert meta is not None and meta["success"] is True
+    assert meta is not None and meta["success"] is True and meta["rollout"]["outcome"] == "success"
     summary = meta["rollout"]
     assert summary["takeovers"] == 1 and summary["handbacks"] == 1 and 0 < summary["human_share"] < 1
     assert (
@@ -132,5 +132,6 @@ def test_record_corrections_saves_each_window_as_an_episode(tmp_path: Path) -> N
         assert meta is not None and meta["rollout"]["record"] == "corrections"
         assert (arrays["control_source"] == 1).all()
         assert meta["success"] is (None if index == 0 else False)
+        assert meta["rollout"]["outcome"] == (None if index == 0 else "failure")
     check_passes(root)
     lerobot_loads(root, first + second, 2)
