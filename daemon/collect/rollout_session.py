@@ -115,6 +115,7 @@ class RolloutSession(CollectSession):
                     return TakeEnd.SAVED if saved else TakeEnd.NOTHING
             else:
                 self._status(force=True)  # a takeover by the leader or the expert opens a window now
+                self._poll_events()  # a fault while the policy drives unrecorded is said too
             if window is None and self._control == ControlSource.HUMAN:
                 window = self._open_window(task)
                 if window is None:
