@@ -114,8 +114,12 @@ class RolloutSession(CollectSession):
                     saved += self._lost(number, window, task, ended) is TakeEnd.SAVED
                     return TakeEnd.SAVED if saved else TakeEnd.NOTHING
             else:
-                self._status(force=True)  # a takeover by the leader or the expert opens a window now
+                status = self._status(force=True)  # a takeover by the leader or the expert opens a window now
                 self._poll_events()  # a fault while the policy drives unrecorded is said too
+                if any(f.get("kind") == "policy" for f in status.get("faults") or []):
+                    self.panel.line("the policy is gone (its fault above): the session ends", "red")
+                    self._quit = True
+                    return TakeEnd.SAVED if saved else TakeEnd.NOTHING
             if window is None and self._control == ControlSource.HUMAN:
                 window = self._open_window(task)
                 if window is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _daemon import Daemon, check_passes, emulated_config, run_cli
 
-from hilrec.daemon.dataset.format.reader import load_episodes
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient
@@ -132,3 +132,26 @@ def test_sigkill_of_the_session_loses_no_saved_take(tmp_path: Path) -> None:
     episodes = load_episodes(root)
     assert episodes and int(episodes[0]["length"]) == frames
     check_passes(root)
+
+
+def test_a_policy_killed_between_correction_windows_is_said_and_ends_the_session(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = Daemon(tmp_path, emulated_config(root))
+    session = Session(
+        daemon.config_path, "--episodes", "2", "--episode-time-s", "120", "--reset-time-s", "0.5",
+        "--record", "corrections",
+    )  # fmt: skip
+    client = ControlClient(daemon.control, timeout_ms=3000, retries=5)
+    try:
+        session.wait_line("take 1 of 2: the policy drives; corrections are recorded", 180)
+        pid = int(client.call("status")["devices"]["policy"]["pid"])
+        os.kill(pid, signal.SIGKILL)
+        assert str(pid) in session.wait_line("FAULT policy", 30)  # while the take still runs
+        session.wait_line("the policy is gone (its fault above): the session ends", 30)
+        session.wait_line("rollout: 0 take(s) kept", 120)
+        assert session.process.wait(EXIT_TIMEOUT_S) == 0, "".join(session.seen)
+    finally:
+        client.close()
+        session.close()
+    # Nothing was corrected: nothing recorded.
+    assert not (root / "meta" / "info.json").exists() or load_info(root)["total_episodes"] == 0
