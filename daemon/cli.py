@@ -72,6 +72,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "hilrec.daemon.collect.cmd_collect",
         "run a whole recording session: N timed takes with keys, verdicts and a summary",
     ),
+    "rollout": (
+        "hilrec.daemon.collect.cmd_rollout",
+        "a bench session where a policy drives the follower and a person takes over (DAgger)",
+    ),
     "view": ("hilrec.daemon.viz.cmd_view", "show a recorded episode in rerun: video, joints, timing, replay"),
     "display": ("hilrec.daemon.viz.cmd_display", "log a running daemon's telemetry to rerun (live)"),
 }

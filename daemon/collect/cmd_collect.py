@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,29 +79,48 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hilrec.daemon.collect.session import CollectSession
+
+    tasks = _tasks(args)
+    return run_bench(args, "collect", lambda **kw: CollectSession(**kw, tasks=tasks), attach=args.attach)
+
+
+def run_bench(
+    args: argparse.Namespace,
+    name: str,
+    make_session: Any,
+    *,
+    settings: Any = None,
+    daemon_flags: Sequence[str] = (),
+    panel_options: Mapping[str, Any] | None = None,
+    attach: bool = False,
+) -> int:
+    """A bench session (``hilrec collect``, ``hilrec rollout``): the daemon started with
+    ``daemon_flags`` (or attached to), the keys, the panel and the monitor, then
+    ``make_session(**common).run()``, the daemon shut down and the summary printed."""
     from hilrec.daemon.collect.keys import KeyReader
     from hilrec.daemon.collect.launch import DaemonProcess, Endpoints, LiveDisplay, default_log_path
     from hilrec.daemon.collect.monitor import Monitor
     from hilrec.daemon.collect.panel import Panel, backlog_line
-    from hilrec.daemon.collect.session import CollectSession, Summary
+    from hilrec.daemon.collect.session import Summary
     from hilrec.daemon.collect.sounds import Speaker
     from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
     from hilrec.daemon.wire.client import ControlClient
     from hilrec.daemon.wire.root import check_settings_root
     from hilrec.daemon.wire.settings import load_settings
 
-    settings = load_settings(args.config, root=args.root)
+    if settings is None:
+        settings = load_settings(args.config, root=args.root)
     endpoints = Endpoints.from_settings(settings)
-    task_list = _tasks(args)
-    display_argv = _display_argv(args, endpoints.telemetry)
+    display_argv = _display_argv(args, endpoints.telemetry) if hasattr(args, "display") else None
     speaker = Speaker(enabled=args.sounds)
     out = sys.stdout
     daemon: DaemonProcess | None = None
     display: LiveDisplay | None = None
-    if not args.attach:
+    if not attach:
         # The daemon's own rule, before anything starts: a refused root is one line, at once.
         check_settings_root(settings, resume=args.resume)
-        log_path = args.daemon_log or default_log_path(Path(settings.dataset.root))
+        log_path = getattr(args, "daemon_log", None) or default_log_path(Path(settings.dataset.root))
         daemon = DaemonProcess(
             args.config,
             endpoints=endpoints,
@@ -108,12 +128,13 @@ def run(args: argparse.Namespace) -> int:
             root=args.root,
             resume=args.resume,
             display_off=display_argv is not None,
+            extra=daemon_flags,
         )
-        print(f"collect: starting the daemon ({settings.mode} mode); its log: {log_path}", file=out)
+        print(f"{name}: starting the daemon ({settings.mode} mode); its log: {log_path}", file=out)
         out.flush()
         daemon.spawn()  # before any thread of this process (the ZeroMQ context below starts some)
     elif args.resume or args.root:
-        print("collect: --attach records where the daemon does; --resume and --root are ignored", file=out)
+        print(f"{name}: --attach records where the daemon does; --resume and --root are ignored", file=out)
     with ControlClient(endpoints.control, timeout_ms=3000, retries=3) as client:
         if daemon is not None:
             try:
@@ -135,11 +156,11 @@ def run(args: argparse.Namespace) -> int:
                 display.start(out)
             monitor = Monitor(endpoints.telemetry).start()
             monitor.wait_connected(10.0)
-            with KeyReader() as keys, Panel(monitor) as panel:
+            with KeyReader() as keys, Panel(monitor, **(panel_options or {})) as panel:
                 if not keys.interactive:
                     panel.line("no terminal on stdin: no keys, the takes run their time")
                 panel.line(f"sounds: {speaker.describe}")
-                session = CollectSession(
+                session = make_session(
                     client=client,
                     monitor=monitor,
                     panel=panel,
@@ -148,7 +169,6 @@ def run(args: argparse.Namespace) -> int:
                     episodes=args.episodes,
                     episode_time_s=args.episode_time_s,
                     reset_time_s=args.reset_time_s,
-                    tasks=task_list,
                 )
                 summary = session.run()
                 backlog = backlog_line(monitor.snapshot())
@@ -162,20 +182,20 @@ def run(args: argparse.Namespace) -> int:
             if daemon is not None:
                 code = daemon.shutdown(client)
                 if code != 0:
-                    print(f"collect: the daemon exited with {code}; see {daemon.log_path}", file=out)
+                    print(f"{name}: the daemon exited with {code}; see {daemon.log_path}", file=out)
             if display is not None:
                 display.stop(out)  # after the daemon: the view holds the session's very end
     assert summary is not None
-    print(format_summary(summary), file=out, flush=True)
+    print(format_summary(summary, name), file=out, flush=True)
     if backlog is not None:
-        print(f"collect: {backlog}", file=out, flush=True)
+        print(f"{name}: {backlog}", file=out, flush=True)
     return 0
 
 
-def format_summary(summary: Any) -> str:
+def format_summary(summary: Any, name: str = "collect") -> str:
     kept = [t for t in summary.kept if not t.superseded]
     lines = [
-        f"collect: {len(kept)} take(s) kept, {summary.rerecorded} re-recorded, "
+        f"{name}: {len(kept)} take(s) kept, {summary.rerecorded} re-recorded, "
         f"{summary.discarded} discarded; {summary.frames} frames in {len(summary.kept)} saved "
         f"episode(s); late ticks {summary.late_in_takes} in takes ({summary.late_ticks} in the "
         f"session), {summary.skipped_slots} skipped slot(s) in takes",
@@ -184,9 +204,10 @@ def format_summary(summary: Any) -> str:
         verdict = summary.verdicts.get(take.episode_index)
         said = f"{verdict['verdict']}: {verdict['summary']}" if verdict else "no verdict"
         again = " (recorded again; still in the dataset)" if take.superseded else ""
+        marked = f", marked {take.outcome}" if take.outcome else ""
         lines.append(
             f"  take {take.number}: episode {take.episode_index}, {take.frames} frames, ended by "
-            f"{take.ended_by}{again}; {said}"
+            f"{take.ended_by}{marked}{again}; {said}"
         )
     lines.append(f"dataset: {summary.root} ({'finalized' if summary.finalized else 'NOT finalized'})")
     return "\n".join(lines)

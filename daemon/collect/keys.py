@@ -5,7 +5,8 @@ works the same on the bench's console and over SSH.
 |---|---|
 | → or ``n`` | end the take now and save it (between takes: start the next one now) |
 | ← or ``r`` | discard the take and record it again (between takes: record the last one again) |
-| space | pause or resume between takes |
+| space | pause or resume between takes (``hilrec rollout``, during a take: take over / hand back) |
+| ``s`` / ``f`` | ``hilrec rollout``: the take succeeded / failed; it is saved with that outcome |
 | Esc or ``q`` | save the take, finalize, exit |
 | Ctrl-C | as Esc (and collect says so) |
 
@@ -40,6 +41,8 @@ class Key(enum.Enum):
     REDO = "redo"  # ← / r
     PAUSE = "pause"  # space
     QUIT = "quit"  # Esc / q
+    SUCCESS = "success"  # s (hilrec rollout's outcome)
+    FAILURE = "failure"  # f
     INTERRUPT = "interrupt"  # Ctrl-C
 
 
@@ -49,6 +52,10 @@ _PLAIN: Final[dict[int, Key]] = {
     ord("r"): Key.REDO,
     ord("R"): Key.REDO,
     ord(" "): Key.PAUSE,
+    ord("s"): Key.SUCCESS,
+    ord("S"): Key.SUCCESS,
+    ord("f"): Key.FAILURE,
+    ord("F"): Key.FAILURE,
     ord("q"): Key.QUIT,
     ord("Q"): Key.QUIT,
     0x03: Key.INTERRUPT,

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -66,6 +67,7 @@ class DaemonProcess:
         root: Path | None,
         resume: bool,
         display_off: bool = False,
+        extra: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.endpoints = endpoints
@@ -77,6 +79,7 @@ class DaemonProcess:
             self.argv.append("--resume")
         if display_off:  # collect runs the display itself: not the config's [display] too
             self.argv.append("--no-display")
+        self.argv += extra  # hilrec rollout's policy flags
         self.process: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:

@@ -53,12 +53,22 @@ class PanelState:
     status: dict[str, Any] | None = None  # the daemon's last status reply
     last_verdict: str = ""
     message: str = ""
+    control: str = ""  # hilrec rollout: who has the arm (policy, human)
 
 
 class Panel:
-    def __init__(self, monitor: Monitor, *, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        monitor: Monitor,
+        *,
+        console: Console | None = None,
+        title: str = "hilrec collect",
+        keys_help: str = KEYS_HELP,
+    ) -> None:
         self.console = console or Console(highlight=False)
         self.monitor = monitor
+        self.title = title
+        self.keys_help = keys_help
         self.state = PanelState()
         self.live_enabled = self.console.is_terminal
         self._live: Live | None = None
@@ -98,6 +108,8 @@ class Panel:
             head.append(f"  episode {state.episode_index}")
         if state.task:
             head.append(f"  {state.task!r}", style="dim")
+        if state.control:
+            head.append(f"  {state.control} drives", style="bold cyan")
         rows: list[Any] = [head, self._timing_line(state, now), self._loop_line(snap, now)]
         rows.append(self._health_line(state, snap))
         rows.append(_joints_table(snap.tick))
@@ -105,8 +117,8 @@ class Panel:
             rows.append(Text(f"last verdict: {state.last_verdict}"))
         if state.message:
             rows.append(Text(state.message, style="italic"))
-        rows.append(Text(KEYS_HELP, style="dim"))
-        return RichPanel(Group(*rows), title="hilrec collect", expand=False)
+        rows.append(Text(self.keys_help, style="dim"))
+        return RichPanel(Group(*rows), title=self.title, expand=False)
 
     def _timing_line(self, state: PanelState, now: float) -> Text:
         elapsed = 0.0 if state.started is None else now - state.started

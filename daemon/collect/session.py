@@ -58,6 +58,7 @@ class TakeEnd(enum.Enum):
     REDO = "redo"  # discarded, to be recorded again
     QUIT = "quit"  # saved (or discarded if it had no frames), then finish
     LOST = "lost"  # nothing saved (the daemon discarded it on a fault, or it had no frame)
+    NOTHING = "nothing"  # hilrec rollout --record corrections: no correction, nothing to record
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Take:
     task: str
     ended_by: str
     superseded: bool = False  # recorded again with ← in the reset after it
+    outcome: str | None = None  # hilrec rollout: the operator's mark (s / f), None unmarked
 
 
 @dataclass
@@ -136,7 +138,7 @@ class CollectSession:
             if again and end is TakeEnd.SAVED:  # ← in the reset: a saved take once more
                 self.summary.rerecorded += 1
                 self.summary.kept[-1].superseded = True
-            elif not again and end is TakeEnd.SAVED:
+            elif not again and self._advances(end):
                 number += 1
             # REDO (counted above), or LOST (nothing saved: the daemon discarded it): the same take again
         self._finish()
@@ -166,24 +168,34 @@ class CollectSession:
             ended = self._daemon_ended_take(index)
             if ended is not None:
                 return self._lost(number, index, task, ended)
-            if key is Key.NEXT:
-                return self._stop(number, index, task, "→")
-            if key is Key.REDO:
-                reply = self.client.call("discard_episode")  # counted as re-recorded, not discarded
-                self.panel.line(
-                    f"take {number}: episode {index} discarded ({reply.get('frames')} frames); "
-                    "recording it again",
-                    "yellow",
-                )
-                return TakeEnd.REDO
-            if key in (Key.QUIT, Key.INTERRUPT):
-                self._say_quit(key)
-                self._stop(number, index, task, "Ctrl-C" if key is Key.INTERRUPT else "Esc")
-                return TakeEnd.QUIT
-            if key is Key.PAUSE:
-                state.message = "space pauses between takes; → ends this take now"
+            if key is not None and (end := self._take_key(key, number, index, task)) is not None:
+                return end
             if time.monotonic() >= deadline:
                 return self._stop(number, index, task, f"{self.episode_time_s:g} s")
+
+    def _take_key(self, key: Key, number: int, index: int, task: str) -> TakeEnd | None:
+        """A key pressed during take ``number`` (episode ``index``): how the take ends, or None."""
+        if key is Key.NEXT:
+            return self._stop(number, index, task, "→")
+        if key is Key.REDO:
+            reply = self.client.call("discard_episode")  # counted as re-recorded, not discarded
+            self.panel.line(
+                f"take {number}: episode {index} discarded ({reply.get('frames')} frames); "
+                "recording it again",
+                "yellow",
+            )
+            return TakeEnd.REDO
+        if key in (Key.QUIT, Key.INTERRUPT):
+            self._say_quit(key)
+            self._stop(number, index, task, "Ctrl-C" if key is Key.INTERRUPT else "Esc")
+            return TakeEnd.QUIT
+        if key is Key.PAUSE:
+            self.panel.state.message = "space pauses between takes; → ends this take now"
+        return None
+
+    def _advances(self, end: TakeEnd) -> bool:
+        """Whether the take that ended so counts, and the next one follows."""
+        return end is TakeEnd.SAVED
 
     def _reset(self, number: int, end: TakeEnd, *, final: bool = False) -> bool:
         """The reset period after take ``number``; True when ← asks for that take again.
@@ -309,8 +321,8 @@ class CollectSession:
             if key in (Key.QUIT, Key.INTERRUPT):
                 return None
 
-    def _stop(self, number: int, index: int, task: str, why: str) -> TakeEnd:
-        reply = self.client.request("stop_episode")
+    def _stop(self, number: int, index: int, task: str, why: str, success: bool | None = None) -> TakeEnd:
+        reply = self.client.request("stop_episode", **({} if success is None else {"success": success}))
         if not reply["ok"]:
             status = self._status(force=True)
             last = status.get("last_episode") or {}
@@ -322,7 +334,8 @@ class CollectSession:
             self.panel.line(f"take {number}: nothing saved ({reply['error']})", "yellow")
             return TakeEnd.LOST
         frames = int(reply["frames"])
-        self.summary.kept.append(Take(number, index, frames, task, why))
+        outcome = None if success is None else ("success" if success else "failure")
+        self.summary.kept.append(Take(number, index, frames, task, why, outcome=outcome))
         self.panel.line(f"take {number} saved: episode {index}, {frames} frames (ended by {why})", "green")
         return TakeEnd.SAVED
 

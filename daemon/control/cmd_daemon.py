@@ -52,6 +52,14 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="do not start the config's [display] (hilrec collect --display runs its own)",
     )
+    policy = parser.add_argument_group(
+        "a policy driving the follower (each flag overrides its [policy] key; hilrec rollout passes them)"
+    )
+    policy.add_argument(
+        "--policy", metavar="SPEC", help="a LeRobot pretrained directory, or module:function ([policy] spec)"
+    )
+    policy.add_argument("--takeover", metavar="MODE", help="key, leader, expert or off ([policy] takeover)")
+    policy.add_argument("--policy-record", metavar="WHAT", help="all or corrections ([policy] record)")
     parser.set_defaults(func=run)
 
 
@@ -60,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from hilrec.daemon.control.runtime import Daemon
-    from hilrec.daemon.wire.settings import load_settings
+    from hilrec.daemon.wire.settings import load_settings, with_policy
 
     settings = load_settings(args.config, root=args.root)
+    settings = with_policy(settings, spec=args.policy, takeover=args.takeover, record=args.policy_record)
     daemon = Daemon(
         settings,
         resume=args.resume,

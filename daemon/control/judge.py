@@ -124,11 +124,26 @@ def episode_data_problems(root: Path, episode_index: int) -> tuple[list[str], li
 
 
 def _judge(root: Path, index: int, mode: str) -> tuple[EpisodeVerdict, str, dict[str, Any]]:
+    """The verdict, with what it says of a rollout (:mod:`hilrec.daemon.control.judge_rollout`)."""
+    from hilrec.daemon.control.judge_rollout import rollout_findings
     from hilrec.daemon.dataset import load_episode_sidecar
 
-    problems, harmless = episode_data_problems(root, index)
     meta, _ = load_episode_sidecar(root, index)
+    rollout = rollout_findings(meta or {}, _fps(root))
     notes = _recorder_notes(meta or {})
+    if rollout is not None and rollout.note is not None:
+        notes.append(rollout.note)
+    verdict, summary, details = _judge_take(root, index, mode, meta, notes)
+    if rollout is not None:
+        details["rollout"] = rollout.details
+        summary = f"{summary} ({rollout.sentence})"
+    return verdict, summary, details
+
+
+def _judge_take(
+    root: Path, index: int, mode: str, meta: dict[str, Any] | None, notes: list[str]
+) -> tuple[EpisodeVerdict, str, dict[str, Any]]:
+    problems, harmless = episode_data_problems(root, index)
     replay = _sim_replay(root, index) if mode == "sim" else _hardware_replay(root, index)
     details: dict[str, Any] = {
         "data_problems": problems,

@@ -46,6 +46,8 @@ from hilrec.daemon.policy.record import (
     INTERVENTION_KEY,
     ControlSource,
     ExpertWatch,
+    Outcome,
+    RecordMode,
     RolloutLog,
     TakeoverMode,
 )
@@ -118,6 +120,8 @@ class RolloutLeader:
 
     def begin_episode(self) -> None:
         self._frames = {}
+        if self.settings.record == RecordMode.CORRECTIONS:
+            return  # an episode is one correction window: it begins with whoever has the arm
         self._switch(ControlSource.POLICY, restart=True)
 
     def end_episode(self) -> None:
@@ -226,8 +230,11 @@ class RolloutLeader:
             return goal
         return (last + np.clip(wanted - last, -self.max_step, self.max_step)).astype(np.float32)
 
-    def record(self, frames: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """The episode's rollout summary (sidecar) and per-frame arrays (npz), ``frames`` long."""
+    def record(
+        self, frames: int, *, success: bool | None = None
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The episode's rollout summary (sidecar) and per-frame arrays (npz), ``frames`` long;
+        ``success`` is the operator's mark (``s`` / ``f`` in ``hilrec rollout``), None unmarked."""
         log = RolloutLog(policy=self.driver.name, max_step=self.max_step)
         previous: _Frame | None = None
         for index in range(frames):
@@ -257,7 +264,13 @@ class RolloutLeader:
         log.refused = self.driver.refused
         log.last_refusal = self.driver.last_refusal
         self._frames = {}
-        summary = {**log.summary(), "takeover": str(self.mode)}
+        outcome = None if success is None else str(Outcome.SUCCESS if success else Outcome.FAILURE)
+        summary = {
+            **log.summary(),
+            "takeover": str(self.mode),
+            "record": str(self.settings.record),
+            "outcome": outcome,
+        }
         return {"rollout": summary}, log.arrays()
 
     def status(self) -> dict[str, Any]:
@@ -321,8 +334,10 @@ class RolloutHooks:
         self.leader.end_episode()
         return self.hooks.end()
 
-    def end_record(self, frames: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return self.leader.record(frames)
+    def end_record(
+        self, frames: int, *, success: bool | None = None
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return self.leader.record(frames, success=success)
 
 
 def rollout_factory(factory: RigFactory, settings: PolicySettings) -> RigFactory:

@@ -352,7 +352,7 @@ class Session:
                 end_record = getattr(self.hooks, "end_record", None)
                 more: dict[str, np.ndarray] = {}
                 if end_record is not None:
-                    fields, more = end_record(episode.frames)
+                    fields, more = end_record(episode.frames, success=success)
                     outcome = {**outcome, **fields}
                 sidecar, arrays = episode.finish(success=success, ended_by=ended_by, outcome=outcome)
                 arrays = {**arrays, **more}

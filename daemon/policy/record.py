@@ -21,6 +21,7 @@ counts and the inference latency's p50/p99.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
@@ -54,6 +55,15 @@ class TakeoverMode(StrEnum):
     LEADER = "leader"  # the key, or the leader moved away from the follower by a threshold
     EXPERT = "expert"  # the scripted operator, when the policy strays from its command
     OFF = "off"  # the policy keeps the arm
+
+
+class RecordMode(StrEnum):
+    """What a rollout records (``hilrec rollout --record``)."""
+
+    ALL = "all"  # every frame of the take, the policy's and the human's, labelled by ``intervention``
+    # Only the correction windows, one episode each (LeRobot's ``record_autonomous=False``): the
+    # policy drives between them unrecorded.
+    CORRECTIONS = "corrections"
 
 
 class ExpertWatch:
@@ -187,3 +197,33 @@ class RolloutLog:
             "control_source_codes": {str(k): v for k, v in SOURCE_CODES.items()},
             "arrays": sorted(self.arrays()),
         }
+
+
+class Outcome(StrEnum):
+    """A rollout take's outcome, as the operator marked it (``s`` / ``f`` in ``hilrec rollout``)
+    or the twin measured it."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+
+
+def episode_outcome(meta: Mapping[str, Any]) -> Outcome | None:
+    """An episode sidecar's outcome: the rollout's own (the twin's ``hilrec record --policy``),
+    else the operator's mark (``success_reported`` beside a measured one), else ``success``;
+    None when nobody said."""
+    rollout = meta.get("rollout")
+    said = rollout.get("outcome") if isinstance(rollout, Mapping) else None
+    if said in (Outcome.SUCCESS, Outcome.FAILURE):
+        return Outcome(said)
+    value = meta.get("success_reported", meta.get("success"))
+    if isinstance(value, bool):
+        return Outcome.SUCCESS if value else Outcome.FAILURE
+    return None
+
+
+def has_corrections(meta: Mapping[str, Any]) -> bool:
+    """Whether a human (or the scripted expert) drove any frame of the episode."""
+    rollout = meta.get("rollout")
+    if not isinstance(rollout, Mapping):
+        return False
+    return float(rollout.get("human_share") or 0.0) > 0.0 or int(rollout.get("takeovers") or 0) > 0

@@ -39,6 +39,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help="test states from scripted-operator roll-outs of seeds A..B-1 on the twin",
     )
+    group.add_argument(
+        "--by-source",
+        action="store_true",
+        help="a rollout's frames split by the intervention column: the human's as the data, the "
+        "policy's as the test states",
+    )
     parser.add_argument("--pushes", type=float, default=0.0, help="with --against-seeds: pushes per second")
     parser.add_argument(
         "--pair",
@@ -57,8 +63,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.bin <= 0 or args.radius <= 0:
         raise ConfigError("--bin" if args.bin <= 0 else "--radius", "must be positive")
-    data = dataset_states(args.root)
     test = None
+    if args.by_source:
+        from hilrec.daemon.tools.coverage_source import source_states
+
+        data, test = source_states(args.root)
+    else:
+        data = dataset_states(args.root)
     if args.against is not None:
         test = dataset_states(args.against)
     elif args.against_seeds is not None:  # roll-outs of the dataset's own scene, one arm or two
@@ -67,7 +78,21 @@ def run(args: argparse.Namespace) -> int:
     result = measure(data, str(args.root), test=test, pair=pair, bin_size=args.bin, radius=args.radius)
     if args.plot is not None:
         plot(result, data, test, args.plot)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.format_text())
+    if args.json:
+        print(json.dumps({**result.to_dict(), "by_source": _by_source(data, test, args.by_source)}, indent=2))
+    else:
+        if args.by_source:
+            print(
+                f"{args.root} by source: the human's {len(data.values)} frames are the data, the "
+                f"policy's {len(test.values) if test else 0} the test states"
+            )
+        print(result.format_text())
     if args.plot is not None and not args.json:
         print(f"  plot: {args.plot}")
     return 0
+
+
+def _by_source(data: Any, test: Any, by_source: bool) -> dict[str, int] | None:
+    if not by_source:
+        return None
+    return {"human_frames": len(data.values), "policy_frames": len(test.values)}

@@ -60,13 +60,26 @@ def register(subparsers: Any) -> None:
     p.add_argument("--episodes", required=True, type=parse_episodes, help="e.g. 1,4-6")
     _common(p)
 
-    p = sub.add_parser("keep", help="keep only the successful episodes, or those with a verdict")
+    p = sub.add_parser(
+        "keep",
+        help="keep only the successful episodes, those with a verdict, or a rollout's corrected ones",
+    )
     p.add_argument("root", type=Path)
     p.add_argument("--success", action="store_true", help="keep episodes whose sidecar says success")
     p.add_argument(
         "--verdict", default=None, help="keep episodes with one of these verdicts (comma-separated)"
     )
     p.add_argument("--episodes", type=parse_episodes, default=None, help="keep only these, e.g. 0-9")
+    p.add_argument(
+        "--with-corrections",
+        action="store_true",
+        help="keep a rollout's episodes where a human took over (any frame with intervention true)",
+    )
+    p.add_argument(
+        "--outcome",
+        choices=("success", "failure"),
+        help="keep a rollout's episodes of this outcome (the s / f key of hilrec rollout, or the twin's)",
+    )
     _common(p)
 
     p = sub.add_parser("set-task", help="give episodes a new task string")
@@ -153,16 +166,22 @@ def run(args: argparse.Namespace) -> int:
         reports = [edit.delete_episodes(args.root, args.episodes, out=args.out, options=options)]
     elif command == "keep":
         verdicts = [v.strip() for v in args.verdict.split(",")] if args.verdict else None
-        if not (args.success or verdicts or args.episodes is not None):
+        if not (
+            args.success or verdicts or args.episodes is not None or args.with_corrections or args.outcome
+        ):
             from hilrec.daemon.errors import FlagError
 
-            raise FlagError("--success", "keep needs --success, --verdict or --episodes")
+            raise FlagError(
+                "--success", "keep needs --success, --verdict, --episodes, --with-corrections or --outcome"
+            )
         reports = [
             edit.keep_episodes(
                 args.root,
                 episodes=args.episodes,
                 success=args.success,
                 verdicts=verdicts,
+                with_corrections=args.with_corrections,
+                outcome=args.outcome,
                 out=args.out,
                 options=options,
             )

@@ -47,11 +47,14 @@ class States:
     episodes: int = 0
     disturbed_episodes: int = 0
     pushed_frames: int = 0
+    # Per origin, the frame its first row is (empty: every origin starts at frame 0).
+    first_frames: list[int] = field(default_factory=list)
 
     def where(self, row: int) -> tuple[str, int, int]:
-        for kind, number, first in reversed(self.origin):
+        for at in range(len(self.origin) - 1, -1, -1):
+            kind, number, first = self.origin[at]
             if row >= first:
-                return kind, number, row - first
+                return kind, number, row - first + (self.first_frames[at] if self.first_frames else 0)
         raise IndexError(row)
 
 

@@ -121,10 +121,17 @@ def keep_episodes(
     episodes: Iterable[int] | None = None,
     success: bool = False,
     verdicts: Sequence[str] | None = None,
+    with_corrections: bool = False,
+    outcome: str | None = None,
     out: Path | None = None,
     options: Options | None = None,
 ) -> EditReport:
-    """Keep the episodes that are listed, successful and/or have one of ``verdicts``."""
+    """Keep the episodes that are listed, successful and/or have one of ``verdicts``; of a
+    rollout's, those a human corrected (``with_corrections``) or of one ``outcome``."""
+    from hilrec.daemon.policy.record import Outcome, episode_outcome, has_corrections
+
+    if outcome is not None and outcome not in set(Outcome):
+        raise FlagError("--outcome", f"expected {' or '.join(Outcome)}, got {outcome!r}")
     unknown = sorted(set(verdicts or ()) - {v.value for v in EpisodeVerdict})
     if unknown:
         raise FlagError(
@@ -145,6 +152,10 @@ def keep_episodes(
                 continue
             if verdicts and not (episode_verdicts(meta) & set(verdicts)):
                 continue
+            if with_corrections and not has_corrections(meta):
+                continue
+            if outcome is not None and episode_outcome(meta) != outcome:
+                continue
             picks.append(pick)
         if not picks:
             raise DatasetError(f"{root}: no episode matches; nothing would be kept")
@@ -153,6 +164,10 @@ def keep_episodes(
 
     flags = [*(["--episodes", ranges_text(episodes)] if episodes is not None else [])]
     flags += [*(["--success"] if success else []), *(["--verdict", ",".join(verdicts)] if verdicts else [])]
+    flags += [
+        *(["--with-corrections"] if with_corrections else []),
+        *(["--outcome", outcome] if outcome else []),
+    ]
     return run_edit("keep", [root], out or root, build, options, flags=flags)
 
 

@@ -43,6 +43,9 @@ ACTIONS: Final[dict[str, tuple[str, ...]]] = {
     "rerecord": ("discard_episode", "start_episode"),
     "discard": ("discard_episode",),
     "finalize": ("finalize",),
+    # A rollout's switches (hilrec ctl takeover / handback, space in hilrec rollout).
+    "takeover": ("takeover",),
+    "handback": ("handback",),
 }
 _ENVELOPE: Final[frozenset[str]] = frozenset({"v", "id", "ok", "cmd"})
 

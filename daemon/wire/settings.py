@@ -9,15 +9,16 @@ needs a port, a non-loopback bind needs CURVE keys, sim cameras only in sim mode
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from hilrec.daemon.config import from_mapping, load_toml, read_toml
 from hilrec.daemon.dataset import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.policy.record import TakeoverMode
+from hilrec.daemon.policy.record import RecordMode, TakeoverMode
 from hilrec.daemon.so101 import BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
 from hilrec.drivers.calibration import DEFAULT_ARM_IDS
@@ -295,6 +296,7 @@ class PolicySettings:
 
     spec: str = ""  # a LeRobot pretrained directory, or module:function, as hilrec eval takes it
     takeover: TakeoverMode = TakeoverMode.KEY
+    record: RecordMode = RecordMode.ALL  # corrections: each take begins with the human's hand
     # --takeover leader: the leader this far from the follower (LeRobot units, the largest joint).
     leader_threshold: float = 15.0
     # --takeover expert (the scripted hand): the policy this far from it for expert_ticks ticks.
@@ -316,6 +318,8 @@ class PolicySettings:
             raise ConfigError("threads", f"must be at least 1, got {self.threads}")
         if self.expert_ticks < 1:
             raise ConfigError("expert_ticks", f"must be at least 1, got {self.expert_ticks}")
+        if self.record == RecordMode.CORRECTIONS and self.takeover == TakeoverMode.OFF:
+            raise ConfigError("record", 'recording only the corrections needs a takeover; takeover is "off"')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -423,6 +427,49 @@ class DaemonSettings:
                 else "the mirroring twin needs whole steps (set twin.mirror = false to record without it)"
             )
             raise ConfigError("fps", f"{exc}; {why}") from None
+
+
+# The [policy] keys ``hilrec daemon`` takes as flags (``hilrec rollout`` passes its own to it).
+POLICY_FLAGS: Final[dict[str, str]] = {
+    "spec": "--policy",
+    "takeover": "--takeover",
+    "record": "--policy-record",
+}
+
+
+def with_policy(
+    settings: DaemonSettings, flags: Mapping[str, str] = POLICY_FLAGS, **given: str | None
+) -> DaemonSettings:
+    """``settings`` with ``[policy]`` keys given on a command line (``spec``, ``takeover``,
+    ``record``; None: the config's), checked as the config's own; an error names the flag
+    (``flags``: key -> the flag's name where it was typed)."""
+    import dataclasses
+
+    from hilrec.daemon.errors import FlagError
+
+    kinds: dict[str, type[StrEnum]] = {"takeover": TakeoverMode, "record": RecordMode}
+    changes: dict[str, object] = {}
+    for key, value in given.items():
+        if value is None:
+            continue
+        kind = kinds.get(key)
+        if kind is not None:
+            try:
+                changes[key] = kind(value)
+            except ValueError:
+                raise FlagError(flags[key], f"expected one of {', '.join(kind)}, got {value!r}") from None
+        elif not value.strip():
+            raise FlagError(flags[key], "is empty; give a LeRobot pretrained directory or module:function")
+        else:
+            changes[key] = value
+    if not changes:
+        return settings
+    policy = dataclasses.replace(settings.policy, **changes)  # type: ignore[arg-type]
+    try:
+        policy.validate()
+    except ConfigError as exc:
+        raise FlagError(flags.get(exc.key, f"policy.{exc.key}"), exc.problem) from None
+    return dataclasses.replace(settings, policy=policy)
 
 
 def load_settings(path: str | Path, *, root: Path | None = None) -> DaemonSettings:

@@ -182,6 +182,12 @@ function renderStatus() {
       (last.discarded ? "discarded" : last.saved ? "saved" : last.error ? `save failed: ${last.error}` : "saving…")
     : "";
   if (!ep) { $("frames").textContent = "—"; $("elapsed").textContent = "—"; }
+  // A policy drives (hilrec rollout, [policy]): who has the arm, and the switches.
+  const control = st.leader?.control;
+  $("rollout").hidden = !control;
+  $("control").textContent = control ? `the ${control} has the arm (policy ${st.leader.policy})` : "";
+  $("btn-takeover").disabled = control !== "policy";
+  $("btn-handback").disabled = control !== "human";
   renderLoop();
 }
 
@@ -417,6 +423,8 @@ function wire() {
   $("btn-stop").addEventListener("click", () => act("stop"));
   $("btn-rerecord").addEventListener("click", () => act("rerecord"));
   $("btn-discard").addEventListener("click", () => act("discard"));
+  $("btn-takeover").addEventListener("click", () => act("takeover"));
+  $("btn-handback").addEventListener("click", () => act("handback"));
   $("btn-finalize").addEventListener("click", askFinalize);
   $("confirm-finalize").addEventListener("close", () => {
     if ($("confirm-finalize").returnValue === "finalize") act("finalize");
