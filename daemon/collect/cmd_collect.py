@@ -18,9 +18,12 @@ import argparse
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hilrec.daemon.text import DEFAULT_TASK
+
+if TYPE_CHECKING:
+    from hilrec.daemon.collect.launch import DaemonProcess, Endpoints
 
 
 def register(subparsers: Any) -> None:
@@ -99,14 +102,13 @@ def run_bench(
     ``daemon_flags`` (or attached to), the keys, the panel and the monitor, then
     ``make_session(**common).run()``, the daemon shut down and the summary printed."""
     from hilrec.daemon.collect.keys import KeyReader
-    from hilrec.daemon.collect.launch import DaemonProcess, Endpoints, LiveDisplay, default_log_path
+    from hilrec.daemon.collect.launch import Endpoints, LiveDisplay, default_log_path
     from hilrec.daemon.collect.monitor import Monitor
     from hilrec.daemon.collect.panel import Panel, backlog_line
     from hilrec.daemon.collect.session import Summary
     from hilrec.daemon.collect.sounds import Speaker
     from hilrec.daemon.errors import DaemonUnreachableError, HilrecError
     from hilrec.daemon.wire.client import ControlClient
-    from hilrec.daemon.wire.root import check_settings_root
     from hilrec.daemon.wire.settings import load_settings
 
     if settings is None:
@@ -115,25 +117,11 @@ def run_bench(
     display_argv = _display_argv(args, endpoints.telemetry) if hasattr(args, "display") else None
     speaker = Speaker(enabled=args.sounds)
     out = sys.stdout
-    daemon: DaemonProcess | None = None
     display: LiveDisplay | None = None
-    if not attach:
-        # The daemon's own rule, before anything starts: a refused root is one line, at once.
-        check_settings_root(settings, resume=args.resume)
-        log_path = getattr(args, "daemon_log", None) or default_log_path(Path(settings.dataset.root))
-        daemon = DaemonProcess(
-            args.config,
-            endpoints=endpoints,
-            log_path=log_path,
-            root=args.root,
-            resume=args.resume,
-            display_off=display_argv is not None,
-            extra=daemon_flags,
-        )
-        print(f"{name}: starting the daemon ({settings.mode} mode); its log: {log_path}", file=out)
-        out.flush()
-        daemon.spawn()  # before any thread of this process (the ZeroMQ context below starts some)
-    elif args.resume or args.root:
+    daemon: DaemonProcess | None = (
+        None if attach else _spawn_daemon(args, name, settings, endpoints, display_argv, daemon_flags)
+    )
+    if attach and (args.resume or args.root):
         print(f"{name}: --attach records where the daemon does; --resume and --root are ignored", file=out)
     with ControlClient(endpoints.control, timeout_ms=3000, retries=3) as client:
         if daemon is not None:
@@ -190,6 +178,35 @@ def run_bench(
     if backlog is not None:
         print(f"{name}: {backlog}", file=out, flush=True)
     return 0
+
+
+def _spawn_daemon(
+    args: argparse.Namespace,
+    name: str,
+    settings: Any,
+    endpoints: Endpoints,
+    display_argv: list[str] | None,
+    daemon_flags: Sequence[str],
+) -> DaemonProcess:
+    from hilrec.daemon.collect.launch import DaemonProcess, default_log_path
+    from hilrec.daemon.wire.root import check_settings_root
+
+    # The daemon's own rule, before anything starts: a refused root is one line, at once.
+    check_settings_root(settings, resume=args.resume)
+    log_path = getattr(args, "daemon_log", None) or default_log_path(Path(settings.dataset.root))
+    daemon = DaemonProcess(
+        args.config,
+        endpoints=endpoints,
+        log_path=log_path,
+        root=args.root,
+        resume=args.resume,
+        display_off=display_argv is not None,
+        extra=daemon_flags,
+    )
+    print(f"{name}: starting the daemon ({settings.mode} mode); its log: {log_path}", file=sys.stdout)
+    sys.stdout.flush()
+    daemon.spawn()  # before any thread of this process (the ZeroMQ context below starts some)
+    return daemon
 
 
 def format_summary(summary: Any, name: str = "collect") -> str:

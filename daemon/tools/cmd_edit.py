@@ -60,27 +60,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--episodes", required=True, type=parse_episodes, help="e.g. 1,4-6")
     _common(p)
 
-    p = sub.add_parser(
-        "keep",
-        help="keep only the successful episodes, those with a verdict, or a rollout's corrected ones",
-    )
-    p.add_argument("root", type=Path)
-    p.add_argument("--success", action="store_true", help="keep episodes whose sidecar says success")
-    p.add_argument(
-        "--verdict", default=None, help="keep episodes with one of these verdicts (comma-separated)"
-    )
-    p.add_argument("--episodes", type=parse_episodes, default=None, help="keep only these, e.g. 0-9")
-    p.add_argument(
-        "--with-corrections",
-        action="store_true",
-        help="keep a rollout's episodes where a human took over (any frame with intervention true)",
-    )
-    p.add_argument(
-        "--outcome",
-        choices=("success", "failure"),
-        help="keep a rollout's episodes of this outcome (the s / f key of hilrec rollout, or the twin's)",
-    )
-    _common(p)
+    _add_keep(sub)
 
     p = sub.add_parser("set-task", help="give episodes a new task string")
     p.add_argument("root", type=Path)
@@ -113,6 +93,49 @@ def register(subparsers: Any) -> None:
     )
     _common(p, out=False)
 
+    _add_convert_units(sub)
+
+    p = sub.add_parser(
+        "for-lerobot",
+        help="spell the video info for LeRobot 0.4's or 0.6's merge (aggregate_datasets)",
+    )
+    p.add_argument("root", type=Path)
+    p.add_argument(
+        "--version",
+        required=True,
+        choices=[v.value for v in LeRobotInfo],
+        help="the LeRobot whose datasets this one is to merge with",
+    )
+    _common(p)
+
+    parser.set_defaults(func=run)
+
+
+def _add_keep(sub: Any) -> None:
+    p = sub.add_parser(
+        "keep",
+        help="keep only the successful episodes, those with a verdict, or a rollout's corrected ones",
+    )
+    p.add_argument("root", type=Path)
+    p.add_argument("--success", action="store_true", help="keep episodes whose sidecar says success")
+    p.add_argument(
+        "--verdict", default=None, help="keep episodes with one of these verdicts (comma-separated)"
+    )
+    p.add_argument("--episodes", type=parse_episodes, default=None, help="keep only these, e.g. 0-9")
+    p.add_argument(
+        "--with-corrections",
+        action="store_true",
+        help="keep a rollout's episodes where a human took over (any frame with intervention true)",
+    )
+    p.add_argument(
+        "--outcome",
+        choices=("success", "failure"),
+        help="keep a rollout's episodes of this outcome (the s / f key of hilrec rollout, or the twin's)",
+    )
+    _common(p)
+
+
+def _add_convert_units(sub: Any) -> None:
     p = sub.add_parser(
         "convert-units",
         help="convert a RANGE_M100_100 dataset's observation.state and action to degrees",
@@ -138,21 +161,6 @@ def register(subparsers: Any) -> None:
         "two arms: one per arm, left first",
     )
     _common(p)
-
-    p = sub.add_parser(
-        "for-lerobot",
-        help="spell the video info for LeRobot 0.4's or 0.6's merge (aggregate_datasets)",
-    )
-    p.add_argument("root", type=Path)
-    p.add_argument(
-        "--version",
-        required=True,
-        choices=[v.value for v in LeRobotInfo],
-        help="the LeRobot whose datasets this one is to merge with",
-    )
-    _common(p)
-
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
