@@ -1,0 +1,157 @@
+"""The leader follows the follower under a low torque while a policy drives (emulated daemon):
+a takeover through ``hilrec ctl`` starts where the arm is, a hand pushing against the torque
+takes over in ``takeover = "leader"``, and a leader lost mid-follow is a fault naming it that
+saves the take."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
+from _daemon import Daemon, check_passes, emulated_config, run_cli
+
+from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+
+POLICIES = Path(__file__).with_name("_policies.py")
+MAX_STEP = 6.0
+
+
+def start(tmp_path: Path, policy: str, *, hand: str, takeover: str = "key", extra: str = "") -> Daemon:
+    config = emulated_config(
+        tmp_path / "ds",
+        extra=f'[policy]\nspec = "{POLICIES}:{policy}"\ntakeover = "{takeover}"\n'
+        f"max_relative_target = {MAX_STEP}\nleader_follow = true\nleader_follow_torque = 200\n{extra}",
+    )
+    # The scripted hand on the emulated leader (see hilrec.drivers.emulated.hand).
+    motion = 'leader_motion = "operator"'
+    config = config.replace(motion, f'{motion}\nleader_hand = "{hand}"')
+    return Daemon(tmp_path, config).start()
+
+
+def ctl(daemon: Daemon, verb: str) -> None:
+    done = run_cli("ctl", verb, "--port", str(daemon.control_port), timeout_s=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def follow_status(daemon: Daemon) -> dict[str, Any]:
+    status = daemon.call("status")["leader"]["leader_follow"]
+    assert status is not None
+    return status
+
+
+def switch_steps(action: np.ndarray, frame: int) -> np.ndarray:
+    """The largest joint's goal step on each of the ticks from ``frame`` on, while it ramps."""
+    steps = np.abs(np.diff(action[frame - 1 : frame + 25].astype(np.float64), axis=0)).max(axis=1)
+    ramp_end = next((i for i, s in enumerate(steps) if s < MAX_STEP - 1e-3), len(steps) - 1)
+    return steps[: ramp_end + 1]
+
+
+def test_a_takeover_through_ctl_starts_where_the_arm_is(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = start(tmp_path, "Sway", hand="rest")
+    try:
+        assert not follow_status(daemon)["engaged"]  # between takes the person has the leader
+        daemon.call("start_episode", task="sway")
+        daemon.wait_frames(50)
+        following = follow_status(daemon)
+        assert following["engaged"] and following["writes"] > 0 and following["failures"] == 0
+        ctl(daemon, "takeover")
+        assert not follow_status(daemon)["engaged"]  # torque off: the hand has it
+        at_takeover = daemon.call("status")["episode"]["frames"]
+        daemon.wait_frames(at_takeover + 40)
+        ctl(daemon, "handback")
+        at_handback = daemon.call("status")["episode"]["frames"]
+        daemon.wait_frames(at_handback + 40)
+        assert follow_status(daemon)["engaged"] and follow_status(daemon)["engagements"] == 2
+        daemon.call("stop_episode")
+        daemon.wait_saved(1)
+        assert not follow_status(daemon)["engaged"]
+        daemon.shutdown()
+    finally:
+        daemon.close()
+
+    rows = read_episode(root, 0, ["intervention", "action", "observation.state"])
+    intervention = rows["intervention"].reshape(-1)
+    switches = np.flatnonzero(np.diff(intervention.astype(np.int8))) + 1
+    assert not intervention[0] and not intervention[-1] and len(switches) == 2
+    assert intervention[switches[0] : switches[1]].all()
+    sidecar, _ = load_episode_sidecar(root, 0)
+    assert sidecar is not None
+    recorded = sidecar["rollout"]["switches"]
+    assert [s["frame"] for s in recorded] == switches.tolist()
+    action = rows["action"]
+    takeover, handback = (switch_steps(action, int(frame)) for frame in switches)
+    # From the recorded actions: every switch within the clamp. The takeover needs no catch-up:
+    # its one step is from the policy's last goal to where the arm is (the follower's tracking
+    # error), since the leader the hand takes is where the arm is: its first goal is the arm's
+    # measured pose, to within the leader's following (it is sent the pose of a tick before; the
+    # sway moves about a degree a tick). Without the following, the hand's leader was some 30
+    # degrees away and the takeover ramped at the clamp for six ticks.
+    assert max(takeover.max(), handback.max()) <= MAX_STEP + 1e-3, (takeover, handback)
+    assert len(takeover) == 1, takeover
+    arm_gap = np.abs(action[switches[0]].astype(np.float64) - rows["observation.state"][switches[0]]).max()
+    assert arm_gap < MAX_STEP / 2, arm_gap
+    assert recorded[0]["goal_step"] == pytest.approx(takeover[0], abs=1e-4)
+    check_passes(root)
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset("hilrec/follow", root=root, video_backend="pyav")
+    assert "intervention" in ds.features and len(ds) == len(intervention)
+
+
+def test_a_hand_pushing_against_the_torque_takes_over_in_leader_mode(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = start(
+        tmp_path, "hold_still", hand="push:after_s=3", takeover="leader", extra="leader_threshold = 10.0\n"
+    )
+    try:
+        daemon.call("start_episode", task="push")
+        status = daemon.wait_status(
+            lambda s: s["leader"]["control"] == "human", timeout_s=60, what="the pushed leader's takeover"
+        )
+        assert status["leader"]["takeovers"] == 1 and not status["leader"]["leader_follow"]["engaged"]
+        at = status["episode"]["frames"]
+        daemon.wait_frames(at + 20)
+        daemon.call("stop_episode")
+        daemon.wait_saved(1)
+        daemon.shutdown()
+    finally:
+        daemon.close()
+    intervention = read_episode(root, 0, ["intervention"])["intervention"].reshape(-1)
+    first = int(np.argmax(intervention))
+    # The leader followed the arm for the push's 3 s (75 ticks at 25 fps) without taking over;
+    # the hand's push did.
+    assert first >= 50 and intervention[first:].all(), first
+    check_passes(root)
+
+
+def test_the_leader_lost_mid_follow_is_its_fault_and_the_take_is_saved(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = start(tmp_path, "hold_still", hand="rest")
+    try:
+        daemon.call("start_episode", task="lost")
+        daemon.wait_frames(30)
+        assert follow_status(daemon)["engaged"]
+        os.kill(daemon.call("status")["devices"]["leader"]["emulator_pid"], signal.SIGKILL)  # the cable
+        status = daemon.wait_status(
+            lambda s: any(f["device"] == "leader" for f in s["faults"]), what="the leader's fault"
+        )
+        fault = next(f for f in status["faults"] if f["device"] == "leader")
+        assert fault["kind"] == "device_lost", fault
+        daemon.wait_saved(1)
+        status = daemon.wait_status(lambda s: s["state"] == "idle", what="the take ended by the fault")
+        assert status["last_episode"]["ended_by"].startswith("fault:")
+        assert daemon.call("status")["leader"]["leader_follow"]["failures"] == 0
+        daemon.shutdown()
+    finally:
+        daemon.close()
+    assert [e["episode_index"] for e in load_episodes(root)] == [0]
+    check_passes(root)
