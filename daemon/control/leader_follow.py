@@ -13,7 +13,9 @@ first. It runs every tick: a Goal_Position sync write is one packet with no repl
 The leader's bus is handled like the follower's: a port that is gone raises (the loop's leader
 fault, which ends and saves the take); any other failed write is counted and the tick goes on
 (a release that failed is tried again the next tick). :meth:`close`, on every way out of the
-daemon, lets the torque go; the arm's own close then turns every servo's torque off again.
+daemon, lets the torque go; the arm's own close then turns every servo's torque off again. For
+the ways out that run no code (SIGKILL, a crash in C) a guard process beside the daemon turns it
+off when the daemon is gone (:mod:`hilrec.drivers.torque_guard`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from hilrec.daemon.errors import DeviceError, PortGoneError
 if TYPE_CHECKING:
     from hilrec.daemon.control.sources import JointReading, Leader
     from hilrec.drivers.arm import SO101Leader
+    from hilrec.drivers.torque_guard import TorqueGuard
 
 log = logging.getLogger(__name__)
 _TIMES_KEPT = 500
@@ -38,8 +41,11 @@ _TIMES_KEPT = 500
 class LeaderFollow:
     """The leader under torque following the follower while the policy drives; see the module."""
 
-    def __init__(self, arm: SO101Leader, *, torque_limit: int, max_step: float) -> None:
+    def __init__(
+        self, arm: SO101Leader, *, torque_limit: int, max_step: float, guard: TorqueGuard | None = None
+    ) -> None:
         self.arm = arm
+        self.guard = guard
         self.torque_limit = torque_limit
         self.max_step = max_step
         self.engaged = False
@@ -56,11 +62,13 @@ class LeaderFollow:
     ) -> LeaderFollow | None:
         """A follow for ``leader`` when it is an arm on a serial bus and following is asked for."""
         from hilrec.drivers.arm import SO101Leader
+        from hilrec.drivers.torque_guard import TorqueGuard
 
         arm = getattr(leader, "arm", None)
         if not enabled or not isinstance(arm, SO101Leader):
             return None
-        return cls(arm, torque_limit=torque_limit, max_step=max_step)
+        # Started here, on the loop thread, which lives as long as the rig (procs.start).
+        return cls(arm, torque_limit=torque_limit, max_step=max_step, guard=TorqueGuard(arm.config.port))
 
     def update(self, follow: bool, observation: np.ndarray, leader: JointReading | None) -> None:
         """This tick: follow ``observation`` (the follower's joints) or let go."""
@@ -90,19 +98,22 @@ class LeaderFollow:
             self._times.append(time.monotonic() - began)
 
     def close(self) -> None:
-        """Let the torque go (the daemon stops, a fault, SIGTERM): never raises."""
-        if not self.engaged:
-            return
-        try:
-            self.arm.release()
-            self.engaged = False
-        except DeviceError as exc:  # a vanished port: the arm's close tries once more
-            log.warning("%r: could not let the leader's torque go: %s", self.arm, exc)
+        """Let the torque go (the daemon stops, a fault, SIGTERM): never raises. Idempotent."""
+        if self.engaged:
+            try:
+                self.arm.release()
+                self.engaged = False
+            except DeviceError as exc:  # the arm's close tries once more, and the guard after it
+                log.warning("%r: could not let the leader's torque go: %s", self.arm, exc)
+        if self.guard is not None and not self.engaged:
+            self.guard.stand_down()  # the torque is off: the guard must not touch the open port
+            self.guard = None
 
     def status(self) -> dict[str, Any]:
         times = np.asarray(self._times, dtype=np.float64) * 1e3
         return {
             "engaged": self.engaged,
+            "guard_pid": self.guard.pid if self.guard is not None else None,
             "torque_limit": self.torque_limit,
             "writes": self.writes,
             "failures": self.failures,

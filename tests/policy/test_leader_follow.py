@@ -5,9 +5,11 @@ saves the take."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
 from _daemon import Daemon, check_passes, emulated_config, run_cli
 
+from hilrec.daemon.control.hardware import EmulatorProcess
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.repair.report import EXIT_DROPPED, EXIT_OK
+from hilrec.daemon.errors import PortBusyError
+from hilrec.daemon.so101 import MOTOR_IDS
+from hilrec.drivers.bus import BusConfig, FeetechBus
 
 POLICIES = Path(__file__).with_name("_policies.py")
 MAX_STEP = 6.0
@@ -154,4 +161,92 @@ def test_the_leader_lost_mid_follow_is_its_fault_and_the_take_is_saved(tmp_path:
     finally:
         daemon.close()
     assert [e["episode_index"] for e in load_episodes(root)] == [0]
+    check_passes(root)
+
+
+def hil_config(tmp_path: Path, follower: EmulatorProcess, leader: EmulatorProcess) -> str:
+    """hil mode on emulated arms this test owns, so they outlive a daemon killed under them."""
+    return f"""
+mode = "hil"
+fps = 25
+[dataset]
+root = "{tmp_path / "ds"}"
+[follower]
+port = "{follower.port}"
+calibration = "{tmp_path / "follower.json"}"
+[leader]
+source = "serial"
+port = "{leader.port}"
+calibration = "{tmp_path / "leader.json"}"
+[twin]
+mirror = false
+[telemetry]
+preview_hz = 0.0
+[policy]
+spec = "{POLICIES}:hold_still"
+takeover = "key"
+"""
+
+
+def emulator(tmp_path: Path, role: str, motion: str) -> EmulatorProcess:
+    return EmulatorProcess(
+        role,
+        calibration_out=tmp_path / f"{role}.json",
+        wire_timing=True,
+        motion=motion,
+        seed=0,
+        faults=(),
+        timeout_s=60.0,
+        hand="rest",
+    )
+
+
+def torque(port: str) -> list[int]:
+    """The leader's Torque_Enable registers, read over its port as any client would."""
+    with FeetechBus(BusConfig(port=port)) as bus:
+        return [bus.read(servo_id, "Torque_Enable") for servo_id in MOTOR_IDS]
+
+
+def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    follower, leader = emulator(tmp_path, "follower", "servo"), emulator(tmp_path, "leader", "wave")
+    try:
+        daemon = Daemon(tmp_path, hil_config(tmp_path, follower, leader)).start()
+        try:
+            daemon.call("start_episode", task="saved")
+            daemon.wait_frames(20)
+            daemon.call("stop_episode")
+            saved = daemon.wait_saved(1)["last_episode"]
+            daemon.call("start_episode", task="killed")
+            status = daemon.wait_status(
+                lambda s: s["leader"]["leader_follow"]["engaged"], what="the leader following"
+            )
+            assert status["state"] == "recording"
+            daemon.wait_frames(status["episode"]["frames"] + 5)
+            assert status["leader"]["leader_follow"]["guard_pid"] is not None
+            daemon.signal(signal.SIGKILL)
+            daemon.wait_exit(30)
+        finally:
+            daemon.close()
+        # The guard beside the daemon turns the leader's torque off once the daemon is gone; the
+        # registers are read over the port (busy while the guard has it).
+        deadline = time.monotonic() + 30.0
+        seen: list[int] | str = "never read"
+        while seen != [0] * len(MOTOR_IDS) and time.monotonic() < deadline:
+            try:
+                seen = torque(leader.port)
+            except PortBusyError as exc:
+                seen = str(exc)
+            time.sleep(0.05)  # between bounded reads of the port
+        assert seen == [0] * len(MOTOR_IDS), seen
+    finally:
+        follower.stop()
+        leader.stop()
+    repaired = run_cli("repair", str(root), "--json")
+    # 0, or 3 when the killed take was too short for a row checkpoint and is dropped: never a
+    # saved one (it was acknowledged before the kill).
+    assert repaired.returncode in (EXIT_OK, EXIT_DROPPED), repaired.stdout + repaired.stderr
+    assert 0 in json.loads(repaired.stdout)["kept_episodes"]
+    episodes = load_episodes(root)
+    assert episodes[0]["episode_index"] == 0 and episodes[0]["length"] == saved["frames"], (episodes, saved)
     check_passes(root)
