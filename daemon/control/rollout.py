@@ -41,7 +41,7 @@ from hilrec.daemon.control.leader_follow import LeaderFollow
 from hilrec.daemon.control.rig import EpisodeHooks, Rig, RigFactory
 from hilrec.daemon.control.sources import Follower, JointReading, Leader, WriteResult
 from hilrec.daemon.dataset import FrameFlag
-from hilrec.daemon.errors import RequestRefusedError
+from hilrec.daemon.errors import PolicyError, RequestRefusedError
 from hilrec.daemon.goals import GoalLimits
 from hilrec.daemon.policy.chunks import PLAUSIBLE_UNITS
 from hilrec.daemon.policy.driver import PolicyDriver
@@ -141,7 +141,12 @@ class RolloutLeader:
         features = {STATE_KEY: observation, _TASK_KEY: ""}
         for name, image in self._images.items():
             features[IMAGE_PREFIX + name] = image
-        step = self.driver.step(self._tick, features)  # a dead policy raises: the loop's fault
+        try:
+            step = self.driver.step(self._tick, features)  # a dead policy raises: the loop's fault
+        except PolicyError:
+            if self.follow is not None:  # the person gets the leader back from a dead policy
+                self.follow.update(False, observation, None)
+            raise
         self._tick += 1
         flags = FrameFlag(0)
         if step.refused:

@@ -250,3 +250,23 @@ def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path
     episodes = load_episodes(root)
     assert episodes[0]["episode_index"] == 0 and episodes[0]["length"] == saved["frames"], (episodes, saved)
     check_passes(root)
+
+
+def test_a_dead_policy_faults_holds_and_lets_the_leader_go(tmp_path: Path) -> None:
+    daemon = start(tmp_path, "hold_still", hand="rest")
+    try:
+        daemon.call("start_episode", task="dies")
+        daemon.wait_status(lambda s: s["leader"]["leader_follow"]["engaged"], what="the leader following")
+        pid = daemon.call("status")["devices"]["policy"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        status = daemon.wait_status(
+            lambda s: any(f["kind"] == "policy" for f in s["faults"]), what="the policy fault"
+        )
+        assert str(pid) in next(f for f in status["faults"] if f["kind"] == "policy")["message"]
+        daemon.wait_saved(1)
+        status = daemon.wait_status(lambda s: s["state"] == "idle", what="the take ended by the fault")
+        assert not status["leader"]["leader_follow"]["engaged"]  # the torque went with the policy
+        daemon.shutdown()
+    finally:
+        daemon.close()
+    check_passes(tmp_path / "ds")
