@@ -207,7 +207,8 @@ def torque(port: str) -> list[int]:
         return [bus.read(servo_id, "Torque_Enable") for servo_id in MOTOR_IDS]
 
 
-def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path: Path, signum: int) -> None:
     root = tmp_path / "ds"
     follower, leader = emulator(tmp_path, "follower", "servo"), emulator(tmp_path, "leader", "wave")
     try:
@@ -224,12 +225,13 @@ def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path
             assert status["state"] == "recording"
             daemon.wait_frames(status["episode"]["frames"] + 5)
             assert status["leader"]["leader_follow"]["guard_pid"] is not None
-            daemon.signal(signal.SIGKILL)
-            daemon.wait_exit(30)
+            daemon.signal(signum)
+            daemon.wait_exit(60)
         finally:
             daemon.close()
-        # The guard beside the daemon turns the leader's torque off once the daemon is gone; the
-        # registers are read over the port (busy while the guard has it).
+        # SIGTERM: the daemon lets the torque go on its way out; SIGKILL: the guard beside it turns
+        # it off once the daemon is gone. The registers are read over the port (busy while the
+        # guard has it).
         deadline = time.monotonic() + 30.0
         seen: list[int] | str = "never read"
         while seen != [0] * len(MOTOR_IDS) and time.monotonic() < deadline:
@@ -249,6 +251,8 @@ def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path
     assert 0 in json.loads(repaired.stdout)["kept_episodes"]
     episodes = load_episodes(root)
     assert episodes[0]["episode_index"] == 0 and episodes[0]["length"] == saved["frames"], (episodes, saved)
+    if signum == signal.SIGTERM:
+        assert len(episodes) == 2  # a clean stop saves the open take
     check_passes(root)
 
 
