@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
 from _daemon import Daemon, check_passes, emulated_config, run_cli
 
 from hilrec.daemon.control.hardware import EmulatorProcess
+from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.dataset.repair.report import EXIT_DROPPED, EXIT_OK
@@ -31,7 +32,9 @@ POLICIES = Path(__file__).with_name("_policies.py")
 MAX_STEP = 6.0
 
 
-def start(tmp_path: Path, policy: str, *, hand: str, takeover: str = "key", extra: str = "") -> Daemon:
+def start(
+    tmp_path: Path, policy: str, *, hand: str, takeover: str = "key", extra: str = "", emulated: str = ""
+) -> Daemon:
     config = emulated_config(
         tmp_path / "ds",
         extra=f'[policy]\nspec = "{POLICIES}:{policy}"\ntakeover = "{takeover}"\n'
@@ -39,7 +42,7 @@ def start(tmp_path: Path, policy: str, *, hand: str, takeover: str = "key", extr
     )
     # The scripted hand on the emulated leader (see hilrec.drivers.emulated.hand).
     motion = 'leader_motion = "operator"'
-    config = config.replace(motion, f'{motion}\nleader_hand = "{hand}"')
+    config = config.replace(motion, f'{motion}\nleader_hand = "{hand}"\n{emulated}')
     return Daemon(tmp_path, config).start()
 
 
@@ -274,3 +277,24 @@ def test_a_dead_policy_faults_holds_and_lets_the_leader_go(tmp_path: Path) -> No
     finally:
         daemon.close()
     check_passes(tmp_path / "ds")
+
+
+def test_a_lossy_leader_bus_is_retried_and_the_leader_keeps_following(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    daemon = start(tmp_path, "hold_still", hand="rest", emulated='leader_faults = ["drop:p=0.05"]\n')
+    try:
+        daemon.call("start_episode", task="lossy")
+        daemon.wait_frames(100)
+        status = daemon.call("status")
+        daemon.call("stop_episode")
+        daemon.wait_saved(1)
+        daemon.shutdown()
+    finally:
+        daemon.close()
+    following = status["leader"]["leader_follow"]
+    assert following["engaged"] and following["failures"] == 0 and following["writes"] >= 50
+    assert not any(f["device"] == "leader" for f in status["faults"])
+    _, arrays = load_episode_sidecar(root, 0)
+    assert (arrays["frame_flags"] & FrameFlag.LEADER_RETRIED).any()  # dropped replies, retried
+    assert not read_episode(root, 0, ["intervention"])["intervention"].any()
+    check_passes(root)
