@@ -298,3 +298,25 @@ def test_a_lossy_leader_bus_is_retried_and_the_leader_keeps_following(tmp_path: 
     assert (arrays["frame_flags"] & FrameFlag.LEADER_RETRIED).any()  # dropped replies, retried
     assert not read_episode(root, 0, ["intervention"])["intervention"].any()
     check_passes(root)
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "fragment"),
+    [
+        ("[policy]\nleader_follow_torque = 0\n", "policy.leader_follow_torque", "1..1000"),
+        ("[policy]\nleader_follow_torque = 1001\n", "policy.leader_follow_torque", "1..1000"),
+        ('[emulated]\nleader_hand = "shove"\n', "emulated.leader_hand", "unknown hand"),
+        ('[emulated]\nleader_hand = "push:after_s=-1"\n', "emulated.leader_hand", "after_s >= 0"),
+    ],
+)
+def test_bad_follow_and_hand_settings_name_their_key(
+    tmp_path: Path, table: str, key: str, fragment: str
+) -> None:
+    from hilrec.daemon.errors import ConfigError
+    from hilrec.daemon.wire.settings import load_settings
+
+    path = tmp_path / "d.toml"
+    path.write_text(f'mode = "sim"\n[dataset]\nroot = "x"\n[leader]\nsource = "scripted"\n{table}')
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    assert info.value.key == key and fragment in info.value.problem, info.value
