@@ -9,7 +9,8 @@ their EEPROM disagrees, and configures them as LeRobot 0.4.4 does; ``close()`` t
   ``send_action`` casts to float32 *first*, clamps each joint's step from the present position
   (``max_relative_target``), converts that float32 number to ticks and sync-writes it: the
   returned float32 array is exactly what the servos were told, i.e. the action to record.
-- Leader: torque off and EEPROM unlocked (Lock 0); it has no method that sends a goal.
+- Leader: torque off and EEPROM unlocked (Lock 0); it is sent goals only when a rollout keeps it
+  following the follower under a low torque limit (``hold_under_torque``, ``send_feedback``).
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class _SO101Arm:
         self.calibration_path = config.calibration or lerobot_calibration_path(self.role, self.arm_id)
         self._calibration: ArmCalibration | None = None
         self._silent = False  # open() found no servo answering at all
+        self._max_step: np.ndarray | None = None
+        self._limits: tuple[ArmCalibration, GoalLimits] | None = None
 
     def __repr__(self) -> str:
         return f"SO-101 {self.role} '{self.arm_id}' on {self.config.port}"
@@ -254,6 +257,31 @@ class _SO101Arm:
     def _configure(self) -> None:
         raise NotImplementedError
 
+    @property
+    def limits(self) -> GoalLimits:
+        """The calibrated range of each joint in dataset units (and the arm's step cap): every
+        goal is clamped to it, so no command, whatever its source, leaves the calibrated range."""
+        calibration = self.calibration
+        if self._limits is None or self._limits[0] is not calibration:
+            modes = calibration.modes(self.config.body_mode)
+            cals = list(calibration.motors.values())
+            ends = np.array(
+                [
+                    sorted(
+                        (ticks_to_units(cal.range_min, cal, mode), ticks_to_units(cal.range_max, cal, mode))
+                    )
+                    for cal, mode in zip(cals, modes, strict=True)
+                ]
+            )
+
+            def inside(joint: int, value: float) -> bool:
+                cal = cals[joint]
+                return cal.range_min <= units_to_ticks(value, cal, modes[joint]) <= cal.range_max
+
+            low, high = inner_bounds(ends[:, 0], ends[:, 1], inside)
+            self._limits = (calibration, GoalLimits(low, high, self._max_step))
+        return self._limits[1]
+
     # --- reading ----------------------------------------------------------------------------
 
     def _sync_read_positions(self) -> SyncReading:
@@ -281,7 +309,13 @@ class _SO101Arm:
 
 
 class SO101Leader(_SO101Arm):
-    """The arm a person moves: torque off, read only."""
+    """The arm a person moves: torque off and read, unless told to follow the follower.
+
+    A policy rollout may put it under a low torque limit (:meth:`hold_under_torque`) and send it
+    the follower's joints (:meth:`send_feedback`, as LeRobot 0.6.1's ``send_feedback``), so the
+    person's hand finds it where the arm is; :meth:`release` lets it go, and ``close`` turns the
+    torque off whatever happened before.
+    """
 
     role: Role = Role.LEADER
 
@@ -290,6 +324,31 @@ class SO101Leader(_SO101Arm):
 
     def get_action(self) -> ArmReading:
         return self.read()
+
+    def hold_under_torque(self, torque_limit: int, present: np.ndarray) -> None:
+        """Torque on, at ``torque_limit`` (0.1 % of the stall torque), holding ``present`` (units,
+        the leader's reading): the goal is written first, so the servos never start from a stale one."""
+        if not 1 <= torque_limit <= 1000:
+            raise ActionError(f"{self!r}: a Torque_Limit is 1..1000, got {torque_limit}")
+        hold, _ = self.limits.clamp(present)
+        ticks = self.calibration.units_to_ticks([float(v) for v in hold], self.config.body_mode)
+        self.bus.sync_write("Torque_Limit", dict.fromkeys(MOTOR_IDS, torque_limit))
+        self.bus.sync_write("Goal_Position", dict(zip(MOTOR_IDS, ticks, strict=True)))
+        self.bus.sync_write("Torque_Enable", dict.fromkeys(MOTOR_IDS, 1))
+
+    def send_feedback(self, goal: np.ndarray, present: np.ndarray, max_step: float) -> SentAction:
+        """Drive the leader toward ``goal`` (units, the follower's joints), at most ``max_step``
+        units from ``present`` (the leader's own reading) and inside its calibrated range."""
+        limits = self.limits
+        step = np.full(NUM_JOINTS, float(max_step))
+        sent, clamped = GoalLimits(limits.low, limits.high, step).clamp(goal, present=present)
+        ticks = self.calibration.units_to_ticks([float(v) for v in sent], self.config.body_mode)
+        self.bus.sync_write("Goal_Position", dict(zip(MOTOR_IDS, ticks, strict=True)))
+        return SentAction(sent, tuple(ticks), clamped)
+
+    def release(self) -> None:
+        """Torque off at once (one packet): the person's hand has the arm."""
+        self.bus.sync_write("Torque_Enable", dict.fromkeys(MOTOR_IDS, 0))
 
     def __enter__(self) -> SO101Leader:
         self.open()
@@ -305,32 +364,6 @@ class SO101Follower(_SO101Arm):
     def __init__(self, config: FollowerConfig) -> None:
         super().__init__(config)
         self._max_step = _per_joint(config.max_relative_target)
-        self._limits: tuple[ArmCalibration, GoalLimits] | None = None
-
-    @property
-    def limits(self) -> GoalLimits:
-        """The calibrated range of each joint in dataset units (and max_relative_target): every
-        goal is clamped to it, so no command, whatever its source, leaves the calibrated range."""
-        calibration = self.calibration
-        if self._limits is None or self._limits[0] is not calibration:
-            modes = calibration.modes(self.config.body_mode)
-            cals = list(calibration.motors.values())
-            ends = np.array(
-                [
-                    sorted(
-                        (ticks_to_units(cal.range_min, cal, mode), ticks_to_units(cal.range_max, cal, mode))
-                    )
-                    for cal, mode in zip(cals, modes, strict=True)
-                ]
-            )
-
-            def inside(joint: int, value: float) -> bool:
-                cal = cals[joint]
-                return cal.range_min <= units_to_ticks(value, cal, modes[joint]) <= cal.range_max
-
-            low, high = inner_bounds(ends[:, 0], ends[:, 1], inside)
-            self._limits = (calibration, GoalLimits(low, high, self._max_step))
-        return self._limits[1]
 
     def __enter__(self) -> SO101Follower:
         self.open()

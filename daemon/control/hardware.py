@@ -108,6 +108,7 @@ class EmulatorProcess:
         faults: tuple[str, ...],
         timeout_s: float,
         env: dict[str, str] | None = None,
+        hand: str = "grip",
     ) -> None:
         command = [
             sys.executable,
@@ -124,6 +125,8 @@ class EmulatorProcess:
             command += ["--motion", motion]
         if wire_timing:
             command.append("--wire-timing")
+        if role == "leader":
+            command += ["--hand", hand]
         for fault in faults:
             command += ["--fault", fault]
         self.role = role
@@ -423,6 +426,7 @@ def _start_emulators(
             seed=emu.seed,
             faults=emu.leader_faults,
             timeout_s=emu.start_timeout_s,
+            hand=emu.leader_hand,
         )
         stack.callback(leader_emu.stop)
         leader_port = leader_emu.port

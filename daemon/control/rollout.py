@@ -17,6 +17,8 @@ human's leader as well, so that:
 - after a switch the goal moves at most ``max_relative_target`` per tick from the goal sent last
   until it has caught up, so no switch jumps; each switch's step is measured from the goals
   actually sent (:class:`RolloutFollower` sees them) and recorded;
+- while the policy drives, a serial leader follows the follower under a low torque
+  (:mod:`hilrec.daemon.control.leader_follow`), so a takeover begins where the arm is;
 - the policy's process dying is a ``PolicyError``, which the loop turns into a ``policy`` fault:
   the take is saved, the arm holds, and the fault says why.
 
@@ -35,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hilrec.daemon.control.leader_follow import LeaderFollow
 from hilrec.daemon.control.rig import EpisodeHooks, Rig, RigFactory
 from hilrec.daemon.control.sources import Follower, JointReading, Leader, WriteResult
 from hilrec.daemon.dataset import FrameFlag
-from hilrec.daemon.errors import RequestRefusedError
+from hilrec.daemon.errors import PolicyError, RequestRefusedError
 from hilrec.daemon.goals import GoalLimits
 from hilrec.daemon.policy.chunks import PLAUSIBLE_UNITS
 from hilrec.daemon.policy.driver import PolicyDriver
@@ -86,6 +89,12 @@ class RolloutLeader:
         bound = np.full(NUM_JOINTS, PLAUSIBLE_UNITS, dtype=np.float32)
         self._limits = GoalLimits(-bound, bound, step)
         self._watch = ExpertWatch(threshold=settings.expert_threshold, ticks=settings.expert_ticks)
+        self.follow = LeaderFollow.for_leader(
+            human,
+            enabled=settings.leader_follow,
+            torque_limit=settings.leader_follow_torque,
+            max_step=self.max_step,
+        )
         self.description = f"policy {driver.name} (takeover {self.mode}); human: {human.description}"
         # Between takes the human's leader drives (the reset, as in hilrec collect); each take
         # begins with the policy, which is fed all along so its first chunk is not a cold one.
@@ -98,6 +107,7 @@ class RolloutLeader:
         self._frames: dict[int, _Frame] = {}
         self._last_sent: np.ndarray | None = None
         self._catching_up = False
+        self._leader_arrived = False
         self.takeovers = 0
         self.starved = 0
         self.fresh_chunks = 0
@@ -135,7 +145,12 @@ class RolloutLeader:
         features = {STATE_KEY: observation, _TASK_KEY: ""}
         for name, image in self._images.items():
             features[IMAGE_PREFIX + name] = image
-        step = self.driver.step(self._tick, features)  # a dead policy raises: the loop's fault
+        try:
+            step = self.driver.step(self._tick, features)  # a dead policy raises: the loop's fault
+        except PolicyError:
+            if self.follow is not None:  # the person gets the leader back from a dead policy
+                self.follow.update(False, observation, None)
+            raise
         self._tick += 1
         flags = FrameFlag(0)
         if step.refused:
@@ -170,6 +185,8 @@ class RolloutLeader:
                 latency_s=step.latency_s,
                 starved=starved,
             )
+        if self.follow is not None:  # the leader follows the arm while the policy has it
+            self.follow.update(self.source == ControlSource.POLICY, observation, human)
         return JointReading(
             np.asarray(goal, dtype=np.float32),
             human.retries if human is not None else 0,
@@ -204,8 +221,13 @@ class RolloutLeader:
         if human is None:
             return False
         if self.mode == TakeoverMode.LEADER:
-            gap = np.abs(human.values.astype(np.float64) - observation.astype(np.float64))
-            return float(gap.max()) > self.settings.leader_threshold
+            gap = float(np.abs(human.values.astype(np.float64) - observation.astype(np.float64)).max())
+            if self.follow is not None and not self._leader_arrived:
+                # A following leader is on its way to the arm: its gap is not the person's doing
+                # until it has once been within the threshold.
+                self._leader_arrived = gap <= self.settings.leader_threshold
+                return False
+            return gap > self.settings.leader_threshold
         if self.mode == TakeoverMode.EXPERT:
             return self._watch.strayed(goal, human.values)
         return False
@@ -216,6 +238,7 @@ class RolloutLeader:
             self.takeovers += to == ControlSource.HUMAN
         self.source = to
         self._watch.reset()
+        self._leader_arrived = False
         if restart:
             self.driver.restart()  # the policy starts again from the present observation
 
@@ -286,9 +309,16 @@ class RolloutLeader:
             "refused_answers": self.driver.refused,
             "last_refusal": self.driver.last_refusal,
             "policy_dead": self.driver.runner.dead,
+            "leader_follow": self.follow.status() if self.follow is not None else None,
         }
 
+    def let_go(self) -> None:
+        """The leader's torque off, if it was following (every way out of the daemon)."""
+        if self.follow is not None:
+            self.follow.close()
+
     def close(self) -> None:
+        self.let_go()
         self.driver.close()  # the human's leader is the rig's, closed where it was opened
 
 
@@ -357,6 +387,7 @@ def rollout_factory(factory: RigFactory, settings: PolicySettings) -> RigFactory
         runner.await_ready()
         driver = PolicyDriver(runner)
         leader = RolloutLeader(rig.leader, driver, settings)
+        stack.callback(leader.let_go)  # before the rig's arms close
         rig.leader = leader
         rig.follower = RolloutFollower(rig.follower, leader)
         rig.devices["policy"] = {"spec": settings.spec, "pid": runner.pid}

@@ -223,6 +223,9 @@ class EmulatedSettings:
     # Faults to inject, in `hilrec emulate --fault` syntax, e.g. "drop:p=0.02", "vanish:after_s=5".
     follower_faults: tuple[str, ...] = ()
     leader_faults: tuple[str, ...] = ()
+    # The scripted hand on the leader (`hilrec emulate --hand`): grip (always holds it), rest
+    # (holds it only while its torque is off), push:after_s=S (also pushes S s after torque on).
+    leader_hand: str = "grip"
     start_timeout_s: float = 30.0
 
     def validate(self) -> None:
@@ -236,6 +239,12 @@ class EmulatedSettings:
                     raise ConfigError(f"{key}[{i}]", exc.problem) from None
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s", "must be positive")
+        from hilrec.drivers.emulated.hand import HandScript
+
+        try:
+            HandScript.parse(self.leader_hand)
+        except ConfigError as exc:
+            raise ConfigError("leader_hand", exc.problem) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,6 +314,12 @@ class PolicySettings:
     # On by default for policies: a policy goal moves at most this far from the present position
     # per tick (the same GoalLimits clamp as every goal), and a switch steps no further.
     max_relative_target: float = 6.0
+    # While the policy drives, a serial leader follows the follower under torque (its goal the
+    # follower's measured joints, at most max_relative_target a tick from where it is), so a
+    # takeover starts where the arm is; leader_follow_torque is its Torque_Limit (0.1 % of the
+    # stall torque): low, so the person's hand wins against it.
+    leader_follow: bool = True
+    leader_follow_torque: int = 200
     device: str = "cpu"
     threads: int = 1  # torch's intra-op threads in the policy's process
     # Seconds a policy may take to load in its own process before the daemon gives up.
@@ -316,6 +331,11 @@ class PolicySettings:
                 raise ConfigError(key, f"must be positive, got {getattr(self, key)}")
         if self.threads < 1:
             raise ConfigError("threads", f"must be at least 1, got {self.threads}")
+        if not 1 <= self.leader_follow_torque <= 1000:
+            raise ConfigError(
+                "leader_follow_torque",
+                f"a Torque_Limit in 1..1000 (0.1 % of the stall torque), got {self.leader_follow_torque}",
+            )
         if self.expert_ticks < 1:
             raise ConfigError("expert_ticks", f"must be at least 1, got {self.expert_ticks}")
         if self.record == RecordMode.CORRECTIONS and self.takeover == TakeoverMode.OFF:

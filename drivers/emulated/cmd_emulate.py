@@ -23,9 +23,11 @@ import threading
 from pathlib import Path
 from typing import get_args
 
+from hilrec.daemon.errors import ConfigError
 from hilrec.drivers.calibration import save_calibration
 from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig, MotionKind
 from hilrec.drivers.emulated.faults import describe, parse_fault
+from hilrec.drivers.emulated.hand import HandScript
 from hilrec.drivers.emulated.priority import raise_emulator_priority, raise_serving_thread
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="six new servos, all at id 1, connected one at a time for setup-motors: "
         "Enter on stdin (or SIGUSR1) connects the next one (gripper first), then the whole chain",
     )
+    parser.add_argument(
+        "--hand",
+        type=_hand,
+        default=HandScript(),
+        metavar="grip|rest|push[:after_s=S]",
+        help="when the scripted hand holds a leader and pushes against its torque: always (grip), "
+        "only while the torque is off (rest), or also S seconds after the torque came on (push)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(func=run)
 
@@ -121,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         factory_fresh=args.factory_fresh,
         new_servos=args.new_servos,
+        hand=args.hand,
     )
     arm = EmulatedArm(config)
     if args.write_calibration is not None:
@@ -156,6 +167,13 @@ def run(args: argparse.Namespace) -> int:
             elif received is not None:
                 break
     return 0
+
+
+def _hand(text: str) -> HandScript:
+    try:
+        return HandScript.parse(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.problem) from None
 
 
 def _connected(what: str) -> None:

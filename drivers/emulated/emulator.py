@@ -46,6 +46,7 @@ from hilrec.daemon.errors import DeviceError
 from hilrec.daemon.so101 import JOINT_NAMES, MOTOR_IDS, Role
 from hilrec.drivers.calibration import ArmCalibration, load_calibration
 from hilrec.drivers.emulated.faults import Fault, FaultPlan
+from hilrec.drivers.emulated.hand import Hand, HandScript
 from hilrec.drivers.emulated.motion import (
     ArmMotion,
     MechanicalFrame,
@@ -88,6 +89,9 @@ class EmulatorConfig:
     # True: six new servos, all at id 1 (factory EEPROM), connected one at a time in LeRobot's
     # setup order (``connect_next``), each hearing only its own baud rate: for setup-motors.
     new_servos: bool = False
+    # When the scripted hand holds a leader, and who wins against its torque
+    # (hilrec.drivers.emulated.hand): grip (always), rest, push:after_s=S.
+    hand: HandScript = field(default_factory=HandScript)
 
 
 @dataclass
@@ -257,14 +261,14 @@ class EmulatedArm:
         if kind == "servo":
             return ServoMotion(middle)
         if kind == "wave":
-            return ServoMotion(middle, hand=wave_path(self.frame))
+            return ServoMotion(middle, hand=Hand(wave_path(self.frame), self.config.hand))
         if kind == "sweep":
             self.sweep = SweepPath(
                 self.frame, ready=lambda: all(s.log.offset_writes >= 2 for s in self.servos)
             )
             return ServoMotion(middle, hand=self.sweep)
         operator = OperatorPath(self.frame, seed=self.config.seed)
-        return ServoMotion(operator(0.0), hand=operator)
+        return ServoMotion(operator(0.0), hand=Hand(operator, self.config.hand))
 
     def _power_up(self) -> None:
         """Servos power up holding where they stand, torque on (as reported for the STS3215)."""
@@ -273,8 +277,12 @@ class EmulatedArm:
             servo.set("Goal_Position", servo.present_from_actual(float(actual)))
             servo.set("Torque_Enable", 1)
 
-    def _targets(self) -> list[float | None]:
-        return [servo.goal_target() for servo in self.servos]
+    def _advance(self) -> None:
+        """The motion up to now, under the goals and torque limits in force until now."""
+        limit = getattr(self.motion, "limit_torque", None)
+        if limit is not None:
+            limit([servo.get("Torque_Limit") for servo in self.servos])
+        self.motion.advance(self.clock(), [servo.goal_target() for servo in self.servos])
 
     # --- the serving thread -----------------------------------------------------------------
 
@@ -315,7 +323,7 @@ class EmulatedArm:
         due = self._motion_due()
         if due is not None and due <= self.clock():
             with self.lock:
-                self.motion.advance(self.clock(), self._targets())
+                self._advance()
 
     def _next_wakeup(self) -> float:
         now = time.monotonic()
@@ -382,7 +390,7 @@ class EmulatedArm:
                 self._schedule(rx_done, packet.raw)
             # Physics up to this instant under the goals in force until now, before the packet
             # reads a Present_* register or writes a goal: a goal acts from the current substep.
-            self.motion.advance(self.clock(), self._targets())
+            self._advance()
             for servo in self.servos:
                 servo.apply_faults(self.faults.condition_bits(servo.servo_id))
             for servo, reply_id, data in self._execute(packet):

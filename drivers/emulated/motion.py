@@ -7,8 +7,9 @@ reads ``present(rad)`` ticks under that calibration, so its encoder reads
 ``present(rad) + homing_offset``. That is the bridge between the twin and the registers, and the
 reason a LeRobot client reading the emulator sees exactly the twin's units.
 
-- :class:`ServoMotion`: a first-order position servo with a speed limit; joints without torque
-  follow a "hand" path (the person moving a leader) or stay put.
+- :class:`ServoMotion`: a first-order position servo with a speed limit and a torque limit, and
+  a person's hand on the arm (:mod:`hilrec.drivers.emulated.hand`: where it moves the arm, when
+  it holds it, and who wins when it and the torque disagree).
 - :class:`TwinMotion`: the follower is the MuJoCo twin, stepped one physics step (5 ms, or the
   daemon's twin timestep) at a time up to the current instant: goals become actuator targets
   (in LeRobot units, through the calibration), encoder readings come from the joint angles.
@@ -29,6 +30,7 @@ import numpy as np
 
 from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
 from hilrec.drivers.calibration import ArmCalibration
+from hilrec.drivers.emulated.hand import FULL_TORQUE, Hand
 
 if TYPE_CHECKING:  # MuJoCo is imported only when a twin is made
     from hilrec.sim.operator import ScriptedOperator
@@ -40,6 +42,9 @@ _MID = 2047.0
 # daemon sets it in its ``hilrec emulate follower`` child's environment to the step its own twins
 # take ([twin] timestep, or the one hilrec.sim.twin.timestep_for chooses for its fps). Unset: 5 ms.
 TIMESTEP_ENV = "HILREC_TWIN_TIMESTEP"
+# The torque (Torque_Limit units, 0.1 % of the stall torque) an unloaded arm's servo needs to
+# reach its no-load speed; with less to spare it goes slower, in proportion.
+FULL_SPEED_TORQUE = 250.0
 
 
 class ArmMotion(Protocol):
@@ -59,6 +64,7 @@ class ArmMotion(Protocol):
 
     # Optional: ``next_due() -> float | None``, when the model wants to advance on its own
     # (the twin's next physics step); the emulator calls ``advance`` then if the bus is idle.
+    # Optional: ``limit_torque(limits)``, each servo's Torque_Limit, given before each advance.
 
 
 @dataclass(frozen=True)
@@ -118,18 +124,36 @@ class MechanicalFrame:
 
 
 class ServoMotion:
-    """Six first-order position servos (time constant ``tau_s``, speed cap ``max_speed``)."""
+    """Six first-order position servos (time constant ``tau_s``, speed cap ``max_speed``), and
+    the hand of a person on them (:mod:`hilrec.drivers.emulated.hand`).
+
+    A servo under torque drives to its goal at its no-load speed, scaled down when the torque it
+    has to spare is below :data:`FULL_SPEED_TORQUE`: its Torque_Limit (:meth:`limit_torque`),
+    less the hand's force when the hand holds it; a hand stronger than the limit wins, and the
+    joint goes where the hand takes it. A servo
+    without torque goes where the hand takes it, or stays put while the hand rests.
+    """
 
     def __init__(
-        self, initial: np.ndarray, *, hand: Path | None = None, tau_s: float = 0.03, max_speed: float = 3000.0
+        self,
+        initial: np.ndarray,
+        *,
+        hand: Path | Hand | None = None,
+        tau_s: float = 0.03,
+        max_speed: float = 3000.0,
     ) -> None:
         self._pos = np.asarray(initial, dtype=np.float64).copy()
         self._vel: np.ndarray = np.zeros(NUM_JOINTS)
-        self._hand = hand
+        self._hand = hand if isinstance(hand, Hand) or hand is None else Hand(hand)
         self._tau = tau_s
         self._max_speed = max_speed  # ticks/s: about an STS3215's no-load 270 deg/s
+        self._torque: np.ndarray = np.full(NUM_JOINTS, FULL_TORQUE)
         self._t0: float | None = None
         self._last: float | None = None
+
+    def limit_torque(self, limits: Sequence[float]) -> None:
+        """Each servo's Torque_Limit (0.1 % of its stall torque), in force from the next step."""
+        self._torque = np.clip(np.asarray(limits, dtype=np.float64), 0.0, FULL_TORQUE)
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
         if self._t0 is None or self._last is None:
@@ -139,15 +163,18 @@ class ServoMotion:
         if dt <= 0:
             return
         self._last = now
-        hand = self._hand(now - self._t0) if self._hand is not None else None
+        under_torque = any(t is not None for t in targets)
+        hand = None if self._hand is None else self._hand.target(now - self._t0, self._pos, under_torque)
+        force = self._hand.force if hand is not None and self._hand is not None else 0.0
         previous = self._pos.copy()
         gain = 1.0 - math.exp(-dt / self._tau)
-        step_cap = self._max_speed * dt
         for i, target in enumerate(targets):
-            if target is not None:
+            spare = 0.0 if target is None else self._torque[i] - force
+            if hand is not None and (target is None or spare < 0):
+                self._pos[i] = hand[i]  # no torque, or less than the hand's force: the hand wins
+            elif target is not None:
+                step_cap = self._max_speed * dt * min(1.0, spare / FULL_SPEED_TORQUE)
                 self._pos[i] += max(-step_cap, min(step_cap, (target - self._pos[i]) * gain))
-            elif hand is not None:
-                self._pos[i] = hand[i]
         self._vel = (self._pos - previous) / dt
 
     def actual(self) -> np.ndarray:
