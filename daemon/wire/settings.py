@@ -118,8 +118,9 @@ class ArmSettings:
                 except ConfigError as exc:
                     raise ConfigError(f"{key}[{i}]", exc.problem) from None
 
-    def arm_id(self, side: str, role: Role) -> str:
+    def arm_id(self, side: str, role: Role | str) -> str:
         """The calibration id: the one given, else ``<side>_so101_<role>``."""
+        role = Role(role)
         given = self.follower_id if role is Role.FOLLOWER else self.leader_id
         return given or f"{side}_{DEFAULT_ARM_IDS[role]}"
 
