@@ -1,0 +1,122 @@
+"""The daemon with two arm pairs (configs/bimanual-emulated.toml's shape): four emulated arms,
+both buses of a tick read at once, LeRobot's bi_so_follower columns, the read skew beside the
+episode, and a fault on one arm ending the take by policy with the arm named."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _daemon import Daemon, check_passes, emulated_config
+
+from hilrec.daemon.dataset.format.reader import load_episodes, load_info, read_episode
+from hilrec.daemon.dataset.format.sidecar import load_dataset_sidecar, load_episode_sidecar
+from hilrec.daemon.so101 import position_names
+
+pytestmark = pytest.mark.slow
+
+CAMERA = """
+[cameras.front]
+source = "twin"
+height = 48
+width = 64
+fps = 25
+stall_ms = 2000
+"""
+# A shared 2-core machine stalls the emulators now and then: failed reads mark frames, and only
+# a long run of them counts as a lost arm (a killed emulator is lost at once: its port is gone).
+FAULTS = "[faults]\nmax_failed_ticks = 50\nbus_reply_timeout_ms = 30.0\n"
+ARMS = "[arms.left]\n[arms.right]\n"
+SIDES = ("left", "right")
+ROLES = ("follower", "leader")
+
+
+@pytest.fixture
+def daemons(tmp_path: Path):
+    started: list[Daemon] = []
+
+    def make(config: str) -> Daemon:
+        daemon = Daemon(tmp_path, config)
+        started.append(daemon)
+        return daemon.start()
+
+    yield make
+    for daemon in started:
+        daemon.close()
+
+
+def test_two_arms_record_bi_so_follower_columns_with_the_skew_of_each_tick(tmp_path: Path, daemons) -> None:
+    root = tmp_path / "ds"
+    daemon = daemons(emulated_config(root, cameras=CAMERA, extra=ARMS + FAULTS))
+    devices = daemon.call("status")["devices"]
+    arms = [f"{side}_{role}" for side in SIDES for role in ROLES]
+    assert set(devices) == set(arms)
+    assert len({devices[a]["emulator_pid"] for a in arms}) == 4  # four emulated arms
+    assert len({devices[a]["port"] for a in arms}) == 4 and all(
+        devices[a]["port"].startswith("/dev/pts/") for a in arms
+    )
+    daemon.call("start_episode", task="both arms", seed=3)
+    daemon.wait_frames(40, timeout_s=60.0)
+    daemon.call("stop_episode", success=True)
+    daemon.wait_status(
+        lambda s: s["dataset"]["saved_this_session"] == 1 and s["dataset"]["saving"] == 0, what="saved"
+    )
+    assert daemon.shutdown() == 0
+
+    check_passes(root)
+    info = load_info(root)
+    assert info["robot_type"] == "bi_so_follower"
+    for key in ("observation.state", "action"):
+        assert info["features"][key]["names"] == position_names(2) and info["features"][key]["shape"] == [12]
+    [episode] = load_episodes(root)
+    n = episode["length"]
+    meta, arrays = load_episode_sidecar(root, 0)
+    assert meta is not None and meta["divergence"]["joints"][6] == "right_shoulder_pan"
+    assert arrays["leader"].shape == (n, 12) and arrays["twin_state"].shape == (n, 12)
+    for name in ("tick_follower_skew_s", "tick_leader_skew_s"):
+        skew = arrays[name]
+        assert skew.shape == (n,) and np.count_nonzero(np.isfinite(skew)) > n // 2
+        assert np.all(skew[np.isfinite(skew)] >= 0)
+    assert "follower_skew_ms_p99" in meta["timing"] and "leader_skew_ms_p50" in meta["timing"]
+    # Two arms, each its own: the seeds differ, so the operators' hands (and the followers) do.
+    state = read_episode(root, 0, columns=["observation.state"])["observation.state"]
+    assert not np.allclose(state[:, :6], state[:, 6:])
+    # The two-arm twin mirrored both followers.
+    assert np.max(np.abs(arrays["twin_state"][1:, :5] - state[1:, :5])) < 45.0
+    assert np.max(np.abs(arrays["twin_state"][1:, 6:11] - state[1:, 6:11])) < 45.0
+    sidecar = load_dataset_sidecar(root)
+    assert sidecar is not None
+    assert set(sidecar["calibration"]) == set(arms) and sidecar["units"]["arms"] == list(SIDES)
+
+
+@pytest.mark.parametrize(("policy", "arm"), [("save", "right_follower"), ("discard", "left_leader")])
+def test_a_lost_arm_ends_the_take_by_policy_and_names_the_arm(
+    tmp_path: Path, daemons, policy: str, arm: str
+) -> None:
+    root = tmp_path / "ds"
+    extra = ARMS + FAULTS.replace("[faults]\n", f'[faults]\non_device_lost = "{policy}"\n')
+    daemon = daemons(emulated_config(root, extra=extra))
+    daemon.call("start_episode", task="unplugged", seed=1)
+    daemon.wait_frames(25, timeout_s=60.0)
+    os.kill(daemon.call("status")["devices"][arm]["emulator_pid"], signal.SIGKILL)
+    side, role = arm.split("_")
+    status = daemon.wait_status(lambda s: any(f["device"] == role for f in s["faults"]), what=f"{arm} fault")
+    fault = next(f for f in status["faults"] if f["device"] == role)
+    assert fault["kind"] == "device_lost" and fault["message"].startswith(f"{side} {role}: "), fault
+    status = daemon.wait_status(
+        lambda s: s["state"] == "idle" and s["dataset"]["saving"] == 0, what="the take closed"
+    )
+    last = status["last_episode"]
+    assert last["ended_by"] == f"fault:device_lost:{role}"
+    assert daemon.shutdown() == 0
+    episodes = load_episodes(root) if (root / "meta" / "episodes").exists() else []
+    if policy == "save":
+        assert last.get("saved") is True and len(episodes) == 1
+        meta, _ = load_episode_sidecar(root, 0)
+        assert meta is not None and f"{side} {role}: " in meta["faults"][0]["message"]
+        check_passes(root)
+    else:
+        assert last.get("discarded") is True and episodes == []
