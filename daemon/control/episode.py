@@ -112,8 +112,9 @@ class EpisodeBuffer:
         for name, values in self._timing.items():
             dtype = np.int64 if name in ("tick_slot", "tick_skipped") else np.float64
             out[name] = np.asarray(values, dtype=dtype)
-        if self._joints > NUM_JOINTS:  # two arms: the skew between their reads, per tick
-            out.update({name: np.asarray(v, dtype=np.float64) for name, v in self._skews.items()})
+        for name, values in self._skews.items():  # two arms on two buses: their read skew
+            if any(math.isfinite(v) for v in values):
+                out[name] = np.asarray(values, dtype=np.float64)
         out["frame_flags"] = np.asarray(self._flags, dtype=np.uint32)
         if self._leader:
             out["leader"] = np.stack(self._leader).astype(np.float32)

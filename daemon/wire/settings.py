@@ -465,8 +465,6 @@ class DaemonSettings:
         missing = [side for side in ARM_SIDES if side not in self.arms]
         if missing:
             raise ConfigError(f"arms.{missing[0]}", "a two-arm bench needs both [arms.left] and [arms.right]")
-        if self.mode == "sim":
-            raise ConfigError("arms", "sim mode with two arms is `hilrec record --sim --arms 2`")
         for key in ("port", "calibration", "max_relative_target"):
             if getattr(self.follower, key) not in ("", None):
                 raise ConfigError(f"follower.{key}", "with [arms.*] each arm has its own; move it there")
@@ -477,8 +475,9 @@ class DaemonSettings:
                 raise ConfigError(f"leader.{key}", "with [arms.*] each arm has its own; move it there")
         if self.leader.id != LeaderSettings(source=self.leader.source).id:
             raise ConfigError("leader.id", "with [arms.*] each arm has its own leader_id")
-        if self.leader.source != "serial":
-            raise ConfigError("leader.source", "two arms take their two leaders on serial ports ('serial')")
+        wanted = "scripted" if self.mode == "sim" else "serial"  # a remote leader sends six goals
+        if self.leader.source != wanted:
+            raise ConfigError("leader.source", f"two arms in {self.mode} mode take a {wanted!r} leader")
         if self.policy.spec:
             raise ConfigError("policy.spec", "a policy drives one arm; two-arm rollouts are not supported")
         ports: dict[str, str] = {}

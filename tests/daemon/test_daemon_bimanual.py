@@ -120,3 +120,30 @@ def test_a_lost_arm_ends_the_take_by_policy_and_names_the_arm(
         check_passes(root)
     else:
         assert last.get("discarded") is True and episodes == []
+
+
+def test_sim_mode_with_two_arms_records_the_handover_and_it_replays_bit_for_bit(
+    tmp_path: Path, daemons
+) -> None:
+    from _daemon import sim_config
+
+    from hilrec.sim.replay import replay_check
+
+    root = tmp_path / "ds"
+    daemon = daemons(sim_config(root, realtime=False, extra=ARMS))
+    daemon.call("start_episode", task="hand it over", seed=4)
+    daemon.wait_frames(30)
+    daemon.call("stop_episode")
+    status = daemon.wait_status(
+        lambda s: s["dataset"]["saved_this_session"] == 1 and s["dataset"]["saving"] == 0, what="saved"
+    )
+    assert status["last_episode"]["saved"] is True
+    assert daemon.shutdown() == 0
+    check_passes(root)
+    info = load_info(root)
+    assert info["robot_type"] == "bi_so_follower" and info["features"]["action"]["names"] == position_names(2)
+    report = replay_check(root, episodes=[0], undisturbed=False)
+    assert [e.status for e in report.episodes] == ["passed"], report
+    meta, arrays = load_episode_sidecar(root, 0)
+    assert meta is not None and meta["seed"] == 4 and arrays["leader"].shape[1] == 12
+    assert "tick_follower_skew_s" not in arrays  # one twin, no buses: no skew to keep

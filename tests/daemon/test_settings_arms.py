@@ -146,8 +146,8 @@ def test_an_emulated_two_arm_config_needs_no_ports_and_takes_faults_per_arm(tmp_
         ),
         (
             HIL.replace('"hil"', '"sim"').replace('"serial"', '"scripted"'),
-            "arms",
-            "record --sim --arms 2",
+            "arms.left.follower_port",
+            "sim mode makes its own",
         ),
     ],
 )
