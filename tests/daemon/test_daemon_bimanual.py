@@ -147,3 +147,25 @@ def test_sim_mode_with_two_arms_records_the_handover_and_it_replays_bit_for_bit(
     meta, arrays = load_episode_sidecar(root, 0)
     assert meta is not None and meta["seed"] == 4 and arrays["leader"].shape[1] == 12
     assert "tick_follower_skew_s" not in arrays  # one twin, no buses: no skew to keep
+
+
+def test_a_sigkilled_two_arm_daemon_takes_its_four_emulators_with_it(tmp_path: Path, daemons) -> None:
+    import time
+
+    from test_orphans import EXIT_TIMEOUT_S, alive
+
+    daemon = daemons(emulated_config(tmp_path / "ds", extra=ARMS + FAULTS))
+    assert daemon.process is not None
+    devices = daemon.call("status")["devices"]
+    pids = [int(devices[f"{side}_{role}"]["emulator_pid"]) for side in SIDES for role in ROLES]
+    daemon.call("start_episode", task="killed mid-take")
+    daemon.wait_frames(5, timeout_s=60.0)
+    os.kill(daemon.process.pid, signal.SIGKILL)
+    daemon.process.wait(10)
+    deadline = time.monotonic() + EXIT_TIMEOUT_S
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling a condition (process exit) with a deadline
+    orphans = [pid for pid in pids if alive(pid)]
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    assert orphans == [], f"emulators still running {EXIT_TIMEOUT_S} s after their daemon died"
