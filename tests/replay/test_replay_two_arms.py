@@ -77,3 +77,25 @@ def test_a_sound_two_arm_take_says_so_for_each_arm(tmp_path: Path) -> None:
     assert verdict["verdict"] == EpisodeVerdict.SOUND, verdict
     assert "left arm consistent with the twin" in verdict["summary"]
     assert "right arm consistent with the twin" in verdict["summary"]
+
+
+def test_check_replay_checks_each_arm_and_fails_on_the_bad_one(
+    right_jammed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from hilrec.daemon.cli import main
+
+    assert main(["check", str(right_jammed), "--replay", "--workers", "1"]) == 1
+    text = capsys.readouterr().out
+    assert "left arm: replay check: hardware replay check" in text
+    assert "left arm: replay check" in text and "right arm: replay check" in text
+    left, right = text.split("right arm: ")[0], text.split("right arm: ")[1]
+    assert "replay PASSED: 1 consistent" in left and "replay FAILED: 1 diverged" in right
+    assert main(["check", str(right_jammed), "--replay", "--workers", "1", "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)["replay"]
+    assert document["passed"] is False
+    assert {arm: section["passed"] for arm, section in document["arms"].items()} == {
+        "left": True,
+        "right": False,
+    }
