@@ -90,6 +90,13 @@ def test_two_arms_record_bi_so_follower_columns_with_the_skew_of_each_tick(tmp_p
     sidecar = load_dataset_sidecar(root)
     assert sidecar is not None
     assert set(sidecar["calibration"]) == set(arms) and sidecar["units"]["arms"] == list(SIDES)
+    # LeRobot 0.4.4 reads it as its own bi_so_follower's: the same 12 floats, bit for bit.
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dataset = LeRobotDataset("local/bimanual-emulated", root=root)
+    assert dataset.meta.robot_type == "bi_so_follower" and dataset.num_frames == n
+    row = dataset.hf_dataset[n - 1]
+    assert np.array_equal(np.asarray(row["observation.state"], dtype=np.float32), state[n - 1])
 
 
 @pytest.mark.parametrize(("policy", "arm"), [("save", "right_follower"), ("discard", "left_leader")])

@@ -79,6 +79,7 @@ def test_an_emulated_two_arm_config_needs_no_ports_and_takes_faults_per_arm(tmp_
 @pytest.mark.parametrize(
     ("text", "key", "words"),
     [
+        ("arms = 2\n" + EMULATED, "arms", "expected a table"),
         (
             EMULATED + "[arms.left]\n",
             "arms.right",
