@@ -6,9 +6,10 @@ The dataset holds only what an arm measures (``observation.state``, images) and 
 
 - arrays (npz): the tick timestamps (:data:`hilrec.daemon.control.clock.TIMING_ARRAYS`, monotonic
   seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.dataset.FrameFlag` bits),
-  ``leader`` (the leader's reading before any clamp, float32 (n, 6), NaN where there was no live
-  command and the follower held), and in hil/emulated mode ``twin_state`` (the mirroring twin's
-  joints at each tick, float32 (n, 6));
+  ``leader`` (the leader's reading before any clamp, float32 (n, 6) per arm, NaN where there was
+  no live command and the follower held), in hil/emulated mode ``twin_state`` (the mirroring
+  twin's joints at each tick, float32 (n, 6) per arm), and with two arms on two buses the
+  :data:`hilrec.daemon.control.clock.SKEW_ARRAYS` (how far apart the arms' readings were taken);
 - JSON: task, seed, success, how the episode ended, wall-clock start, a timing summary, flag
   counts, faults seen, and the divergence summary between commanded, measured and twin state.
 """
