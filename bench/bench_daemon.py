@@ -36,6 +36,10 @@ A second table runs LeRobot 0.4.4's pacing (``precise_sleep(1/fps - dt)`` after 
 record loop does) and ours (absolute deadlines) side by side on the same synthetic work, in this
 process: achieved rate and drift after ``--pacer-ticks`` ticks.
 
+``--arms 2`` runs the session with one arm pair and with two (``[arms.left]``, ``[arms.right]``:
+four emulators, the four buses of a tick read at once) side by side, with the encoder processes,
+and adds the per-tick skew between the two arms' readings (followers, leaders) to the table.
+
 ``--smoke``: a 2 s episode, one camera, the encoder processes only, 25 pacer ticks.
 
 The machine's load average is printed: on a shared 2-core machine the numbers depend on it.
@@ -57,11 +61,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _pacing import pacer_comparison
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hilrec.daemon.control.clock import TickPacer
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient
@@ -107,6 +111,7 @@ def config_text(
     codec: str,
     stall_ms: int,
     leader_motion: str,
+    arms: int = 1,
 ) -> str:
     cameras = "".join(
         f"""
@@ -120,6 +125,7 @@ stall_ms = {stall_ms}
 """
         for name, video in zip(CAMERA_NAMES, videos, strict=False)
     )
+    arm_tables = "[arms.left]\n[arms.right]\n" if arms == 2 else ""  # four emulated arms
     return f"""
 mode = "emulated"
 fps = {FPS}
@@ -141,6 +147,7 @@ preview_hz = 2.0
 leader_motion = "{leader_motion}"
 wire_timing = true
 {cameras}
+{arm_tables}
 """
 
 
@@ -209,12 +216,13 @@ def run_session(
     workdir: Path,
     encoder: str = "process",
     cameras: int = 2,
+    arms: int = 1,
 ) -> dict[str, Any]:
     videos = [make_video(workdir / f"cam{i}.mp4", 10, i) for i in range(cameras)]
     root = workdir / "dataset"
     ports = free_ports(3)
     config = workdir / "bench.toml"
-    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, leader_motion))
+    config.write_text(config_text(root, videos, ports, priority, codec, stall_ms, leader_motion, arms))
     log = (workdir / "daemon.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "hilrec.daemon.cli", "daemon", "--config", str(config)],
@@ -379,46 +387,8 @@ def lerobot_streaming(duration: float, codec: str, cameras: int, workdir: Path) 
     }
 
 
-def pacer_comparison(ticks: int) -> dict[str, dict[str, float]]:
-    """LeRobot's relative pacing vs ours, same synthetic work (2-6 ms per tick) in this process."""
-    from lerobot.utils.robot_utils import precise_sleep
-
-    rng = np.random.default_rng(0)
-    work = rng.uniform(0.002, 0.006, size=ticks)
-
-    def busy(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
-    out: dict[str, dict[str, float]] = {}
-    starts = np.empty(ticks)
-    t0 = time.perf_counter()
-    for k in range(ticks):  # lerobot_record's loop: work, then sleep the rest of 1/fps
-        start = time.perf_counter()
-        starts[k] = start
-        busy(work[k])
-        precise_sleep(PERIOD - (time.perf_counter() - start))
-    out["LeRobot 0.4.4 precise_sleep(1/fps - dt)"] = _pacing_stats(starts - t0)
-    pacer = TickPacer(PERIOD)
-    for k in range(ticks):
-        tick = pacer.next_tick()
-        starts[k] = tick.start
-        busy(work[k])
-    out["hilrec absolute deadlines"] = _pacing_stats(starts - starts[0])
-    return out
-
-
-def _pacing_stats(starts: np.ndarray) -> dict[str, float]:
-    nominal = np.arange(len(starts)) * PERIOD
-    return {
-        "rate_hz": (len(starts) - 1) / (starts[-1] - starts[0]),
-        "drift_ms": (starts[-1] - nominal[-1]) * 1e3,
-        "interval_p99_ms": pct(np.abs(np.diff(starts) - PERIOD) * 1e3, 99),
-    }
-
-
 NAMES = {"thread": "before (in-process encoder)", "process": "after (encoder processes)"}
+NAMES.update(arms1="one arm", arms2="two arms")
 MEASURES = [
     ("missed deadlines (overruns + skipped)", "missed", "0"),
     ("tick jitter p50 / p99 / max, ms", "jitter", "p99 <= 2"),
@@ -426,6 +396,7 @@ MEASURES = [
     ("control round trip p50 / p99 / max, ms", "rtt", "p99 <= 5"),
     ("tick work p99, ms", "work", "< 40"),
     ("bus time (arm reads) p50 / p99 / max, ms", "bus", "reported"),
+    ("two arms' read skew, followers / leaders p50 / p99, ms", "skew", "reported"),
     ("tick start -> leader read p50 / p99 / max, ms", "reads", "reported"),
     ("ticks with a bus retry (follower / leader)", "retried", "reported"),
     ("CPU daemon (+ encoder processes), % of one core", "cpu", "reported"),
@@ -433,6 +404,13 @@ MEASURES = [
     ("stop -> saved (durable), s", "save", "reported"),
     ("stop -> backlog drained, s", "drain", "reported"),
 ]
+
+
+def skew_cell(arrays: dict[str, np.ndarray]) -> str:
+    """The two arms' read skews (hilrec.daemon.control.arm_pair), p50 / p99 in ms; one arm: none."""
+    skews = [arrays.get(n, np.array([])) * 1e3 for n in ("tick_follower_skew_s", "tick_leader_skew_s")]
+    finite = [s[np.isfinite(s)] for s in skews]
+    return " ; ".join(f"{pct(s, 50):.3f} / {pct(s, 99):.3f}" if len(s) else "-" for s in finite)
 
 
 def summarize(r: dict[str, Any]) -> dict[str, Any]:
@@ -468,6 +446,7 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         if bus is None
         else f"{pct(bus, 50):.3f} / {pct(bus, 99):.3f} / {bus.max():.3f}",
         "reads": f"{pct(reads, 50):.3f} / {pct(reads, 99):.3f} / {reads.max():.3f}",
+        "skew": skew_cell(arrays),
         "retried": f"{counts.get('follower_retried', 0)} / {counts.get('leader_retried', 0)}",
         "cpu": f"{r['cpu_daemon']:.1f} (+ {r['cpu_encoders']:.1f})",
         "backlog": "in RAM queue" if backlog is None else f"{backlog:.1f}",
@@ -529,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also feed the same frames to LeRobot 0.4.4's StreamingVideoEncoder at 25 Hz and "
         "count the frames it drops",
     )
+    parser.add_argument(
+        "--arms", type=int, default=1, choices=(1, 2), help="2: one arm pair and two, side by side"
+    )
     parser.add_argument("--pacer-ticks", type=int, default=500, help="ticks per pacer in the side-by-side")
     parser.add_argument("--keep", type=Path, default=None, help="keep the work directory here")
     parser.add_argument(
@@ -540,11 +522,15 @@ def main(argv: list[str] | None = None) -> int:
     FPS, PERIOD = args.fps, 1.0 / args.fps
 
     encoders = ["thread", "process"] if args.encoder == "both" else [args.encoder]
+    sessions = [(e, e, 1) for e in encoders]
+    if args.arms == 2:
+        encoder = "process" if args.encoder == "both" else args.encoder
+        sessions = [("arms1", encoder, 1), ("arms2", encoder, 2)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
     try:
         rows: dict[str, dict[str, Any]] = {}
-        for encoder in encoders:
-            session_dir = workdir / encoder
+        for key, encoder, arms in sessions:
+            session_dir = workdir / key
             session_dir.mkdir()
             r = run_session(
                 args.duration,
@@ -556,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
                 session_dir,
                 encoder,
                 args.cameras,
+                arms,
             )
-            rows[encoder] = summarize(r)
+            rows[key] = summarize(r)
         print(
             f"# bench_daemon: emulated session, {args.duration:.0f} s episode at {FPS} Hz, "
             f"{args.cameras} {W}x{H} video-file cameras encoded ({args.codec}, LeRobot's settings), "
@@ -596,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## pacing side by side ({args.pacer_ticks} ticks at {FPS} Hz, 2-6 ms of work per tick)")
             print("| pacer | rate, Hz | drift after the run, ms | |interval - period| p99, ms |")
             print("|---|---:|---:|---:|")
-            for name, stats in pacer_comparison(args.pacer_ticks).items():
+            for name, stats in pacer_comparison(args.pacer_ticks, PERIOD).items():
                 print(
                     f"| {name} | {stats['rate_hz']:.3f} | {stats['drift_ms']:.1f} | "
                     f"{stats['interval_p99_ms']:.3f} |"

@@ -36,6 +36,10 @@ class TickTimes:
     # Seconds the tick spent on the arms' bus reads: from the first read's start until both
     # have returned (reads that overlap count once).
     bus_s: float = math.nan
+    # Two arms: how far apart (s) the two followers' / the two leaders' readings were taken
+    # (hilrec.daemon.control.arm_pair); NaN for one arm, or when a read failed.
+    follower_skew_s: float = math.nan
+    leader_skew_s: float = math.nan
 
     @property
     def late_s(self) -> float:
@@ -101,6 +105,8 @@ TIMING_ARRAYS: Final[tuple[str, ...]] = (
     "tick_skipped",
     "tick_bus_s",  # a duration (s), not a timestamp: TickTimes.bus_s
 )
+# Two arms only (durations, s): TickTimes.follower_skew_s and leader_skew_s.
+SKEW_ARRAYS: Final[tuple[str, ...]] = ("tick_follower_skew_s", "tick_leader_skew_s")
 
 
 def timing_summary(arrays: dict[str, np.ndarray], period_s: float) -> dict[str, float | int]:
@@ -125,6 +131,7 @@ def timing_summary(arrays: dict[str, np.ndarray], period_s: float) -> dict[str, 
         "leader_to_write_ms_p50": _pct(latency_ms, 50),
         "leader_to_write_ms_p99": _pct(latency_ms, 99),
         **_bus_summary(arrays),
+        **_skew_summary(arrays),
         "interval_ms_min": float(intervals_ms.min()) if len(intervals_ms) else period_s * 1e3,
         "interval_ms_max": float(intervals_ms.max()) if len(intervals_ms) else period_s * 1e3,
         "overruns": overruns,
@@ -140,6 +147,20 @@ def _bus_summary(arrays: dict[str, np.ndarray]) -> dict[str, float]:
         return {}
     bus_ms = bus * 1e3
     return {"bus_ms_p50": _pct(bus_ms, 50), "bus_ms_p99": _pct(bus_ms, 99), "bus_ms_max": _max(bus_ms)}
+
+
+def _skew_summary(arrays: dict[str, np.ndarray]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in SKEW_ARRAYS:
+        skew = arrays.get(name)
+        if skew is None or len(skew) == 0:
+            continue
+        what = name.removeprefix("tick_").removesuffix("_s")
+        skew_ms = skew * 1e3
+        out[f"{what}_ms_p50"] = _pct(skew_ms, 50)
+        out[f"{what}_ms_p99"] = _pct(skew_ms, 99)
+        out[f"{what}_ms_max"] = _max(skew_ms)
+    return out
 
 
 def _pct(values: np.ndarray, q: float) -> float:

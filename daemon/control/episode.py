@@ -6,9 +6,10 @@ The dataset holds only what an arm measures (``observation.state``, images) and 
 
 - arrays (npz): the tick timestamps (:data:`hilrec.daemon.control.clock.TIMING_ARRAYS`, monotonic
   seconds), ``frame_flags`` (uint32, :class:`hilrec.daemon.dataset.FrameFlag` bits),
-  ``leader`` (the leader's reading before any clamp, float32 (n, 6), NaN where there was no live
-  command and the follower held), and in hil/emulated mode ``twin_state`` (the mirroring twin's
-  joints at each tick, float32 (n, 6));
+  ``leader`` (the leader's reading before any clamp, float32 (n, 6) per arm, NaN where there was
+  no live command and the follower held), in hil/emulated mode ``twin_state`` (the mirroring
+  twin's joints at each tick, float32 (n, 6) per arm), and with two arms on two buses the
+  :data:`hilrec.daemon.control.clock.SKEW_ARRAYS` (how far apart the arms' readings were taken);
 - JSON: task, seed, success, how the episode ended, wall-clock start, a timing summary, flag
   counts, faults seen, and the divergence summary between commanded, measured and twin state.
 """
@@ -22,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from hilrec.daemon.control.clock import TIMING_ARRAYS, TickTimes, timing_summary
+from hilrec.daemon.control.clock import SKEW_ARRAYS, TIMING_ARRAYS, TickTimes, timing_summary
 from hilrec.daemon.dataset import FrameFlag
-from hilrec.daemon.so101 import JOINT_NAMES, NUM_JOINTS
+from hilrec.daemon.so101 import NUM_JOINTS, joint_names
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION
 
 
@@ -53,6 +54,8 @@ class EpisodeBuffer:
         self.started_mono = time.monotonic()
         self.frames = 0
         self._timing: dict[str, list[float]] = {name: [] for name in TIMING_ARRAYS}
+        self._skews: dict[str, list[float]] = {name: [] for name in SKEW_ARRAYS}
+        self._joints = NUM_JOINTS  # of the rows appended: 12 for two arms
         self._flags: list[int] = []
         self._measured: list[np.ndarray] = []
         self._commanded: list[np.ndarray] = []
@@ -80,13 +83,16 @@ class EpisodeBuffer:
         t["tick_end"].append(tick.end)
         t["tick_skipped"].append(tick.skipped)
         t["tick_bus_s"].append(tick.bus_s)
+        self._skews["tick_follower_skew_s"].append(tick.follower_skew_s)
+        self._skews["tick_leader_skew_s"].append(tick.leader_skew_s)
+        self._joints = len(measured)
         self._flags.append(flags)
         self._flag_union |= flags
         self._measured.append(measured)
         self._commanded.append(commanded)
         if twin is not None:
             self._twin.append(twin)
-        self._leader.append(leader if leader is not None else _NO_LEADER)
+        self._leader.append(leader if leader is not None else np.full(self._joints, np.nan, np.float32))
         self.frames += 1
 
     def note_fault(self, fault: Mapping[str, Any]) -> None:
@@ -107,6 +113,9 @@ class EpisodeBuffer:
         for name, values in self._timing.items():
             dtype = np.int64 if name in ("tick_slot", "tick_skipped") else np.float64
             out[name] = np.asarray(values, dtype=dtype)
+        for name, values in self._skews.items():  # two arms on two buses: their read skew
+            if any(math.isfinite(v) for v in values):
+                out[name] = np.asarray(values, dtype=np.float64)
         out["frame_flags"] = np.asarray(self._flags, dtype=np.uint32)
         if self._leader:
             out["leader"] = np.stack(self._leader).astype(np.float32)
@@ -134,7 +143,8 @@ class EpisodeBuffer:
             "timing": _finite(timing_summary(arrays, self.period_s)),
             "timing_clock": "time.monotonic seconds; frame k's dataset timestamp is k/fps, its real "
             "start is tick_start[k] (late ticks are recorded, not dilated); tick_bus_s is a duration: "
-            "the seconds tick k spent on the arms' bus reads",
+            "the seconds tick k spent on the arms' bus reads; two arms: tick_follower_skew_s and "
+            "tick_leader_skew_s are durations too, how far apart the two arms' readings were taken",
             "frame_flags": {
                 "bits": {f.name.lower(): int(f.value) for f in FrameFlag if f.name},
                 "counts": {
@@ -164,7 +174,7 @@ class EpisodeBuffer:
         """
         result: dict[str, Any] = {
             "units": "degrees (body joints), 0..100 (gripper)",
-            "joints": list(JOINT_NAMES),
+            "joints": list(joint_names(self._joints // NUM_JOINTS)),
         }
         if self.frames < 2:
             return result
@@ -178,11 +188,7 @@ class EpisodeBuffer:
         return result
 
 
-_NO_LEADER = np.full(NUM_JOINTS, np.nan, dtype=np.float32)
-
-
 def _stats(diff: np.ndarray) -> dict[str, list[float]]:
-    assert diff.shape[1] == NUM_JOINTS
     return {
         "max_abs": [float(x) for x in np.abs(diff).max(axis=0)],
         "rms": [float(x) for x in np.sqrt((diff**2).mean(axis=0))],

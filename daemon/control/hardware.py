@@ -109,6 +109,7 @@ class EmulatorProcess:
         timeout_s: float,
         env: dict[str, str] | None = None,
         hand: str = "grip",
+        wait: bool = True,
     ) -> None:
         command = [
             sys.executable,
@@ -139,7 +140,15 @@ class EmulatorProcess:
             stdin=subprocess.DEVNULL,
             env=None if env is None else {**os.environ, **env},
         )
-        self.port = self._first_line(timeout_s)
+        self._timeout_s = timeout_s
+        # wait=False: several emulators start at once and each is waited for (wait_port) after.
+        self.port = self._first_line(timeout_s) if wait else ""
+
+    def wait_port(self) -> str:
+        """The pty's path, waiting (bounded) for the child to report it."""
+        if not self.port:
+            self.port = self._first_line(self._timeout_s)
+        return self.port
 
     def _first_line(self, timeout_s: float) -> str:
         assert self.process.stdout is not None
@@ -335,6 +344,11 @@ def open_follower(
 def hardware_rig_factory(
     settings: DaemonSettings, context: zmq.Context[Any], security: Security
 ) -> RigFactory:
+    if settings.arm_count == 2:
+        from hilrec.daemon.control.arm_pair_rig import arm_pair_rig_factory
+
+        return arm_pair_rig_factory(settings)
+
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
         from hilrec.drivers.arm import LeaderConfig, SO101Leader
 

@@ -9,7 +9,8 @@ judges that episode alone:
   failures for that episode only: rows, timestamps, stats, video frames);
 - sim episodes: the bit-exact replay (:func:`hilrec.sim.replay.replay_check`);
 - hardware and emulated episodes: the hardware replay check (:mod:`hilrec.daemon.replay.check`:
-  consistent, lagging or diverged, with the lag and the worst joint).
+  consistent, lagging or diverged, with the lag and the worst joint); a two-arm episode's arms
+  each on a one-arm twin, the verdict the worse of the two, its summary naming the arm.
 
 The answer is a dict: the :class:`hilrec.daemon.dataset.EpisodeVerdict`, a one-sentence summary
 a person can act on, and the details.
@@ -233,12 +234,15 @@ def _sim_replay(root: Path, index: int) -> dict[str, Any]:
     return {**out, "verdict": EpisodeVerdict.SOUND, "summary": "it replays bit for bit"}
 
 
-def _plot(result: EpisodeResult, root: Path, index: int) -> str | None:
+def _plot(result: EpisodeResult, root: Path, index: int, arm: str | None = None) -> str | None:
     """The replay's figure, written with the verdict so the ui links it at once (as ``hilrec
-    replay --report`` would); its path relative to the root, None if it could not be written."""
+    replay --report`` would); its path relative to the root, None if it could not be written.
+    One arm of two: ``episode-NNNNNN-<arm>.png``."""
     from hilrec.daemon.replay.report import episode_plot_path, plot_episode
 
     path = episode_plot_path(root, index)
+    if arm is not None:
+        path = path.with_name(f"{path.stem}-{arm}{path.suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         plot_episode(result, path)
@@ -248,13 +252,52 @@ def _plot(result: EpisodeResult, root: Path, index: int) -> str | None:
     return str(path.relative_to(root))
 
 
+# The worse verdict first: which arm's verdict a two-arm episode's is.
+_SEVERITY: Final[tuple[EpisodeVerdict, ...]] = (
+    EpisodeVerdict.BAD,
+    EpisodeVerdict.WARNING,
+    EpisodeVerdict.NOT_CHECKED,
+    EpisodeVerdict.SOUND,
+)
+
+
 def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
+    """The replay check's verdict; of a two-arm episode, each arm's and the worse of them."""
+    from hilrec.daemon.atomic import read_json
+    from hilrec.daemon.so101 import ARM_SIDES, STATE_KEY, arms_of
+
+    info = read_json(root / INFO_PATH, if_missing=None) or {}
+    names = ((info.get("features") or {}).get(STATE_KEY) or {}).get("names") or []
+    if arms_of(names) != len(ARM_SIDES):
+        return _arm_replay(root, index)
+    arms = {side: _arm_replay(root, index, side) for side in ARM_SIDES}
+    side = min(ARM_SIDES, key=lambda s: _SEVERITY.index(arms[s]["verdict"]))
+    verdict = arms[side]["verdict"]
+    if verdict == EpisodeVerdict.SOUND:
+        summary = "; ".join(f"{s} arm {arms[s]['summary']}" for s in ARM_SIDES)
+    else:
+        summary = f"{side} arm: {arms[side]['summary']}"
+    return {
+        "kind": "hardware",
+        "verdict": verdict,
+        "summary": summary,
+        "frames": arms[side].get("frames"),
+        "arm": side,
+        "arms": arms,
+    }
+
+
+def _arm_replay(root: Path, index: int, arm: str | None = None) -> dict[str, Any]:
     from hilrec.daemon.replay.check import replay_dataset
     from hilrec.daemon.replay.results import ReplayVerdict
     from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
 
     check = replay_dataset(
-        root, settings=load_replay_settings(None), settings_source=str(DEFAULT_CONFIG_PATH), episodes=[index]
+        root,
+        settings=load_replay_settings(None),
+        settings_source=str(DEFAULT_CONFIG_PATH),
+        episodes=[index],
+        arm=arm,
     )
     result = check.results[0]
     out: dict[str, Any] = {
@@ -265,7 +308,7 @@ def _hardware_replay(root: Path, index: int) -> dict[str, Any]:
         "notes": list(result.notes),
     }
     if result.verdict is not ReplayVerdict.NOT_REPLAYABLE:
-        out["plot"] = _plot(result, root, index)
+        out["plot"] = _plot(result, root, index, arm)
     if result.verdict is ReplayVerdict.NOT_REPLAYABLE:
         return {
             **out,

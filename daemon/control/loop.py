@@ -26,6 +26,7 @@ when it answers again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -99,6 +100,8 @@ class ControlLoop:
         # The leader's reading thread (see the module docstring), made at the first tick that
         # needs it, on the loop thread.
         self._leader_pool: ThreadPoolExecutor | None = None
+        # What a leader is shown before the follower's first reading: zeros of the rig's width.
+        self._no_observation = np.zeros(rig.joints, np.float32)
 
     # --- thread body -------------------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class ControlLoop:
         early = self._start_leader_read()
         measured, flags = self._observe(flags)
         follower_done = time.monotonic()
+        tick.follower_skew_s = _skew(self.rig.follower)
         images, flags = self._read_cameras(flags)
         tick.observed = time.monotonic()
 
@@ -144,6 +148,7 @@ class ControlLoop:
             self._sees(images)  # a policy looks at the same images the frame records
         leader, flags, leader_s = self._read_leader(measured, flags, early)
         tick.leader_read = time.monotonic()
+        tick.leader_skew_s = _skew(self.rig.leader)
         if early is not None:
             # Overlapping reads: the bus time is until the later of the two has returned.
             tick.bus_s = max(follower_done - reads_start, leader_s)
@@ -225,7 +230,7 @@ class ControlLoop:
         if self._leader_pool is None:
             self._leader_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hilrec-leader")
         frame_index = self.session.frame_index
-        observation = self._measured if self._measured is not None else np.zeros(6, np.float32)
+        observation = self._measured if self._measured is not None else self._no_observation
         return self._leader_pool.submit(_timed, lambda: self.rig.leader.read(frame_index, observation))
 
     def _read_leader(
@@ -235,7 +240,7 @@ class ControlLoop:
         if early is None:
             if not self._device_usable("leader"):
                 return None, flags | FrameFlag.LEADER_FAILED, 0.0
-            observation = measured if measured is not None else np.zeros(6, np.float32)
+            observation = measured if measured is not None else self._no_observation
             outcome = _timed(lambda: self.rig.leader.read(self.session.frame_index, observation))
         else:
             outcome = early.result()
@@ -459,6 +464,12 @@ def _timed(read: Callable[[], JointReading | None]) -> _Timed:
 
 
 _NO_COMMAND = _NoCommand()
+
+
+def _skew(device: object) -> float:
+    """The two arms' read skew of this tick (s), for a device that pairs two arms; else NaN."""
+    take: Callable[[], float] | None = getattr(device, "take_skew", None)
+    return take() if take is not None else math.nan
 
 
 def _absdiff(a: np.ndarray, b: np.ndarray) -> list[float]:

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from hilrec.daemon.control.clock import TIMING_ARRAYS
+from hilrec.daemon.control.clock import SKEW_ARRAYS, TIMING_ARRAYS
 from hilrec.daemon.control.faults import FaultKind
 from hilrec.daemon.dataset import FrameSink, finishing
 from hilrec.daemon.errors import DatasetStateError, DiskFullError, TakeEndedError, WriterStalledError
@@ -43,7 +43,9 @@ START_POLL_S: Final[float] = 0.2
 
 # The sidecar arrays with one row per frame (see control/episode.py); the others (a sim
 # episode's start state) are the episode's whatever its length.
-PER_FRAME_ARRAYS: Final[frozenset[str]] = frozenset({*TIMING_ARRAYS, "frame_flags", "leader", "twin_state"})
+PER_FRAME_ARRAYS: Final[frozenset[str]] = frozenset(
+    {*TIMING_ARRAYS, *SKEW_ARRAYS, "frame_flags", "leader", "twin_state"}
+)
 
 
 class WriterOp(StrEnum):

@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from hilrec.daemon.control.sources import Camera, Follower, Leader, RemoteLeader
+from hilrec.daemon.so101 import NUM_JOINTS
 from hilrec.daemon.wire.security import Security, endpoint
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ class Rig:
     dataset_fields: dict[str, Any] = field(default_factory=dict)
     # Shown in status: ports, emulator process ids...
     devices: dict[str, Any] = field(default_factory=dict)
+    # The joints of the follower (and leader) readings: six per arm.
+    joints: int = NUM_JOINTS
 
 
 RigFactory = Callable[[contextlib.ExitStack], tuple[Rig, EpisodeHooks]]

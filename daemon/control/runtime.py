@@ -39,7 +39,7 @@ from hilrec.daemon.control.session import Session
 from hilrec.daemon.control.verdict import VerdictWorker
 from hilrec.daemon.errors import ConfigError, DatasetStateError, HilrecError, RequestRefusedError
 from hilrec.daemon.policy.record import ControlSource
-from hilrec.daemon.so101 import ROBOT_TYPE
+from hilrec.daemon.so101 import robot_type
 from hilrec.daemon.wire.display_child import DisplayChild, no_screen, settings_argv
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE, CODE_FAULT, CODE_TIMEOUT, PROTOCOL_VERSION, Request
 from hilrec.daemon.wire.root import check_root, daemon_features
@@ -330,7 +330,7 @@ class Daemon:
                 root,
                 fps=s.fps,
                 features=features,
-                robot_type=ROBOT_TYPE,
+                robot_type=robot_type(s.arm_count),
                 video_codec=s.dataset.video_codec,
                 **encoding,
             )

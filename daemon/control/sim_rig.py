@@ -27,7 +27,7 @@ from hilrec.daemon.wire.security import Security
 from hilrec.daemon.wire.settings import DaemonSettings
 
 if TYPE_CHECKING:
-    from hilrec.sim.operator import ScriptedOperator
+    from hilrec.sim.episode import LeaderScript
     from hilrec.sim.twin import Twin
 
 
@@ -39,18 +39,19 @@ class SimHooks:
         self._planning_twin: Twin | None = None
         self._planning_lock = threading.Lock()
 
-    def prepare(self, seed: int | None) -> tuple[int, ScriptedOperator | None]:
+    def prepare(self, seed: int | None) -> tuple[int, LeaderScript | None]:
         seed = entropy_seed() if seed is None else seed
         if self._scripted is None:
             return seed, None
-        from hilrec.sim.operator import ScriptedOperator
+        from hilrec.sim.bimanual_operator import make_operator
         from hilrec.sim.twin import Twin
 
         with self._planning_lock:
             if self._planning_twin is None:
                 self._planning_twin = Twin(fps=self._fps, cameras=(), scene=self._twin.scene)
             start = self._planning_twin.reset(seed)
-        operator = ScriptedOperator(seed, fps=self._fps, scene=self._twin.scene, units=self._twin.units)
+        # One arm's operator, or both arms' in the two-arm scene ([arms.left], [arms.right]).
+        operator = make_operator(seed, fps=self._fps, scene=self._twin.scene, units=self._twin.units)
         operator.reset(start)
         return seed, operator
 
@@ -82,6 +83,7 @@ class SimHooks:
 
 def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], security: Security) -> RigFactory:
     def build(stack: contextlib.ExitStack) -> tuple[Rig, EpisodeHooks]:
+        from hilrec.sim.bimanual_scene import BimanualSceneConfig
         from hilrec.sim.scene import SceneConfig
         from hilrec.sim.twin import Twin
 
@@ -89,7 +91,8 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
         sizes = {(cam.height, cam.width) for cam in settings.cameras.values()}
         size = sizes.pop() if sizes else (480, 640)
         # [twin] timestep, or (0) the one hilrec.sim.twin.timestep_for chooses for fps.
-        scene = SceneConfig(timestep=settings.twin.given_timestep)
+        kind = SceneConfig if settings.arm_count == 1 else BimanualSceneConfig
+        scene = kind(timestep=settings.twin.given_timestep)
         twin = stack.enter_context(Twin(fps=settings.fps, cameras=names, image_size=size, scene=scene))
         follower = TwinFollower(twin)
         cameras: dict[str, Camera] = {name: TwinCamera(twin, name, size[0], size[1]) for name in names}
@@ -117,6 +120,7 @@ def sim_rig_factory(settings: DaemonSettings, context: zmq.Context[Any], securit
             leader=leader,
             cameras=cameras,
             dataset_fields={**provenance, "twin": twin.physics_info()},
+            joints=len(twin.joint_names),
         )
         return rig, SimHooks(twin, scripted, settings.fps)
 

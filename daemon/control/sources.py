@@ -26,7 +26,7 @@ from hilrec.daemon.wire.protocol import parse_leader
 from hilrec.daemon.wire.security import bind
 
 if TYPE_CHECKING:
-    from hilrec.sim.operator import ScriptedOperator
+    from hilrec.sim.episode import LeaderScript
     from hilrec.sim.twin import Twin
 
 
@@ -151,11 +151,12 @@ class ScriptedLeader:
     """The scripted operator as the leader: acts only inside an episode, holds between them."""
 
     def __init__(self) -> None:
-        self._operator: ScriptedOperator | None = None
+        self._operator: LeaderScript | None = None
         self.description = "scripted operator"
 
-    def begin_with(self, operator: ScriptedOperator) -> None:
-        """Play ``operator`` (a planned ScriptedOperator) from frame 0 of the new episode."""
+    def begin_with(self, operator: LeaderScript) -> None:
+        """Play ``operator`` (a planned scripted operator, one arm's or two) from frame 0 of the
+        new episode."""
         self._operator = operator
 
     def end_episode(self) -> None:

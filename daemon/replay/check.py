@@ -42,7 +42,7 @@ from hilrec.daemon.replay.results import (
 )
 from hilrec.daemon.replay.settings import ReplaySettings
 from hilrec.daemon.replay.units import ColumnUnits, resolve_units
-from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY
+from hilrec.daemon.so101 import ACTION_KEY, POSITION_NAMES, STATE_KEY, position_names
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +128,22 @@ def parse_episode_spec(specs: Iterable[str]) -> list[int]:
     return out
 
 
-def column_order(info: dict[str, Any], key: str) -> list[int]:
-    """Indices that put the feature's columns in SO-101 joint order; ReplayError if it can't."""
+def column_order(info: dict[str, Any], key: str, *, arm: str | None = None) -> list[int]:
+    """Indices that put the feature's columns in SO-101 joint order; ReplayError if it can't.
+
+    ``arm`` ("left", "right"): that arm's six of a two-arm dataset (LeRobot's ``bi_so_follower``
+    columns, ``left_shoulder_pan.pos`` ...)."""
     spec = info.get("features", {}).get(key)
     if spec is None:
         raise ReplayError(f"the dataset has no '{key}' feature")
     names = spec.get("names")
     if isinstance(names, dict):  # LeRobot 2.x style {"motors": [...]}
         names = next(iter(names.values()), None)
+    if arm is not None:
+        wanted = [f"{arm}_{n}" for n in POSITION_NAMES]
+        if not isinstance(names, list) or sorted(map(str, names)) != sorted(position_names(2)):
+            raise ReplayError(f"'{key}' names {names!r}, not the two arms' joints {position_names(2)}")
+        return [names.index(n) for n in wanted]
     if not isinstance(names, list) or sorted(map(str, names)) != sorted(POSITION_NAMES):
         raise ReplayError(f"'{key}' names {names!r}, not the six SO-101 joints {POSITION_NAMES}")
     return [names.index(n) for n in POSITION_NAMES]
@@ -182,8 +190,10 @@ def replay_dataset(
     engine_factory: EngineFactory | None = None,
     workers: int = 1,
     ray_address: str | None = None,
+    arm: str | None = None,
 ) -> DatasetCheck:
-    """Replay-check the chosen episodes (all by default) of the dataset at ``root``.
+    """Replay-check the chosen episodes (all by default) of the dataset at ``root``; of a
+    two-arm dataset, the ``arm`` given ("left" or "right"), on a one-arm twin.
 
     ``workers`` processes (or the Ray cluster at ``ray_address``) replay the episodes; one
     replays them here, on one twin. A caller's ``engine_factory`` runs in this process only.
@@ -222,9 +232,11 @@ def replay_dataset(
         return check
 
     try:
-        action_order = column_order(info, ACTION_KEY)
-        state_order = column_order(info, STATE_KEY)
-        check.units = resolve_units(root, sidecar, units_flag=units_flag, calibration_flag=calibration_flag)
+        action_order = column_order(info, ACTION_KEY, arm=arm)
+        state_order = column_order(info, STATE_KEY, arm=arm)
+        check.units = resolve_units(
+            root, sidecar, units_flag=units_flag, calibration_flag=calibration_flag, arm=arm
+        )
         engine = (engine_factory or _default_engine)(fps, sidecar, settings)
     except ReplayError as exc:
         return refuse_all(str(exc))
@@ -327,6 +339,8 @@ def _check_episode(
     except ReplayError as exc:
         return EpisodeResult.not_replayable(index, str(exc), frames=n, fps=fps)
     leader = arrays.get(LEADER_ARRAY)  # joint order, the action's units
+    if leader is not None and leader.ndim == 2 and leader.shape[1] > action.shape[1]:
+        leader = leader[:, orders[0]]  # one arm's of a two-arm recording (its columns' order)
     leader = units.to_twin(leader) if leader is not None and leader.shape == action.shape else None
     traj = Trajectories(recorded=state_t, replayed=replayed, action=action_t, limits=limits, leader=leader)
     result = analyse(index, traj, fps=fps, settings=settings, approach=approach)

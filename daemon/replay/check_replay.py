@@ -34,6 +34,7 @@ from hilrec.daemon.errors import FlagError, ReplayError
 from hilrec.daemon.replay.check import DatasetCheck, replay_dataset
 from hilrec.daemon.replay.results import ReplayVerdict, verdict_table
 from hilrec.daemon.replay.settings import DEFAULT_CONFIG_PATH, load_replay_settings
+from hilrec.daemon.so101 import ARM_SIDES, STATE_KEY, arms_of
 
 if TYPE_CHECKING:  # the twin imports MuJoCo; it is imported only when a replay runs
     from hilrec.sim.replay import ReplayReport
@@ -137,6 +138,33 @@ class HardwareReplaySection:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ArmsReplaySection:
+    """A two-arm hardware dataset's replay check: each arm's on a one-arm twin, both must pass."""
+
+    arms: dict[str, HardwareReplaySection]
+    kind: ReplayKind = ReplayKind.HARDWARE
+
+    @property
+    def passed(self) -> bool:
+        return all(section.passed for section in self.arms.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.kind.value,
+            "check_description": DESCRIPTIONS[self.kind],
+            "passed": self.passed,
+            "arms": {arm: section.to_dict() for arm, section in self.arms.items()},
+        }
+
+    def format_text(self) -> str:
+        lines = []
+        for arm, section in self.arms.items():
+            text = section.format_text().splitlines()
+            lines += [f"{arm} arm: {text[0]}", *(f"  {line}" for line in text[1:])]
+        return "\n".join(lines)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SimJob:
     """One sim episode's bit-exact replay, as a task another process can run alone."""
@@ -167,7 +195,7 @@ def replay_for_check(
     units_flag: str | None = None,
     calibration_flag: Path | None = None,
     config: Path | None = None,
-) -> SimReplaySection | HardwareReplaySection:
+) -> SimReplaySection | HardwareReplaySection | ArmsReplaySection:
     """Run the replay check the dataset at ``root`` calls for (see the module); ``workers``
     processes replay it (None: :func:`default_workers`)."""
     kind = replay_kind(load_dataset_sidecar(root))
@@ -185,16 +213,24 @@ def replay_for_check(
             )
         return SimReplaySection(_sim_replay(root, workers=workers, ray_address=ray_address))
     settings = load_replay_settings(config)
-    check = replay_dataset(
-        root,
-        settings=settings,
-        settings_source=str(config or DEFAULT_CONFIG_PATH),
-        units_flag=units_flag,
-        calibration_flag=calibration_flag,
-        workers=workers,
-        ray_address=ray_address,
-    )
-    return HardwareReplaySection(check, strict=strict)
+    names = reader.load_info(root).get("features", {}).get(STATE_KEY, {}).get("names")
+    two_arms = isinstance(names, list) and arms_of(names) == len(ARM_SIDES)
+    sections = {}
+    for arm in ARM_SIDES if two_arms else (None,):
+        check = replay_dataset(
+            root,
+            settings=settings,
+            settings_source=str(config or DEFAULT_CONFIG_PATH),
+            units_flag=units_flag,
+            calibration_flag=calibration_flag,
+            workers=workers,
+            ray_address=ray_address,
+            arm=arm,
+        )
+        sections[arm] = HardwareReplaySection(check, strict=strict)
+    if not two_arms:
+        return sections[None]
+    return ArmsReplaySection({str(arm): section for arm, section in sections.items()})
 
 
 def _sim_replay(root: Path, *, workers: int, ray_address: str | None) -> ReplayReport:

@@ -95,11 +95,14 @@ def _sidecar_mode(sidecar: Mapping[str, Any]) -> BodyMode | None:
         raise ReplayError(f"{exc}; the replay converts one mode for all body joints") from None
 
 
-def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibration | None:
+def _sidecar_calibration(
+    sidecar: Mapping[str, Any], root: Path, arm: str | None = None
+) -> ArmCalibration | None:
+    follower = "follower" if arm is None else f"{arm}_follower"  # a two-arm rig's, by its prefix
     for key in ("calibration", "follower_calibration"):
         data = sidecar.get(key)
         if isinstance(data, Mapping):
-            inner = data.get("follower", data)
+            inner = data.get(follower, data)
             if isinstance(inner, Mapping) and set(JOINT_NAMES) <= set(inner):
                 return ArmCalibration.from_mapping(
                     {n: inner[n] for n in JOINT_NAMES}, source=f"{root}/hilrec/dataset.json:{key}"
@@ -108,9 +111,15 @@ def _sidecar_calibration(sidecar: Mapping[str, Any], root: Path) -> ArmCalibrati
 
 
 def resolve_units(
-    root: Path, sidecar: Mapping[str, Any] | None, *, units_flag: str | None, calibration_flag: Path | None
+    root: Path,
+    sidecar: Mapping[str, Any] | None,
+    *,
+    units_flag: str | None,
+    calibration_flag: Path | None,
+    arm: str | None = None,
 ) -> ColumnUnits:
-    """The dataset's units, from the flags or its sidecar; ReplayError says what is missing."""
+    """The dataset's units, from the flags or its sidecar (``arm``: the calibration of that arm
+    of a two-arm recording); ReplayError says what is missing."""
     calibration = load_calibration(calibration_flag) if calibration_flag is not None else None
     cal_source = str(calibration_flag) if calibration_flag is not None else None
     meta_mode = _sidecar_mode(sidecar) if sidecar else None
@@ -119,7 +128,7 @@ def resolve_units(
             raise ReplayError(f"--units {units_flag!r}: expected one of {', '.join(FLAG_UNITS)}")
         mode = FLAG_UNITS[units_flag]
         if calibration is None and mode == BodyMode.RANGE_M100_100 and sidecar:
-            calibration = _sidecar_calibration(sidecar, root)
+            calibration = _sidecar_calibration(sidecar, root, arm)
             cal_source = "dataset metadata" if calibration is not None else None
         overridden = None
         if meta_mode is not None and meta_mode != mode:
@@ -142,7 +151,7 @@ def resolve_units(
             "pass --units degrees, or --units m100_100 with --calibration FILE"
         )
     if calibration is None and meta_mode == BodyMode.RANGE_M100_100:
-        calibration = _sidecar_calibration(sidecar or {}, root)
+        calibration = _sidecar_calibration(sidecar or {}, root, arm)
         cal_source = "dataset metadata" if calibration is not None else None
     return ColumnUnits(
         body=meta_mode,

@@ -12,14 +12,15 @@ from typing import Any
 from hilrec.daemon.dataset import holds_nothing
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.record import INTERVENTION_KEY, intervention_feature
-from hilrec.daemon.so101 import ROBOT_TYPE, so101_features
+from hilrec.daemon.so101 import STATE_KEY, arms_of, robot_type, so101_features
 from hilrec.daemon.wire.settings import DaemonSettings
 
 
 def daemon_features(settings: DaemonSettings) -> dict[str, Any]:
     """The features of the dataset a daemon of these settings records (with a policy, LeRobot
     0.6.1's ``intervention`` column too)."""
-    features = so101_features({name: (cam.height, cam.width) for name, cam in settings.cameras.items()})
+    cameras = {name: (cam.height, cam.width) for name, cam in settings.cameras.items()}
+    features = so101_features(cameras, arms=settings.arm_count)
     if settings.policy.spec:
         features[INTERVENTION_KEY] = intervention_feature()
     return features
@@ -47,7 +48,8 @@ def check_root(root: Path, *, resume: bool, fps: int, features: dict[str, Any]) 
         )
     from hilrec.sim.recorder import resume_mismatch
 
-    problems = resume_mismatch(root, fps=fps, features=features, robot_type=ROBOT_TYPE)
+    arms = arms_of(features[STATE_KEY]["names"]) or 1
+    problems = resume_mismatch(root, fps=fps, features=features, robot_type=robot_type(arms))
     if problems:
         raise ConfigError("dataset.root", f"cannot resume {root}: " + "; ".join(problems))
     return True

@@ -19,7 +19,7 @@ from hilrec.daemon.config import from_mapping, load_toml, read_toml
 from hilrec.daemon.dataset import DEFAULT_SPILL_BYTES_LIMIT, VideoEncoder
 from hilrec.daemon.errors import ConfigError
 from hilrec.daemon.policy.record import RecordMode, TakeoverMode
-from hilrec.daemon.so101 import BodyMode, Role
+from hilrec.daemon.so101 import ARM_SIDES, BodyMode, Role
 from hilrec.daemon.wire.security import ZmqSettings, is_loopback
 from hilrec.drivers.calibration import DEFAULT_ARM_IDS
 
@@ -86,6 +86,44 @@ class LeaderSettings:
     def validate(self) -> None:
         if self.watchdog_ms <= 0:
             raise ConfigError("watchdog_ms", "must be positive")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArmSettings:
+    """``[arms.left]`` / ``[arms.right]``: one arm pair of a two-arm bench (LeRobot's
+    ``bi_so_follower`` / ``bi_so_leader``). What both pairs share (body_mode, the leader's
+    source, tolerated_status) stays in ``[follower]`` and ``[leader]``."""
+
+    follower_port: str = ""  # hil only (hilrec find-port); emulated mode makes its own
+    leader_port: str = ""
+    # LeRobot's arm ids: calibration files <id>.json in its directory (hilrec calibrate).
+    follower_id: str = ""
+    leader_id: str = ""
+    follower_calibration: Path | None = None  # hil: a file instead of LeRobot's directory
+    leader_calibration: Path | None = None
+    # LeRobot's max_relative_target for this arm's follower (each SOFollower has its own).
+    max_relative_target: float | None = None
+    # Emulated mode: faults of this arm's emulated follower / leader (`hilrec emulate --fault`).
+    follower_faults: tuple[str, ...] = ()
+    leader_faults: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if self.max_relative_target is not None and self.max_relative_target <= 0:
+            raise ConfigError("max_relative_target", "must be positive when set")
+        from hilrec.drivers.emulated.faults import parse_fault
+
+        for key in ("follower_faults", "leader_faults"):
+            for i, text in enumerate(getattr(self, key)):
+                try:
+                    parse_fault(text)
+                except ConfigError as exc:
+                    raise ConfigError(f"{key}[{i}]", exc.problem) from None
+
+    def arm_id(self, side: str, role: Role | str) -> str:
+        """The calibration id: the one given, else ``<side>_so101_<role>``."""
+        role = Role(role)
+        given = self.follower_id if role is Role.FOLLOWER else self.leader_id
+        return given or f"{side}_{DEFAULT_ARM_IDS[role]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -350,6 +388,8 @@ class DaemonSettings:
     zmq: ZmqSettings = field(default_factory=ZmqSettings)
     follower: FollowerSettings = field(default_factory=FollowerSettings)
     leader: LeaderSettings
+    # Empty: one arm pair ([follower], [leader]); else both [arms.left] and [arms.right].
+    arms: dict[str, ArmSettings] = field(default_factory=dict)
     cameras: dict[str, CameraSettings] = field(default_factory=dict)
     faults: FaultSettings = field(default_factory=FaultSettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
@@ -365,9 +405,20 @@ class DaemonSettings:
     def period_s(self) -> float:
         return 1.0 / self.fps
 
+    @property
+    def arm_count(self) -> int:
+        """How many arm pairs the bench has: 1, or 2 with ``[arms.left]`` and ``[arms.right]``."""
+        return len(self.arms) or 1
+
+    def arm_pairs(self) -> list[tuple[str, ArmSettings]]:
+        """The two arm pairs, left first (LeRobot's column order); empty for one arm."""
+        return [(side, self.arms[side]) for side in ARM_SIDES if side in self.arms]
+
     def validate(self) -> None:
         if not 1 <= self.fps <= 1000:
             raise ConfigError("fps", f"must be in 1..1000, got {self.fps}")
+        if self.arms:
+            self._check_arms()
         if self.mode != "hil" or self.twin.mirror:
             self._check_twin_rate()
         for name, cam in self.cameras.items():
@@ -391,7 +442,9 @@ class DaemonSettings:
                 f"cameras.{next(iter(self.cameras))}.height",
                 "sim cameras render one twin and must share one frame size",
             )
-        if self.mode == "hil":
+        if self.arms:
+            pass  # each arm's ports and calibrations: _check_arms
+        elif self.mode == "hil":
             if not self.follower.port:
                 raise ConfigError("follower.port", "hil mode needs the follower's serial port")
             if self.leader.source == "serial" and not self.leader.port:
@@ -425,6 +478,56 @@ class DaemonSettings:
                 "the daemon's sockets use CURVE ([zmq.curve]); run `hilrec display --config FILE "
                 "--client-key KEY` beside it instead of a [display] child",
             )
+
+    def _check_arms(self) -> None:
+        """Two arm pairs: both sides, every port where the mode needs one, none shared, and
+        nothing of one arm left in [follower] / [leader]."""
+        unknown = sorted(set(self.arms) - set(ARM_SIDES))
+        if unknown:
+            sides = " or ".join(ARM_SIDES)
+            raise ConfigError(f"arms.{unknown[0]}", f"an arm is {sides}, as LeRobot names them")
+        missing = [side for side in ARM_SIDES if side not in self.arms]
+        if missing:
+            raise ConfigError(f"arms.{missing[0]}", "a two-arm bench needs both [arms.left] and [arms.right]")
+        for key in ("port", "calibration", "max_relative_target"):
+            if getattr(self.follower, key) not in ("", None):
+                raise ConfigError(f"follower.{key}", "with [arms.*] each arm has its own; move it there")
+        if self.follower.id != FollowerSettings().id:
+            raise ConfigError("follower.id", "with [arms.*] each arm has its own follower_id")
+        for key in ("port", "calibration"):
+            if getattr(self.leader, key) not in ("", None):
+                raise ConfigError(f"leader.{key}", "with [arms.*] each arm has its own; move it there")
+        if self.leader.id != LeaderSettings(source=self.leader.source).id:
+            raise ConfigError("leader.id", "with [arms.*] each arm has its own leader_id")
+        wanted = "scripted" if self.mode == "sim" else "serial"  # a remote leader sends six goals
+        if self.leader.source != wanted:
+            raise ConfigError("leader.source", f"two arms in {self.mode} mode take a {wanted!r} leader")
+        if self.policy.spec:
+            raise ConfigError("policy.spec", "a policy drives one arm; two-arm rollouts are not supported")
+        ports: dict[str, str] = {}
+        for side, arm in self.arm_pairs():
+            for role in ("follower", "leader"):
+                key = f"arms.{side}.{role}_port"
+                port = getattr(arm, f"{role}_port")
+                if self.mode == "hil" and not port:
+                    raise ConfigError(key, f"hil mode needs the {side} {role}'s serial port")
+                if self.mode != "hil" and port:
+                    raise ConfigError(key, f"{self.mode} mode makes its own {side} {role}; remove the port")
+                if self.mode == "emulated" and getattr(arm, f"{role}_calibration") is not None:
+                    raise ConfigError(
+                        f"arms.{side}.{role}_calibration",
+                        "emulated mode uses the emulated arm's calibration; remove the key",
+                    )
+                if port in ports:
+                    raise ConfigError(key, f"{port} is arms.{ports[port]} too: each arm needs its own bus")
+                if port:
+                    ports[port] = f"{side}.{role}_port"
+            if self.mode != "emulated" and (arm.follower_faults or arm.leader_faults):
+                key = "follower_faults" if arm.follower_faults else "leader_faults"
+                raise ConfigError(f"arms.{side}.{key}", "faults are injected into emulated arms only")
+        if self.emulated.follower_faults or self.emulated.leader_faults:
+            key = "follower_faults" if self.emulated.follower_faults else "leader_faults"
+            raise ConfigError(f"emulated.{key}", "with [arms.*] each arm's faults go in its own section")
 
     def _check_twin_rate(self) -> None:
         """The twins step whole physics steps per frame (emulated mode's follower, one step at a
