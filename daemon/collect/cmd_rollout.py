@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     from hilrec.daemon.collect.ui_child import UiChild
     from hilrec.daemon.errors import FlagError
     from hilrec.daemon.policy.record import RecordMode
-    from hilrec.daemon.wire.settings import load_settings, with_policy
+    from hilrec.daemon.wire.policy_settings import with_policy
+    from hilrec.daemon.wire.settings import load_settings
 
     spec = _check_spec(args.policy)
     tasks = _task(args)

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
     from hilrec.daemon.control.runtime import Daemon
-    from hilrec.daemon.wire.settings import load_settings, with_policy
+    from hilrec.daemon.wire.policy_settings import with_policy
+    from hilrec.daemon.wire.settings import load_settings
 
     settings = load_settings(args.config, root=args.root)
     settings = with_policy(settings, spec=args.policy, takeover=args.takeover, record=args.policy_record)

@@ -59,7 +59,7 @@ from hilrec.daemon.so101 import IMAGE_PREFIX, NUM_JOINTS, STATE_KEY
 from hilrec.daemon.wire.protocol import CODE_BAD_STATE
 
 if TYPE_CHECKING:
-    from hilrec.daemon.wire.settings import PolicySettings
+    from hilrec.daemon.wire.policy_settings import PolicySettings
 
 _TASK_KEY = "task"
 _NO_GOAL = np.full(NUM_JOINTS, np.nan, dtype=np.float32)

@@ -205,15 +205,9 @@ def replay_dataset(
     info = reader.load_info(root)
     fps = int(info["fps"])
     available = {int(e["episode_index"]): int(e["length"]) for e in reader.load_episodes(root)}
-    chosen = list(available) if episodes is None else list(episodes)
+    chosen = _chosen(root, available, episodes)
     # One episode gains nothing from a worker process but the cost of starting it.
     parallel = ray_address is not None or min(workers, len(chosen)) > 1
-    missing = [i for i in chosen if i not in available]
-    if missing:
-        raise ReplayError(
-            f"{root}: episode(s) {missing} not in the dataset "
-            f"(it has {len(available)}: {_ranges(sorted(available))})"
-        )
     sidecar = load_dataset_sidecar(root)
     check = DatasetCheck(
         root=root,
@@ -280,6 +274,17 @@ def replay_dataset(
             )
     check.seconds = time.perf_counter() - started
     return check
+
+
+def _chosen(root: Path, available: Mapping[int, int], episodes: Sequence[int] | None) -> list[int]:
+    chosen = list(available) if episodes is None else list(episodes)
+    missing = [i for i in chosen if i not in available]
+    if missing:
+        raise ReplayError(
+            f"{root}: episode(s) {missing} not in the dataset "
+            f"(it has {len(available)}: {_ranges(sorted(available))})"
+        )
+    return chosen
 
 
 def _run_jobs(jobs: list[EpisodeJob], *, workers: int, ray_address: str | None) -> list[EpisodeResult]:

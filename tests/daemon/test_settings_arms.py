@@ -60,7 +60,7 @@ def test_the_shipped_two_arm_configs_load_with_both_arms(name: str) -> None:
         assert all(arm.max_relative_target == 10.0 for _, arm in settings.arm_pairs())
         assert [arm.arm_id(side, r) for side, arm in settings.arm_pairs() for r in ("follower", "leader")][
             :2
-        ] == ["left_so101_follower", "left_so101_leader"]
+        ] == ["so101_follower_left", "so101_leader_left"]
 
 
 @pytest.mark.parametrize("mode", ["sim", "hil", "emulated"])

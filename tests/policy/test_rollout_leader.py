@@ -15,7 +15,7 @@ from hilrec.daemon.policy.driver import PolicyDriver
 from hilrec.daemon.policy.load import load_policy
 from hilrec.daemon.policy.record import ControlSource
 from hilrec.daemon.policy.runner import InlineRunner
-from hilrec.daemon.wire.settings import PolicySettings
+from hilrec.daemon.wire.policy_settings import PolicySettings
 
 POLICIES = Path(__file__).with_name("_policies.py")
 HOME = np.zeros(6, dtype=np.float32)
