@@ -1,7 +1,7 @@
 # Two commands on a fresh machine with nothing but Python 3.11:
 #   make demo   record 3 episodes in the MuJoCo twin and check them by replay
-#   make test   run the whole suite (creates the environment, LeRobot compat extra included),
-#               then every benchmark at its smallest size (bench-smoke)
+#   make test   lint and types beside the whole suite, benchmarks' smoke runs included (creates
+#               the environment, LeRobot compat extra included)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -16,7 +16,7 @@ export PYOPENGL_PLATFORM ?= egl
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: demo test test-fast lint types bench bench-smoke env test-env clean
+.PHONY: demo test suite test-fast lint types bench bench-smoke env test-env clean
 
 # The packages go in through uv, from its download cache (~/.cache/uv): pip keeps no cache of
 # the index's wheels here, so every clean clone downloaded torch and its CUDA libraries again
@@ -61,15 +61,26 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# Everything, and the 25 slowest tests named at the end (where the next minute is to be won).
-test: $(TEST_STAMP) lint
-	$(BIN)/python -m pytest -q --durations=25 tests
-	$(MAKE) --no-print-directory bench-smoke
+# pytest-xdist workers. Most tests wait on their daemons, emulators and children more than they
+# compute, so 2 cores keep 3 of them busy; WORKERS=0 runs in this process, one test at a time.
+# --dist loadgroup keeps each xdist_group (tests/conftest.py: tests sharing a built fixture) on
+# one worker.
+WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
+
+# Everything: ruff and mypy beside the suite (two jobs), the benchmarks' smoke runs inside it
+# (tests/test_bench_smoke.py), and the 25 slowest tests named at the end (where the next minute
+# is to be won). Either job failing fails the target.
+test: $(TEST_STAMP)
+	$(MAKE) --no-print-directory -j2 lint suite
+
+suite: $(TEST_STAMP)
+	$(PYTEST) --durations=25 tests
 
 # The fast tier, for the edit-test loop: every package's tests but those marked slow (the
 # end-to-end daemons, browsers, LeRobot runs, kill loops). Not in .ci/run: CI runs `make test`.
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q --durations=10 -m "not slow" tests
+	$(PYTEST) --durations=10 -m "not slow" tests
 
 lint: $(RUNTIME_STAMP) types
 	$(BIN)/ruff check .
@@ -87,7 +98,8 @@ types: $(RUNTIME_STAMP)
 bench: $(TEST_STAMP)
 	for b in bench/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
-# Every benchmark at its smallest size (--smoke), so that none can rot: part of `make test`.
+# Every benchmark at its smallest size (--smoke), one after another. `make test` runs the same
+# smoke runs as tests (tests/test_bench_smoke.py), spread over its workers.
 bench-smoke: $(TEST_STAMP)
 	for b in bench/bench_*.py; do echo "== $$b --smoke"; $(BIN)/python $$b --smoke || exit 1; done
 

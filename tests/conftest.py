@@ -39,3 +39,31 @@ def _no_real_time_left_behind() -> Iterator[None]:
     put_back_real_time_threads()
     yield
     put_back_real_time_threads()
+
+
+def _one_worker_group(item: pytest.Item) -> str | None:
+    """The xdist group that keeps ``item`` on the worker that already built its fixtures.
+
+    Under ``pytest -n`` every worker builds the session and module fixtures its own tests ask for:
+    a Ray cluster, a recorded dataset, a live daemon. A test that uses one of this suite's session
+    fixtures is grouped by that fixture (one build for the run), a test that uses a module fixture
+    by its module (one build per module); every other test goes to whichever worker is free.
+    """
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module_scoped = False
+    for name in info.names_closure:
+        for fixturedef in info.name2fixturedefs.get(name, ()):
+            if not fixturedef.baseid.startswith("tests"):
+                continue  # pytest's own and plugins' (tmp_path_factory, ...): cheap
+            if fixturedef.scope == "session":
+                return f"session:{name}"
+            module_scoped = module_scoped or fixturedef.scope in ("module", "class", "package")
+    return f"module:{item.nodeid.split('::', 1)[0]}" if module_scoped else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := _one_worker_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))

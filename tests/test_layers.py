@@ -78,7 +78,14 @@ def module_name(path: Path, table: list[Layer]) -> str:
 
 
 def imports_of(path: Path, module: str, packages: set[str]) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return list(_imports_of(path, path.read_text(encoding="utf-8"), module, frozenset(packages)))
+
+
+# Keyed by the file's text: every test of this file walks all sources (a planted copy of the
+# table too), and parsing them once instead of some twenty times is most of its run time.
+@functools.cache
+def _imports_of(path: Path, text: str, module: str, packages: frozenset[str]) -> tuple[tuple[int, str], ...]:
+    tree = ast.parse(text, filename=str(path))
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -97,7 +104,7 @@ def imports_of(path: Path, module: str, packages: set[str]) -> list[tuple[int, s
             found.extend(_child_commands(node))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.match(node.value):
             found.append((node.lineno, node.value))  # importlib.import_module("hilrec..."), -m hilrec...
-    return [(line, name) for line, name in found if name.startswith("hilrec.")]
+    return tuple((line, name) for line, name in found if name.startswith("hilrec."))
 
 
 def _child_commands(node: ast.List | ast.Tuple) -> list[tuple[int, str]]:

@@ -16,6 +16,9 @@ from hilrec.daemon.dataset import load_episode_sidecar, load_info, read_episode
 from hilrec.daemon.so101 import ACTION_KEY, BIMANUAL_ROBOT_TYPE, STATE_KEY, position_names
 from hilrec.sim.replay import replay_check
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 EPISODES = 3  # the conftest's recording
 
 CAMERA = "observation.images.front"

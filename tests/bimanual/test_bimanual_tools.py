@@ -20,6 +20,9 @@ from hilrec.daemon.tools.policies import as_policy
 from hilrec.sim.bimanual_scene import BimanualSceneConfig
 from hilrec.sim.replay import replay_check
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 class ReplayPolicy:
     """The recorded actions of the dataset's episodes, one episode per reset."""

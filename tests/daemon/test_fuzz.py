@@ -120,6 +120,7 @@ class Peers:
         self.judged = 0
         self.unjudged = 0
         self.replies = 0
+        self._counted: int | None = None  # received + rejected once the last message was judged
 
     def _new_req(self) -> zmq.Socket[Any]:
         sock = self.context.socket(zmq.REQ)
@@ -133,13 +134,17 @@ class Peers:
         return int(leader["received"]) + int(leader["rejected"])
 
     def send_leader(self, frames: list[bytes]) -> None:
-        before = self.leader_counts()
+        # The count the last judged message left needs no second status round trip; after an
+        # unjudged one it is read afresh, so a late judgement is never credited to this message.
+        before = self.leader_counts() if self._counted is None else self._counted
         self.push.send_multipart(frames)
         deadline = time.monotonic() + JUDGED_TIMEOUT_S
-        while self.leader_counts() == before:
+        while (counted := self.leader_counts()) == before:
             if time.monotonic() > deadline:
                 self.unjudged += 1  # zmq itself refused it (e.g. two frames on a conflating socket)
+                self._counted = None
                 return
+        self._counted = counted
         self.judged += 1
 
     def send_control(self, frames: list[bytes]) -> dict[str, Any]:

@@ -25,6 +25,9 @@ from hilrec.daemon.dataset.format.reader import load_info
 from hilrec.daemon.dataset.video.codec import LeRobotInfo
 from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 FPS = 25
 H, W = 32, 48
 CAM = "observation.images.front"

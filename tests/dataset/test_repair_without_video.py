@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hilrec.daemon.dataset.check.checker import check_dataset
 from hilrec.daemon.dataset.format.reader import load_episodes, load_info, read_episode
@@ -35,6 +36,7 @@ def repair(root: Path, *flags: str) -> tuple[int, dict]:
     return done.returncode, json.loads(done.stdout)
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_lost_camera_file_keeps_every_episode_only_with_the_flag(tmp_path: Path) -> None:
     root = tmp_path / "hw"
     rng = np.random.default_rng(3)

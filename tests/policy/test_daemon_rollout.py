@@ -20,6 +20,9 @@ from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 POLICIES = Path(__file__).with_name("_policies.py")
 MAX_STEP = 6.0
 

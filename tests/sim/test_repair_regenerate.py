@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hilrec.daemon.dataset.check.checker import check_dataset
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.video.codec import probe_video
@@ -21,6 +23,7 @@ from hilrec.sim.recorder import RecordConfig, record
 CAM = "observation.images.front"
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_a_deleted_shared_mp4_of_a_sim_dataset_is_re_rendered_and_every_episode_kept(tmp_path: Path) -> None:
     root = tmp_path / "sim"
     record(

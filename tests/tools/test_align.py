@@ -13,6 +13,9 @@ from hilrec.daemon.so101 import ACTION_KEY, ROBOT_TYPE, STATE_KEY, BodyMode, so1
 from hilrec.daemon.tools.align import align
 from hilrec.sim.recorder import RecordConfig, record
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Path:

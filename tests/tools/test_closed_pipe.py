@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_edit import make_dataset
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_check_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     root = make_dataset(tmp_path / "ds")
     read_end, write_end = os.pipe()

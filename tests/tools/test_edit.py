@@ -123,6 +123,7 @@ def assert_same_episode(src: Path, old: int, dst: Path, new: int) -> None:
     np.testing.assert_array_equal(arrays_a["marker"], arrays_b["marker"])
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_delete_episodes_renumbers_everything_in_place(source: Path, tmp_path: Path) -> None:
     root = copy_of(source, tmp_path)
     report = edit.delete_episodes(root, [1, 3, 4])
@@ -143,6 +144,7 @@ def test_delete_episodes_renumbers_everything_in_place(source: Path, tmp_path: P
     assert (load_dataset_sidecar(root) or {})["edits"][-1]["command"] == "hilrec edit delete-episodes"
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_delete_to_out_leaves_the_source_alone(source: Path, tmp_path: Path) -> None:
     root = copy_of(source, tmp_path)
     before = tree_digest(root)
@@ -171,6 +173,7 @@ def test_a_result_that_fails_the_check_never_replaces_the_source(source: Path, t
     assert tree_digest(root) == before and not edit.temp_dirs(root)
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_set_task_keep_and_remove_feature(source: Path, tmp_path: Path) -> None:
     root = copy_of(source, tmp_path)
     edit.set_task(root, [0, 2], "stack the cubes")

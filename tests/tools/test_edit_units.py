@@ -157,6 +157,7 @@ def test_converted_columns_are_lerobots_degrees_of_the_same_ticks(recorded: dict
     assert columns(root, STATE_KEY).tobytes() == state_before.tobytes()
 
 
+@pytest.mark.slow  # > 5 s (make test-fast leaves it out)
 def test_the_command_converts_in_place_and_then_refuses_a_dataset_in_degrees(
     recorded: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -17,6 +17,9 @@ from hilrec.daemon.so101 import ACTION_KEY, STATE_KEY
 from hilrec.daemon.tools.export import export_robomimic
 from hilrec.sim.recorder import RecordConfig, record
 
+# Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sim_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
