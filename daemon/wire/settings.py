@@ -29,6 +29,18 @@ CameraSource = Literal["opencv", "video", "sim", "twin"]
 DeviceLostPolicy = Literal["save", "discard"]
 
 
+def _check_faults(section: object) -> None:
+    """An emulated arm's ``follower_faults`` / ``leader_faults``, each as ``hilrec emulate --fault``."""
+    from hilrec.drivers.emulated.faults import parse_fault
+
+    for key in ("follower_faults", "leader_faults"):
+        for i, text in enumerate(getattr(section, key)):
+            try:
+                parse_fault(text)
+            except ConfigError as exc:
+                raise ConfigError(f"{key}[{i}]", exc.problem) from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class DatasetSettings:
     root: Path
@@ -109,14 +121,7 @@ class ArmSettings:
     def validate(self) -> None:
         if self.max_relative_target is not None and self.max_relative_target <= 0:
             raise ConfigError("max_relative_target", "must be positive when set")
-        from hilrec.drivers.emulated.faults import parse_fault
-
-        for key in ("follower_faults", "leader_faults"):
-            for i, text in enumerate(getattr(self, key)):
-                try:
-                    parse_fault(text)
-                except ConfigError as exc:
-                    raise ConfigError(f"{key}[{i}]", exc.problem) from None
+        _check_faults(self)
 
     def arm_id(self, side: str, role: Role | str) -> str:
         """The calibration id: the one given, else the one ``hilrec calibrate ROLE --arm SIDE``
@@ -267,14 +272,7 @@ class EmulatedSettings:
     start_timeout_s: float = 30.0
 
     def validate(self) -> None:
-        from hilrec.drivers.emulated.faults import parse_fault
-
-        for key in ("follower_faults", "leader_faults"):
-            for i, text in enumerate(getattr(self, key)):
-                try:
-                    parse_fault(text)
-                except ConfigError as exc:
-                    raise ConfigError(f"{key}[{i}]", exc.problem) from None
+        _check_faults(self)
         if self.start_timeout_s <= 0:
             raise ConfigError("start_timeout_s", "must be positive")
         from hilrec.drivers.emulated.hand import HandScript
