@@ -158,11 +158,11 @@ def log_episode(
     if flags is not None and flags.shape == (n,):
         send("flags/bits", flags.astype(np.float64))
         flagged = np.flatnonzero(flags)
-        for i in flagged:
-            _at(rr, recording, int(i), float(seconds[i]))
+        for row in flagged:
+            _at(rr, recording, int(row), float(seconds[row]))
             rr.log(
                 "flags/text",
-                rr.TextLog(", ".join(flag_names(int(flags[i]))), level="WARN"),
+                rr.TextLog(", ".join(flag_names(int(flags[row]))), level="WARN"),
                 recording=recording,
             )
         if flagged.size:

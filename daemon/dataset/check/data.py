@@ -257,8 +257,8 @@ def _load_rows(contents: Contents, findings: Findings) -> None:
         change[1:] = episodes[1:] != episodes[:-1]
         starts = np.flatnonzero(change)
         ends = [*starts[1:], len(episodes)]
-        for start, end in zip(starts, ends, strict=True):
-            blocks.append((path, int(start), int(end), int(episodes[start]), columns))
+        for first, stop in zip(starts, ends, strict=True):
+            blocks.append((path, int(first), int(stop), int(episodes[first]), columns))
     contents.global_index = (
         np.concatenate(global_index) if global_index and index_complete else np.array([], np.int64)
     )
