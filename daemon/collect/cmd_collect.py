@@ -41,10 +41,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--root", type=Path, help="dataset directory (overrides dataset.root in the config)")
     parser.add_argument("--episodes", type=_positive_int, required=True, metavar="N", help="takes to keep")
     parser.add_argument(
-        "--episode-time-s", type=_positive_float, default=60.0, metavar="T", help="length of a take (60)"
+        "--episode-time-s", type=_positive_float, default=60.0, metavar="T", help="length of a take"
     )
     parser.add_argument(
-        "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes (10)"
+        "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes"
     )
     tasks = parser.add_mutually_exclusive_group()
     tasks.add_argument("--task", help=f"task text of every take (default {DEFAULT_TASK!r})")

@@ -53,18 +53,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--root", type=Path, help="dataset directory (overrides dataset.root in the config)")
     parser.add_argument("--episodes", type=_positive_int, required=True, metavar="N", help="takes to run")
     parser.add_argument(
-        "--episode-time-s", type=_positive_float, default=60.0, metavar="T", help="length of a take (60)"
+        "--episode-time-s", type=_positive_float, default=60.0, metavar="T", help="length of a take"
     )
     parser.add_argument(
-        "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes (10)"
+        "--reset-time-s", type=_non_negative_float, default=10.0, metavar="R", help="reset between takes"
     )
     parser.add_argument("--task", help=f"task text of every take (default {DEFAULT_TASK!r})")
     parser.add_argument("--resume", action="store_true", help="add to the dataset already in the root")
     parser.add_argument(
-        "--takeover", choices=TAKEOVERS, default="key", help="what takes the arm from the policy (key)"
+        "--takeover", choices=TAKEOVERS, default="key", help="what takes the arm from the policy"
     )
     parser.add_argument(
-        "--record", choices=RECORDS, default="all", help="every frame, or only the correction windows (all)"
+        "--record", choices=RECORDS, default="all", help="every frame, or only the correction windows"
     )
     parser.add_argument("--ui", action="store_true", help="also serve the bench's web page (hilrec ui)")
     parser.add_argument("--no-sounds", dest="sounds", action="store_false", help="no spoken prompts, no bell")
