@@ -339,13 +339,12 @@ class Session:
         outcome = self.hooks.end()
         with self._lock:
             self._episode = None
-            if self._state == SessionState.RECORDING:
-                self._state = SessionState.IDLE
         result: dict[str, Any] = {
             "episode_index": episode.index,
             "frames": episode.frames,
             "ended_by": ended_by,
         }
+        event: tuple[str, dict[str, Any]] | None = None
         try:
             if save:
                 # A rollout's per-frame record (control.rollout) rides beside the tick timing.
@@ -361,18 +360,25 @@ class Session:
                 index, frames = episode.index, episode.frames
                 future.add_done_callback(lambda done: self._on_saved(done, index, frames, ended_at))
                 result["saving"] = True
-                self._publish_event("episode_stopped", **result)
+                event = ("episode_stopped", dict(result))
             else:
                 self._recorder.discard()
                 result["discarded"] = True
-                self._publish_event("episode_discarded", **result)
+                event = ("episode_discarded", dict(result))
         except WriterStalledError as exc:
             # The writer cannot take the request: the episode's fate is the writer's fault, said
             # here and in status; the loop goes on.
             result.update(saved=False, error=str(exc))
-            self._publish_event("episode_save_failed", episode_index=episode.index, error=str(exc))
-        with self._lock:
-            self._last_episode = dict(result)
+            event = ("episode_save_failed", {"episode_index": episode.index, "error": str(exc)})
+        finally:
+            # Idle only with the take's last_episode in place and its save queued: a client that
+            # waits for "idle, nothing saving" then reads this take's outcome, not the one before.
+            with self._lock:
+                self._last_episode = dict(result)
+                if self._state == SessionState.RECORDING:
+                    self._state = SessionState.IDLE
+        if event is not None:
+            self._publish_event(event[0], **event[1])
         return result
 
     def _on_saved(self, future: Future[int], expected: int, frames: int, ended_at: float) -> None:
