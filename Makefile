@@ -23,10 +23,10 @@ export HF_DATASETS_OFFLINE := 1
 # (4-5 minutes); with uv's cache warm the whole test environment takes under a minute. The venv
 # keeps pip for people. UV_NATIVE_TLS: the system's certificates, as pip uses them.
 UV := $(BIN)/uv
-UV_PIP := $(UV) pip install --quiet --python $(BIN)/python
+UV_PIP := $(UV) pip install --quiet --python $(BIN)/python --constraint constraints.txt
 export UV_NATIVE_TLS := 1
 
-$(RUNTIME_STAMP): pyproject.toml
+$(RUNTIME_STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'uv>=0.9'
 	$(UV_PIP) -e '.[test,rerun]'
