@@ -109,7 +109,11 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         # The daemon judges the take after it is saved (an episode_verdict event); until then
         # the row says it has none.
         expect(take.locator(".verdict")).to_have_text(re.compile(r"^(sound|warning|bad|not_checked)$"))
-        expect(take.locator(".verdict-summary")).to_contain_text("episode 0")
+        # What the summary says depends on how the take went (a loaded machine lags the follower
+        # into a warning, which names the lag, not the episode): a sound one names the episode.
+        expect(take.locator(".verdict-summary")).not_to_be_empty()
+        if take.locator(".verdict").inner_text() == "sound":
+            expect(take.locator(".verdict-summary")).to_contain_text("episode 0")
         texts = page.evaluate("() => window.takeTexts")
         first_verdict = next(i for i, text in enumerate(texts) if "no verdict" not in text)
         assert first_verdict > 0 and all("no verdict" in text for text in texts[:first_verdict]), texts
