@@ -73,7 +73,7 @@ def open_silent_port(work: Path) -> None:
     with silent_pty() as port:
         arm = SO101Follower(FollowerConfig(port=port, calibration=calibration, reply_timeout_ms=10.0))
         try:
-            open_with_retries(arm, config_section="follower")
+            open_with_retries(arm, key_prefix="follower.")
         except ConfigError:
             return
     raise AssertionError("a follower opened on a silent port")

@@ -28,7 +28,7 @@ from hilrec.daemon.control.hardware import (
 )
 from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory
 from hilrec.daemon.control.sources import Camera
-from hilrec.daemon.errors import ActionError, CalibrationError, ConfigError, DeviceError, ServoFaultError
+from hilrec.daemon.errors import ConfigError, DeviceError
 from hilrec.daemon.so101 import MOTORS, NormMode, Role, joint_names
 from hilrec.daemon.wire.settings import ArmSettings, DaemonSettings
 
@@ -178,16 +178,11 @@ def _open_leader(
 def _open(settings: DaemonSettings, arm: SO101Follower | SO101Leader, side: str, role: Role) -> None:
     """Open one arm; an error names the arm and, in hil mode, the key of the config to check."""
     try:
-        open_with_retries(arm)
+        open_with_retries(arm, key_prefix=f"arms.{side}.{role}_" if settings.mode == "hil" else None)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, f"{side} {role}: {exc.problem}") from exc
     except DeviceError as exc:
-        if settings.mode != "hil" or isinstance(exc, ServoFaultError | ActionError):
-            raise named(exc, f"{side} {role}") from exc
-        if isinstance(exc, CalibrationError):
-            given = arm.config.calibration is not None
-            key = f"arms.{side}.{role}_calibration" if given else f"arms.{side}.{role}_id"
-        else:
-            key = f"arms.{side}.{role}_port"
-        raise ConfigError(key, f"{side} {role}: {exc}") from exc
+        raise named(exc, f"{side} {role}") from exc
 
 
 def pair_dataset_fields(

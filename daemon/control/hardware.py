@@ -180,34 +180,35 @@ class EmulatorProcess:
 OPEN_ATTEMPTS = 3
 
 
-def open_with_retries(arm: SO101Follower | SO101Leader, *, config_section: str | None = None) -> None:
+def open_with_retries(arm: SO101Follower | SO101Leader, *, key_prefix: str | None = None) -> None:
     """Open an arm, retrying a retryable bus error: opening is dozens of transactions, and one
     late reply (a loaded machine, a busy emulator) must not stop the daemon from starting.
 
-    ``config_section`` ("follower", "leader": hil mode) names, in the error a person sees, the
-    config key to check: ``<section>.port`` for a port that will not open or servos that do not
-    answer, ``<section>.id`` / ``<section>.calibration`` for a missing or bad calibration."""
+    ``key_prefix`` (hil mode: ``"follower."``, or ``"arms.left.follower_"`` for one arm of a
+    pair) names, in the error a person sees, the config key to check: ``<prefix>port`` for a port
+    that will not open or servos that do not answer, ``<prefix>id`` / ``<prefix>calibration`` for
+    a missing or bad calibration."""
     for attempt in range(1, OPEN_ATTEMPTS + 1):
         try:
             arm.open()
             return
         except (BusTimeoutError, BusPacketError) as exc:
             if attempt == OPEN_ATTEMPTS:
-                raise _keyed(exc, arm, config_section) from exc
+                raise _keyed(exc, arm, key_prefix) from exc
             log.warning("%r: open attempt %d failed (%s); retrying", arm, attempt, exc)
         except DeviceError as exc:
-            raise _keyed(exc, arm, config_section) from exc
+            raise _keyed(exc, arm, key_prefix) from exc
 
 
-def _keyed(exc: DeviceError, arm: SO101Follower | SO101Leader, section: str | None) -> HilrecError:
+def _keyed(exc: DeviceError, arm: SO101Follower | SO101Leader, prefix: str | None) -> HilrecError:
     from hilrec.daemon.errors import ActionError, CalibrationError, ServoFaultError
 
-    if section is None or isinstance(exc, ServoFaultError | ActionError):
+    if prefix is None or isinstance(exc, ServoFaultError | ActionError):
         return exc
     if isinstance(exc, CalibrationError):
-        key = f"{section}.calibration" if arm.config.calibration is not None else f"{section}.id"
+        key = f"{prefix}calibration" if arm.config.calibration is not None else f"{prefix}id"
     else:
-        key = f"{section}.port"
+        key = f"{prefix}port"
     return ConfigError(key, str(exc))
 
 
@@ -336,7 +337,7 @@ def open_follower(
             tolerated_status=settings.follower.tolerated_status,
         )
     )
-    open_with_retries(arm, config_section=None if settings.mode == "emulated" else "follower")
+    open_with_retries(arm, key_prefix=None if settings.mode == "emulated" else "follower.")
     stack.callback(arm.close)
     return arm
 
@@ -380,7 +381,7 @@ def hardware_rig_factory(
                     reply_timeout_ms=reply_timeout,
                 )
             )
-            open_with_retries(leader_arm, config_section=None if settings.mode == "emulated" else "leader")
+            open_with_retries(leader_arm, key_prefix=None if settings.mode == "emulated" else "leader.")
             stack.callback(leader_arm.close)
             leader = ArmLeader(leader_arm)
         else:

@@ -94,17 +94,17 @@ def test_the_missing_calibration_error_names_the_command_that_fixes_it(
     emu: EmulatedArm = emulate("follower", motion="sweep", factory_fresh=True)
     arm = SO101Follower(FollowerConfig(port=emu.port, id=FollowerSettings().id))
     with pytest.raises(ConfigError) as caught:
-        open_with_retries(arm, config_section="follower")
+        open_with_retries(arm, key_prefix="follower.")
     message = str(caught.value)
     command = f"hilrec calibrate follower --port {emu.port} --id so101_follower"
     assert "follower.id" in message and command in message, message
     # Following it, word for word, fixes it.
     assert calibrate(*command.split()[2:]) == 0
-    open_with_retries(arm, config_section="follower")
+    open_with_retries(arm, key_prefix="follower.")
     arm.close()
     explicit = SO101Follower(FollowerConfig(port=emu.port, calibration=calibration_dir / "x" / "f.json"))
     with pytest.raises(ConfigError, match=r"follower\.calibration.*--output .*f\.json"):
-        open_with_retries(explicit, config_section="follower")
+        open_with_retries(explicit, key_prefix="follower.")
 
 
 # --- port errors --------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def test_a_silent_port_fails_in_seconds_naming_the_arm_key_and_checks(
     arm = SO101Follower(FollowerConfig(port=silent_pty, calibration=calibration, reply_timeout_ms=10.0))
     # How soon (was 21 s: three opens of six pings' patience each) is bench/bench_give_up.py's.
     with pytest.raises(ConfigError) as caught:
-        open_with_retries(arm, config_section="follower")
+        open_with_retries(arm, key_prefix="follower.")
     message = str(caught.value)
     assert message.startswith("config key 'follower.port'"), message
     for words in (
@@ -152,7 +152,7 @@ def test_a_port_that_is_not_an_arm_says_what_to_do(port: str, words: str, tmp_pa
     calibration = save_calibration(ArmCalibration.from_mapping(emulated_calibration()), tmp_path / "f.json")
     arm = SO101Leader(ArmConfig(port=port, calibration=calibration))
     with pytest.raises(ConfigError) as caught:
-        open_with_retries(arm, config_section="leader")
+        open_with_retries(arm, key_prefix="leader.")
     message = str(caught.value)
     assert message.startswith("config key 'leader.port'") and words in message and "find-port" in message
     assert "Inappropriate ioctl" not in message
@@ -168,7 +168,7 @@ def test_missing_servos_are_named_with_what_to_check(emulate, tmp_path: Path) ->
         ConfigError, match=r"follower\.port.*servo\(s\) 1 \(shoulder_pan\) do not answer.*setup"
     ):
         open_with_retries(
-            SO101Follower(FollowerConfig(port=emu.port, calibration=calibration)), config_section="follower"
+            SO101Follower(FollowerConfig(port=emu.port, calibration=calibration)), key_prefix="follower."
         )
 
 
