@@ -14,6 +14,12 @@ all of them:
 - **Nothing that can deadlock between fork and exec.** :func:`parent_death_hook` loads libc in the
   parent; the hook the child runs makes system calls only (``prctl``, ``getppid``, ``_exit`` and
   the caller's own steps, such as a scheduling policy), no import, no lock.
+- **A death signal comes more than once.** When a multi-threaded parent dies, each of its
+  threads that exits hands the child on to the next and sends the signal again: a burst of
+  SIGTERMs. A handler that calls ``threading.Event.set`` can be entered again while the outer call
+  holds the event's lock, and then waits for it forever (a display outlived its SIGKILLed daemon
+  this way). :func:`stop_on_signals` sets the event from a thread instead, so its handler takes
+  no lock.
 - **A bounded stop.** :func:`stop` asks (a signal, or nothing when the caller asked another way,
   e.g. by closing the child's stdin), waits up to a deadline, then SIGKILLs and waits a bounded
   time more: a wedged child never holds its parent.
@@ -27,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -99,6 +106,33 @@ def die_with(parent: int, signum: int = signal.SIGKILL) -> None:
     prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     if os.getppid() != parent:
         os._exit(ORPHAN_EXIT)
+
+
+def stop_on_signals(
+    stop: threading.Event,
+    signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    *,
+    note: Callable[[int], None] | None = None,
+) -> None:
+    """Set ``stop`` when one of ``signals`` arrives, however many arrive and however they nest.
+    Call it from the main thread. ``note`` is told the signal number first, inside the handler,
+    so it must take no lock either (assigning an attribute is fine)."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+
+    def handler(signum: int, _frame: object) -> None:
+        if note is not None:
+            note(signum)
+        with contextlib.suppress(BlockingIOError):  # a full pipe: the setter is awake already
+            os.write(wake_write, b"\0")
+
+    def setter() -> None:
+        while os.read(wake_read, 64):
+            stop.set()
+
+    threading.Thread(target=setter, name="hilrec-stop-on-signal", daemon=True).start()
+    for signum in signals:
+        signal.signal(signum, handler)
 
 
 def start(

@@ -188,3 +188,43 @@ def test_stop_ends_a_pool_worker_too() -> None:
             process.kill()
         process.join(BOUND_S)
     assert ended == procs.Stopped(-signal.SIGTERM, killed=False)
+
+
+# A handler entered while the event's lock is held: what a second death signal does to a first
+# handler that is inside ``Event.set`` (a SIGKILLed multi-threaded parent sends one per thread).
+NESTED_SIGNAL = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    from hilrec.daemon import procs
+
+    stop = threading.Event()
+    if sys.argv[1] == "stop_on_signals":
+        procs.stop_on_signals(stop)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with stop._cond:  # the lock Event.set takes, held by this thread as by the outer handler
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(100_000))  # the handler runs between these bytecodes
+    print("stopped" if stop.wait(10) else "not stopped", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("handler", ["stop_on_signals", "event_set"])
+def test_a_signal_that_nests_in_a_handler_still_stops(handler: str) -> None:
+    # A loaded machine can only make the hanging case look more hung, so its bound is short.
+    bound_s = BOUND_S if handler == "stop_on_signals" else 3.0
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", NESTED_SIGNAL, handler],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=bound_s,
+        )
+    except subprocess.TimeoutExpired:
+        outcome = "hung"
+    else:
+        outcome = done.stdout.strip() or done.stderr
+    # Event.set straight from the handler waits forever for a lock its own thread holds.
+    assert outcome == ("stopped" if handler == "stop_on_signals" else "hung")

@@ -29,6 +29,7 @@ from typing import Any
 
 import zmq
 
+from hilrec.daemon import procs
 from hilrec.daemon.control.clock import TickPacer
 from hilrec.daemon.control.collect_note import CollectNotes
 from hilrec.daemon.control.loop import ControlLoop
@@ -288,12 +289,11 @@ class Daemon:
         return 0 if finalized else 1
 
     def _install_signals(self) -> None:
-        def on_signal(signum: int, _frame: Any) -> None:
+        def note(signum: int) -> None:
             self._stop_reason = f"signal:{signal.Signals(signum).name}"
-            self._stop.set()
 
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+        # Under collect, SIGTERM is the death signal, sent once per exiting thread of collect.
+        procs.stop_on_signals(self._stop, note=note)
 
     def _make_loop(self, rig: Rig) -> ControlLoop:
         s = self.settings

@@ -11,11 +11,11 @@ a child (:mod:`hilrec.daemon.wire.display_child`).
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
 from pathlib import Path
 from typing import Any
 
+from hilrec.daemon import procs
 from hilrec.daemon.errors import FlagError
 
 
@@ -51,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise FlagError("--duration", f"must be positive, got {args.duration}")
     # First: a stop asked for while rerun still imports (seconds) ends the display cleanly too.
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    procs.stop_on_signals(stop)  # SIGTERM is the death signal: a burst of them when a daemon dies
     check_output_flags(args)
     rr = import_rerun()
     if args.config is not None:
