@@ -63,13 +63,21 @@ def process_encode(
         encoded = future.result(120)
         # Every thread of it: those that imports started before it lowered itself, the codec's.
         tasks = [int(tid) for tid in os.listdir(f"/proc/{worker.pid}/task")]
-        schedulers = sorted({os.sched_getscheduler(tid) for tid in tasks})
+        schedulers = sorted({policy for tid in tasks if (policy := _scheduler(tid)) is not None})
         policy = "SCHED_IDLE" if schedulers == [os.SCHED_IDLE] else f"policies {schedulers}"
         assert worker.backlog_frames == 0
         # Where SCHED_IDLE was granted, what every thread runs at; elsewhere what it could get.
         return out, encoded, policy if worker.priority == "SCHED_IDLE" else worker.priority, through_ring
     finally:
         worker.close()
+
+
+def _scheduler(tid: int) -> int | None:
+    """The thread's policy; None for one that ended since the listing (a codec thread may)."""
+    try:
+        return os.sched_getscheduler(tid)
+    except ProcessLookupError:
+        return None
 
 
 @pytest.mark.parametrize("codec", ["libx264", "libsvtav1"])
