@@ -79,10 +79,13 @@ test: $(TEST_STAMP) lint
 suite: $(TEST_STAMP)
 	$(PYTEST) --durations=25 tests
 
-# The fast tier, for the edit-test loop: every package's tests but those marked slow (the
-# end-to-end daemons, browsers, LeRobot runs, kill loops). Not in .ci/run: CI runs `make test`.
+# The fast tier, for the edit-test loop (2 minutes at most): every package's tests but those
+# marked slow (the end-to-end daemons, browsers, LeRobot runs, kill loops, and any test measured
+# over a second here), on two workers: its tests share no daemon, so they stay on time side by
+# side. Not in .ci/run: CI runs `make test`.
+FAST_WORKERS ?= 2
 test-fast: $(TEST_STAMP)
-	$(PYTEST) --durations=10 -m "not slow" tests
+	$(BIN)/python -m pytest -q -n $(FAST_WORKERS) --dist loadgroup --durations=10 -m "not slow" tests
 
 lint: $(RUNTIME_STAMP) types
 	$(BIN)/ruff check .

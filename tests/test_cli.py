@@ -124,6 +124,7 @@ def _hilrec(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_no_opengl_accelerate_line(tmp_path: Path) -> None:
     """The daemon's config checks import MuJoCo, whose PyOpenGL said at INFO on every run that an
     optional module is missing; the error is the only line now."""

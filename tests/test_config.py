@@ -96,6 +96,7 @@ def test_errors_about_flag_values_name_the_flag_not_a_config_key() -> None:
         raise ConfigError("video_codec", "unknown codec")
 
 
+@pytest.mark.slow
 def test_record_names_its_flags(tmp_path: Path) -> None:
     import subprocess
     import sys

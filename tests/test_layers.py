@@ -151,6 +151,7 @@ def violations(table: list[Layer], edges: list[tuple[str, str]] | None = None) -
     return sorted(set(problems))
 
 
+@pytest.mark.slow
 def test_every_import_follows_the_layer_table() -> None:
     problems = violations(layers())
     assert not problems, "imports against the layering rule:\n" + "\n".join(problems)
@@ -210,6 +211,7 @@ def test_the_rule_can_fail(tmp_path: Path, source: str, target: str, allowed: bo
         ("hilrec.daemon.control.loop", "ARGV = ['python', '-m', 'hilrec.daemon.cli', 'display']\n"),
     ],
 )
+@pytest.mark.slow
 def test_dependencies_by_name_and_by_child_process_are_seen(tmp_path: Path, source: str, body: str) -> None:
     """Each of these is an upward or sideways edge the checker must report; the last is the
     display child's edge, allowed only from the module the run-time table names."""

@@ -211,6 +211,7 @@ NESTED_SIGNAL = textwrap.dedent(
 
 
 @pytest.mark.parametrize("handler", ["stop_on_signals", "event_set"])
+@pytest.mark.slow
 def test_a_signal_that_nests_in_a_handler_still_stops(handler: str) -> None:
     # A loaded machine can only make the hanging case look more hung, so its bound is short.
     bound_s = BOUND_S if handler == "stop_on_signals" else 3.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from test_layers import REPO, layers
 
 MAX_MODULE_LINES = 600
@@ -43,6 +44,7 @@ def test_no_module_is_over_600_lines() -> None:
     assert not long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(long)
 
 
+@pytest.mark.slow
 def test_no_function_is_over_100_lines() -> None:
     long = [f for p in sources() for f in long_functions(p)]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)

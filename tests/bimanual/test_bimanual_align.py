@@ -72,6 +72,7 @@ def sweep(amplitude: float, arms: int = 2, n: int = 20) -> np.ndarray:
     return np.tile(arm, (1, arms)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_a_two_arm_recording_lines_up_with_lerobots_bi_so_follower(
     hilrec_two_arm: Path, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_two_arm_recording_lines_up_with_lerobots_bi_so_follower(
     assert "left_gripper" in result.format_text() and "right_shoulder_pan" in result.format_text()
 
 
+@pytest.mark.slow
 def test_a_one_arm_dataset_does_not_line_up_with_a_two_arm_one(hilrec_two_arm: Path, tmp_path: Path) -> None:
     one = lerobot_written(tmp_path / "one", sweep(120.0, arms=1), arms=1)
     result = align(hilrec_two_arm, one)

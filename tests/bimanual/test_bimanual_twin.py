@@ -89,6 +89,7 @@ def test_the_cube_starts_out_of_the_right_arms_reach_and_the_bin_out_of_the_left
     assert np.hypot(*left.to_local(np.array([*SCENE.bin_center, 0]))[:2]) > 0.33
 
 
+@pytest.mark.slow
 def test_scripted_two_arm_operator_succeeds_on_at_least_90_percent_of_seeds(twin: Twin) -> None:
     results = {seed: play(twin, seed) for seed in SUCCESS_SEEDS}
     successes = [seed for seed, (ok, _, _) in results.items() if ok]

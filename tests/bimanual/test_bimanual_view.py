@@ -25,6 +25,7 @@ def logged(path: Path, entity: str) -> np.ndarray:
     return np.asarray([v[0] for v in table.column(column).to_pylist() if v is not None], dtype=np.float64)
 
 
+@pytest.mark.slow
 def test_view_groups_the_joints_per_arm_and_lays_the_arms_side_by_side(
     recorded: Path, tmp_path: Path
 ) -> None:

@@ -52,6 +52,7 @@ def config(tmp_path: Path) -> Path:
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_flag_is_named_and_no_daemon_starts(config: Path, flags: tuple[str, ...], said: str) -> None:
     code, out = rollout(config, *flags)
     assert code == 2, out
@@ -60,6 +61,7 @@ def test_a_bad_flag_is_named_and_no_daemon_starts(config: Path, flags: tuple[str
     assert not (config.parent / "ds.daemon.log").exists()  # refused before anything started
 
 
+@pytest.mark.slow
 def test_expert_takeover_is_refused_in_hil_mode(tmp_path: Path) -> None:
     config = tmp_path / "hil.toml"
     config.write_text(HIL.format(root=tmp_path / "ds"))
@@ -67,6 +69,7 @@ def test_expert_takeover_is_refused_in_hil_mode(tmp_path: Path) -> None:
     assert code == 2 and "flag --takeover: expert is the scripted hand of sim and emulated mode" in out, out
 
 
+@pytest.mark.slow
 def test_the_daemons_policy_flags_are_checked_and_named(config: Path) -> None:
     done = run_cli(
         "daemon", "--config", str(config), "--policy", "x:y", "--takeover", "sometimes", timeout_s=60

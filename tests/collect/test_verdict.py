@@ -54,6 +54,7 @@ def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root
     assert details["replay"]["frames"] > 0 and verdict["take_end_to_verdict_s"] >= details["worker_s"]
 
 
+@pytest.mark.slow
 def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
     twin = make_twin()
     try:
@@ -82,6 +83,7 @@ def test_a_stalled_servo_is_bad_and_named(tmp_path: Path) -> None:
     assert replay["status"] == "diverged" and replay["divergence"]["joint"] == "wrist_flex"
 
 
+@pytest.mark.slow
 def test_an_episode_that_never_gets_merged_is_not_checked(sim_root: Path) -> None:
     verdict = judge_episode(sim_root, 7, mode="sim", merge_timeout_s=0.2)
     assert verdict["verdict"] == EpisodeVerdict.NOT_CHECKED

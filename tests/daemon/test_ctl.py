@@ -52,6 +52,7 @@ def test_stop_wait_prints_the_stops_result(daemon: Daemon, capsys: pytest.Captur
     assert finalized["episodes"] == 1
 
 
+@pytest.mark.slow
 def test_config_gives_the_port(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
     # The daemon's ports are in its config (free ports, not 5555): ctl reads them, as ui and
     # display do, and a --port beside --config is refused rather than silently preferred.

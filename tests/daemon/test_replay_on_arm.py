@@ -87,6 +87,7 @@ def take(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root, config
 
 
+@pytest.mark.slow
 def test_plays_the_take_on_the_arm_after_reaching_its_first_state_and_records_it(
     take: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -154,6 +155,7 @@ def test_without_on_arm_the_flags_of_the_arm_are_refused(take: tuple[Path, Path]
     assert "--episode" in result.stderr and "--on-arm" in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_refused_naming_what_before_the_arm_moves(
     take: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -190,6 +192,7 @@ def test_bad_input_is_refused_naming_what_before_the_arm_moves(
     assert out.returncode == 2 and "follower.body_mode" in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_playback_with_the_torque_off_and_says_what_was_played(
     take: tuple[Path, Path], tmp_path: Path
 ) -> None:

@@ -100,6 +100,7 @@ def test_loopback_detection() -> None:
     assert not is_loopback("0.0.0.0") and not is_loopback("*") and not is_loopback("192.168.1.4")
 
 
+@pytest.mark.slow
 def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(MINIMAL + "[zmq]\nleader_port = 99999\n")
@@ -116,6 +117,7 @@ def test_daemon_command_refuses_a_bad_config_before_binding(tmp_path: Path) -> N
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow
 def test_a_busy_port_is_refused_naming_its_key(tmp_path: Path) -> None:
     import zmq
 
@@ -206,6 +208,7 @@ def test_a_bad_display_section_is_refused_naming_the_key(
     assert refused.value.key == key and words in refused.value.problem, refused.value
 
 
+@pytest.mark.slow
 def test_a_display_section_loads_and_the_daemon_refuses_a_bad_one_at_start(tmp_path: Path) -> None:
     from hilrec.daemon.wire.settings import RerunViewer
 

@@ -143,6 +143,7 @@ def tree_state(root: Path) -> dict[str, tuple[bytes, int]]:
 # --- the valid dataset ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_valid_dataset_passes_every_rule(valid_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, report = run_check(valid_root, capsys)
     assert report["failures"] == []
@@ -259,6 +260,7 @@ def test_schema_shape_declared_wrong(broken: Path, capsys: pytest.CaptureFixture
     assert_fails(broken, capsys, "schema.shape", DATA, key="action")
 
 
+@pytest.mark.slow
 def test_non_finite_value(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def poison(table: pa.Table) -> pa.Table:
         row = table.column("observation.state")[25].as_py()
@@ -409,6 +411,7 @@ def test_episode_stats_count(broken: Path, capsys: pytest.CaptureFixture[str]) -
     assert failure["severity"] == "error" and failure["fix"] == "hilrec edit recompute-stats"
 
 
+@pytest.mark.slow
 def test_default_column_stats_are_a_warning(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rewrite_parquet(broken / EPISODES, lambda t: set_cells(t, "stats/timestamp/count", {1: [10]}))
     edit_json(broken / STATS, lambda s: s["index"].update(max=[s["index"]["max"][0] + 5]))
@@ -444,6 +447,7 @@ def test_dataset_stats_missing(broken: Path, capsys: pytest.CaptureFixture[str])
     assert_fails(broken, capsys, "stats.dataset", STATS)
 
 
+@pytest.mark.slow
 def test_multi_file_dataset_passes_and_failures_name_the_right_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -185,12 +185,14 @@ def image_failures(root: Path) -> list[tuple[int, str]]:
 # --- (1) and (2) ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_adversarial_frames_pass(patterns_root: Path) -> None:
     report = check_dataset(patterns_root)
     assert [f.format() for f in report.failures] == []
     assert report.passed and report.summary["episodes"] == len(NAMES)
 
 
+@pytest.mark.slow
 def test_mean_off_by_0_3_fails_in_every_pattern(patterns_root: Path, tmp_path: Path) -> None:
     root = tmp_path / "ds"
     shutil.copytree(patterns_root, root)
@@ -210,6 +212,7 @@ def test_mean_off_by_0_3_fails_in_every_pattern(patterns_root: Path, tmp_path: P
 @pytest.mark.parametrize(
     "name", ["noise", "checker1_black_white", "checker8_red_green", "saturated_gradient"]
 )
+@pytest.mark.slow
 def test_bounds_that_exclude_most_pixels_fail(patterns_root: Path, tmp_path: Path, name: str) -> None:
     """Stats that are in order and hold the right mean, but whose max is far below the pixels."""
     root = tmp_path / "ds"
@@ -231,6 +234,7 @@ def test_bounds_that_exclude_most_pixels_fail(patterns_root: Path, tmp_path: Pat
 # --- (3) issue 10 item 8: an episode's own first frame -----------------------------------------
 
 
+@pytest.mark.slow
 def test_first_frames_of_later_episodes_are_sampled(tmp_path: Path) -> None:
     """Four episodes in one mp4; each starts with a white frame and then turns black. The white
     frame is a twelfth of each episode's mean: missing it is 0.08 off, beyond any tolerance."""

@@ -55,12 +55,14 @@ def broken_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_video_files_are_shared_and_split(broken_root: Path) -> None:
     files = sorted(p.relative_to(broken_root).as_posix() for p in broken_root.rglob("*.mp4"))
     assert len(files) > len(CAMS)  # more than one file per camera
     assert len(files) < len(CAMS) * len(LENGTHS)  # and files shared by several episodes
 
 
+@pytest.mark.slow
 def test_parallel_findings_equal_serial(broken_root: Path) -> None:
     serial = check_dataset(broken_root, workers=1)
     parallel = check_dataset(broken_root, workers=2)
@@ -73,6 +75,7 @@ def test_parallel_findings_equal_serial(broken_root: Path) -> None:
     assert ("video.timestamps", 2, "observation.images.wrist") in planted
 
 
+@pytest.mark.slow
 def test_cli_workers_flag(broken_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reports = []
     for workers in ("1", "2"):

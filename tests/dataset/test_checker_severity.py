@@ -63,6 +63,7 @@ def test_every_rule_has_a_severity_and_a_fix() -> None:
     assert {RULES[name].fix for name in stats_rules} == {Fix.RECOMPUTE_STATS}
 
 
+@pytest.mark.slow
 def test_lerobot_delete_episodes_output_passes_with_warnings(
     deleted: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -84,6 +85,7 @@ def test_lerobot_delete_episodes_output_passes_with_warnings(
     assert strict["failures"] == report["failures"]
 
 
+@pytest.mark.slow
 def test_text_report_says_passed_with_warnings(deleted: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["check", str(deleted)]) == 0
     text = capsys.readouterr().out
@@ -93,6 +95,7 @@ def test_text_report_says_passed_with_warnings(deleted: Path, capsys: pytest.Cap
     assert capsys.readouterr().out.rstrip().endswith("FAILED")
 
 
+@pytest.mark.slow
 def test_an_error_fails_with_and_without_strict(
     deleted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

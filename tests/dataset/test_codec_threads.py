@@ -73,6 +73,7 @@ def _probe(tmp_path: Path, codec: str, opener_priority: int) -> None:
 
 
 @pytest.mark.parametrize("codec", ["libsvtav1", "libx264"])
+@pytest.mark.slow
 def test_a_codec_opened_by_an_ordinary_thread_starts_no_real_time_thread(tmp_path: Path, codec: str) -> None:
     _probe(tmp_path, codec, 0)
 

@@ -81,6 +81,7 @@ def _scheduler(tid: int) -> int | None:
 
 
 @pytest.mark.parametrize("codec", ["libx264", "libsvtav1"])
+@pytest.mark.slow
 def test_the_worker_writes_the_bytes_the_thread_encoder_writes(tmp_path: Path, codec: str) -> None:
     images = frames(40)
     settings = VideoSettings(codec=codec)
@@ -137,6 +138,7 @@ def test_a_dead_worker_fails_the_episode_loudly(tmp_path: Path) -> None:
     assert not worker.alive
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_the_writers_the_worker_goes_on(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Ctrl-C reaches the whole foreground process group; a worker that died of it would lose
     the take's frames and print SVT-AV1's "deinit called without sending EOS!"."""
@@ -283,6 +285,7 @@ def test_a_worker_that_cannot_start_leaves_no_shared_memory_behind(monkeypatch: 
     assert [n for n in set(os.listdir(SHM_DIR)) - before if segment_size(n) == size] == []
 
 
+@pytest.mark.slow
 def test_takes_discarded_as_they_start_never_fail_and_the_next_is_saved(tmp_path: Path) -> None:
     """A discard races the worker creating its mp4 in the episode's directory (rmdir then met
     ENOTEMPTY: 'Directory not empty .episode-000000.tmp'); every discard must succeed."""

@@ -80,6 +80,7 @@ def load_lerobot(cls: Any, root: Path) -> Any:
 
 
 @pytest.mark.parametrize("video", [True, False], ids=["video", "plain"])
+@pytest.mark.slow
 def test_lerobot_loads_native_columns_bit_equal(
     datasets: dict, lerobot_dataset_class: Any, video: bool
 ) -> None:

@@ -29,6 +29,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[d
     return root, frames
 
 
+@pytest.mark.slow
 def test_read_episode_is_bit_equal_in_stored_dtype(written: tuple[Path, list[list[dict]]]) -> None:
     root, frames = written
     offset = 0
@@ -67,6 +68,7 @@ def test_read_episode_selected_columns(written: tuple[Path, list[list[dict]]]) -
         reader.read_episode(root, 9)
 
 
+@pytest.mark.slow
 def test_metadata(written: tuple[Path, list[list[dict]]]) -> None:
     root, _ = written
     info = reader.load_info(root)
@@ -125,6 +127,7 @@ def test_missing_or_bad_info_names_the_file(tmp_path: Path) -> None:
         reader.load_info(tmp_path)
 
 
+@pytest.mark.slow
 def test_reader_imports_neither_lerobot_nor_pandas() -> None:
     code = (
         "import sys, hilrec.daemon.dataset.format.reader, hilrec.daemon.dataset.check.checker; "

@@ -157,6 +157,7 @@ def kill_mid_take(root: Path) -> None:
         child.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) -> None:
     kill_mid_take(dataset)
     open_dir = dataset / "hilrec/journal/.episode-000003.tmp"
@@ -173,6 +174,7 @@ def test_an_unsaved_episode_is_dropped_and_its_sidecar_removed(dataset: Path) ->
     assert read_actions(dataset).keys() == {0, 1, 2}
 
 
+@pytest.mark.slow
 def test_the_command_says_what_a_kill_mid_take_kept_and_lost(dataset: Path, capsys) -> None:
     kill_mid_take(dataset)
     assert cli_main(["repair", str(dataset)]) == 3

@@ -212,6 +212,7 @@ def assert_takes_whole(root: Path) -> None:
         assert np.abs(np.array(levels) - np.array(want)).max() < 1.5, f"episode {episode}: wrong frames"
 
 
+@pytest.mark.slow
 def test_the_kill_left_two_takes_in_their_spills_and_one_open(killed: Path) -> None:
     """What the repair tests below start from (else they would prove nothing about spills)."""
     assert pending_spills(killed) == [(i, CAM) for i in SPILLED]

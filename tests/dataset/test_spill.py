@@ -60,6 +60,7 @@ def create(root: Path, **kwargs) -> DatasetWriter:
     )
 
 
+@pytest.mark.slow
 def test_a_save_is_durable_with_its_spill_and_the_encode_catches_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,6 +113,7 @@ def stopped(writer: DatasetWriter) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.slow
 def test_the_spill_bound_refuses_a_frame_loudly_and_the_take_saves_up_to_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,6 +143,7 @@ def test_the_spill_bound_refuses_a_frame_loudly_and_the_take_saves_up_to_there(
     assert probe_video(video).frames == len(kept)
 
 
+@pytest.mark.slow
 def test_frames_spill_only_while_the_encoder_is_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,6 +214,7 @@ def test_a_dead_worker_costs_no_frame(tmp_path: Path) -> None:
     assert probe_video(video).frames == 30
 
 
+@pytest.mark.slow
 def test_finish_spilled_encodes_is_a_no_op_on_a_clean_root(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     rng = np.random.default_rng(4)
@@ -221,6 +225,7 @@ def test_finish_spilled_encodes_is_a_no_op_on_a_clean_root(tmp_path: Path) -> No
     assert finish_spilled_encodes(root) == []
 
 
+@pytest.mark.slow
 def test_a_cut_episode_saved_with_its_spill_is_finished_after_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,6 +273,7 @@ def test_a_cut_episode_saved_with_its_spill_is_finished_after_a_crash(
         assert sum(1 for _ in container.decode(video=0)) == 30
 
 
+@pytest.mark.slow
 def test_a_short_wait_for_the_encoder_shows_no_progress_bar(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -293,6 +299,7 @@ def test_a_short_wait_for_the_encoder_shows_no_progress_bar(
     assert pending_spills(tmp_path / "ds") == []
 
 
+@pytest.mark.slow
 def test_finalize_waits_for_the_backlog_and_resumes_after_an_interrupt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -332,6 +339,7 @@ def test_finalize_waits_for_the_backlog_and_resumes_after_an_interrupt(
 START_S = 2.0
 
 
+@pytest.mark.slow
 def test_the_writer_start_waits_while_a_crash_backlog_is_encoded_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -379,6 +387,7 @@ def test_the_writer_start_waits_while_a_crash_backlog_is_encoded_and_says_so(
     assert np.array_equal(read_episode(snapshot, 0)["action"], np.stack([f["action"] for f in sent]))
 
 
+@pytest.mark.slow
 def test_the_spill_is_bounded_by_the_free_disk_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """spill_bytes_limit alone (16 GiB by default) let the spill fill a smaller disk."""
     import hilrec.daemon.dataset.writer.backlog as backlog_module
@@ -407,6 +416,7 @@ def test_the_space_taken_by_an_open_episode_counts_a_sparse_spill_by_its_blocks(
     assert dir_bytes(tmp_path) < 1 << 20
 
 
+@pytest.mark.slow
 def test_finalize_gives_up_on_a_hung_encoder_in_bounded_time_and_the_reopen_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,6 +64,7 @@ def frames_in(path: Path) -> int:
         container.close()
 
 
+@pytest.mark.slow
 def test_the_writer_refuses_the_frame_whole_as_a_take_end(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     writer = create(root)
@@ -91,6 +92,7 @@ def test_the_writer_refuses_the_frame_whole_as_a_take_end(tmp_path: Path) -> Non
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_recorder_ends_the_take_at_the_bound_and_saves_it(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     recorder = Recorder(lambda: create(root), queue_frames=OFFERED + 1, stall_s=60.0)

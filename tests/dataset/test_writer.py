@@ -68,6 +68,7 @@ def episode_rows(root: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_columns_are_bit_equal_and_timestamps_on_the_grid(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     episodes = write_dataset(root, [30, 17, 22])
@@ -85,6 +86,7 @@ def test_columns_are_bit_equal_and_timestamps_on_the_grid(tmp_path: Path) -> Non
     assert load_task_list(root) == ["pick the cube", "place the cube"]
 
 
+@pytest.mark.slow
 def test_metadata_matches_lerobot_v30(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_dataset(root, [30, 17])
@@ -135,6 +137,7 @@ def test_metadata_matches_lerobot_v30(tmp_path: Path) -> None:
     assert np.asarray(stats[CAM]["q50"]).shape == (3, 1, 1)
 
 
+@pytest.mark.slow
 def test_every_episode_has_its_frames_in_the_video_on_the_grid(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     episodes = write_dataset(root, [30, 17, 22])
@@ -150,6 +153,7 @@ def test_every_episode_has_its_frames_in_the_video_on_the_grid(tmp_path: Path) -
             assert np.abs(image.astype(int) - original[CAM].astype(int)).mean() < 6
 
 
+@pytest.mark.slow
 def test_sidecars_and_provenance_are_written(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_dataset(root, [5, 6])
@@ -161,6 +165,7 @@ def test_sidecars_and_provenance_are_written(tmp_path: Path) -> None:
     assert provenance["video"]["codec"] == "libsvtav1" and provenance["video"]["crf"] == 30
 
 
+@pytest.mark.slow
 def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_dataset(
@@ -191,6 +196,7 @@ def test_files_roll_over_by_size_and_chunk(tmp_path: Path) -> None:
     assert read_data(root)["index"].tolist() == list(range(160))
 
 
+@pytest.mark.slow
 def test_reopen_appends_after_the_saved_episodes(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     write_dataset(root, [10, 12])
@@ -224,6 +230,7 @@ def test_reopen_appends_after_the_saved_episodes(tmp_path: Path) -> None:
         ({"task": 3}, "task"),
     ],
 )
+@pytest.mark.slow
 def test_bad_frames_are_refused_naming_the_key(tmp_path: Path, change: dict, key: str) -> None:
     rng = np.random.default_rng(0)
     with DatasetWriter.create(
@@ -253,6 +260,7 @@ def test_bad_feature_specs_are_refused(tmp_path: Path) -> None:
         assert caught.value.key == key
 
 
+@pytest.mark.slow
 def test_lifecycle_rules(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     root = tmp_path / "ds"
@@ -280,6 +288,7 @@ def test_lifecycle_rules(tmp_path: Path) -> None:
         DatasetWriter.create(tmp_path / "x", fps=0, features=so101_features(), robot_type=None)
 
 
+@pytest.mark.slow
 def test_an_exception_in_the_block_discards_only_the_open_episode(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     root = tmp_path / "ds"
@@ -313,6 +322,7 @@ def test_leaving_the_block_with_an_open_episode_refuses_but_keeps_saved_ones(tmp
     assert json.loads((root / "meta/info.json").read_text())["total_episodes"] == 1
 
 
+@pytest.mark.slow
 def test_lerobot_loads_the_rows_and_metadata(tmp_path: Path) -> None:
     from lerobot.datasets.lerobot_dataset import LeRobotDatasetMetadata
     from lerobot.datasets.utils import get_hf_features_from_features, load_nested_dataset
@@ -344,6 +354,7 @@ def file_size_limit():
     signal.signal(signal.SIGXFSZ, previous)
 
 
+@pytest.mark.slow
 def test_a_failed_write_keeps_the_episode_for_a_retry(tmp_path: Path, file_size_limit) -> None:
     rng = np.random.default_rng(4)
     root = tmp_path / "ds"
@@ -391,6 +402,7 @@ def test_a_failed_write_keeps_the_episode_for_a_retry(tmp_path: Path, file_size_
     assert sidecar is not None and sidecar["take"] == "T0"
 
 
+@pytest.mark.slow
 def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -416,6 +428,7 @@ def test_a_forgotten_finalize_still_leaves_a_dataset_that_loads(tmp_path: Path) 
     assert read_data(root)["frame_index"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
 
 
+@pytest.mark.slow
 def test_writing_and_merging_never_import_pandas(tmp_path: Path) -> None:
     # pyarrow imports pandas behind pa.array() and pyarrow.dataset: half a second holding the GIL,
     # which a recording must not pay. Two tasks, two episodes, reopened: every merge path runs.
@@ -599,6 +612,7 @@ def test_a_bad_task_string_is_refused_and_never_poisons_the_root(tmp_path: Path)
 
 
 @pytest.mark.parametrize("step", ["renamed meta/episodes/chunk-000/file-000.parquet", "intent-done"])
+@pytest.mark.slow
 def test_a_failed_merge_keeps_lerobot_files_whole_and_is_retried(tmp_path: Path, step: str) -> None:
     """A merge that fails (here: an OSError at one of its steps while the "disk is full") leaves
     LeRobot's files as they were before it (or as after it, when it failed past its last rename),
@@ -660,6 +674,7 @@ def test_a_failed_merge_keeps_lerobot_files_whole_and_is_retried(tmp_path: Path,
 
 
 @pytest.mark.parametrize("encoder", ["thread", "process"])
+@pytest.mark.slow
 def test_a_discard_under_libsvtav1_prints_nothing(
     tmp_path: Path, encoder: str, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -176,6 +176,7 @@ def test_missing_calibration_names_lerobots_path(
         SO101Follower(FollowerConfig(port=follower_emu.port, id="blue")).open()
 
 
+@pytest.mark.slow
 def test_open_names_missing_servos(emulate, calibration_file: Path) -> None:
     emu = emulate("follower")
     emu.inject(Fault(kind="missing", servo_id=5))
@@ -251,6 +252,7 @@ def test_out_of_range_goals_are_clamped_to_the_calibrated_range_and_flagged(
         max_size=6,
     )
 )
+@pytest.mark.slow
 def test_no_finite_goal_converts_to_a_tick_outside_the_calibrated_range(
     follower_emu: EmulatedArm, calibration_file: Path, goal: list[float]
 ) -> None:

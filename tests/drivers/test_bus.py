@@ -85,6 +85,7 @@ def test_dropped_reply_is_retried(bus: FeetechBus, follower_emu: EmulatedArm) ->
     assert bus.stats.retries == 2
 
 
+@pytest.mark.slow
 def test_persistent_drop_times_out_naming_servo_and_register(
     bus: FeetechBus, follower_emu: EmulatedArm
 ) -> None:
@@ -178,6 +179,7 @@ def test_error_bits_surface_as_servo_faults(
         assert bus.read(6, "Torque_Enable", check_status=False) == 0
 
 
+@pytest.mark.slow
 def test_missing_servo_fails_the_sync_read_naming_it(bus: FeetechBus, follower_emu: EmulatedArm) -> None:
     follower_emu.inject(Fault(kind="missing", servo_id=4))
     with pytest.raises(BusTimeoutError, match="servo id 4"):
@@ -210,6 +212,7 @@ def test_waiting_for_a_reply_does_not_spin(follower_emu: EmulatedArm) -> None:
     assert cpu < 0.3 * wall, f"{cpu * 1e3:.1f} ms of CPU in {wall * 1e3:.1f} ms of waiting"
 
 
+@pytest.mark.slow
 def test_a_lost_fence_reply_does_not_doom_the_retries(emulate: Callable[..., EmulatedArm]) -> None:
     """drop 5% + corrupt 2%: a fence whose own reply is lost used to make every retry of the
     transaction wait for it (0.8% of writes failed, not ~0.03%); a retry now fences anew."""

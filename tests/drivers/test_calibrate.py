@@ -26,6 +26,7 @@ def expected_file(emu: EmulatedArm) -> dict:
     return expected
 
 
+@pytest.mark.slow
 def test_hilrec_calibrate_recovers_the_arms_calibration(emulate, tmp_path: Path) -> None:
     emu = emulate("leader", motion="sweep", factory_fresh=True)
     output = tmp_path / "leader.json"

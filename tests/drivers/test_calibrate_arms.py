@@ -99,6 +99,7 @@ def test_each_arm_gets_its_own_file_where_lerobots_bi_so_leader_reads_it(emulate
         }
 
 
+@pytest.mark.slow
 def test_the_pairs_id_names_both_files_and_a_bad_side_is_refused(emulate, tmp_path: Path) -> None:
     from hilrec.daemon.cli import main
 

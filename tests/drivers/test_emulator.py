@@ -142,6 +142,7 @@ def test_lerobots_own_bus_uses_the_emulator_as_an_arm(follower_emu: EmulatedArm)
         assert [s.torque_on for s in follower_emu.servos] == [False] * 6
 
 
+@pytest.mark.slow
 def test_hilrec_emulate_command_prints_the_port_and_links_it(tmp_path: Path) -> None:
     link = tmp_path / "ttyFOLLOWER"
     calibration = tmp_path / "follower.json"

@@ -32,6 +32,7 @@ def hilrec(*args: str) -> pexpect.spawn:
     )
 
 
+@pytest.mark.slow
 def test_list_names_each_port_and_the_servo_ids_on_it(emulate, silent_pty: str, capsys) -> None:
     follower = emulate("follower")
     leader = emulate("leader")
@@ -59,6 +60,7 @@ def test_list_reports_a_servo_at_an_id_beyond_the_arm(emulate, capsys) -> None:
     assert "also id(s) 9, not SO-101 ids" in out
 
 
+@pytest.mark.slow
 def test_list_without_any_answer_says_what_to_check(silent_pty: str, capsys) -> None:
     assert main(["find-port", "--list", "--port", silent_pty]) == 1
     assert "power supply" in capsys.readouterr().out
@@ -81,6 +83,7 @@ def test_unplugging_the_arm_names_its_port(emulate, tmp_path: Path) -> None:
     assert child.exitstatus == 0
 
 
+@pytest.mark.slow
 def test_nothing_unplugged_is_said(emulate, tmp_path: Path) -> None:
     emulate("follower", link=tmp_path / "ttyARM0")
     child = hilrec("find-port", "--port", str(tmp_path / "ttyARM*"))

@@ -48,6 +48,7 @@ def silent_pty() -> Iterator[str]:
 # --- calibrate --output -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibrate_into_a_folder_writes_id_json(emulate, tmp_path: Path) -> None:
     emu = emulate("leader", motion="sweep", factory_fresh=True)
     folder = tmp_path / "cal"
@@ -88,6 +89,7 @@ def test_default_ids_are_the_daemons() -> None:
     assert SO101Leader(ArmConfig(port="/dev/null")).calibration_path.name == "so101_leader.json"
 
 
+@pytest.mark.slow
 def test_the_missing_calibration_error_names_the_command_that_fixes_it(
     emulate, calibration_dir: Path
 ) -> None:
@@ -110,6 +112,7 @@ def test_the_missing_calibration_error_names_the_command_that_fixes_it(
 # --- port errors --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_silent_port_fails_in_seconds_naming_the_arm_key_and_checks(
     silent_pty: str, tmp_path: Path
 ) -> None:
@@ -131,6 +134,7 @@ def test_a_silent_port_fails_in_seconds_naming_the_arm_key_and_checks(
         assert words in message, (words, message)
 
 
+@pytest.mark.slow
 def test_calibrate_on_a_silent_port_or_new_servos_says_what_to_check(
     silent_pty: str, emulate, tmp_path: Path, capsys
 ) -> None:
@@ -158,6 +162,7 @@ def test_a_port_that_is_not_an_arm_says_what_to_do(port: str, words: str, tmp_pa
     assert "Inappropriate ioctl" not in message
 
 
+@pytest.mark.slow
 def test_missing_servos_are_named_with_what_to_check(emulate, tmp_path: Path) -> None:
     from hilrec.drivers.emulated.faults import Fault
 
@@ -175,6 +180,7 @@ def test_missing_servos_are_named_with_what_to_check(emulate, tmp_path: Path) ->
 # --- wrist_roll: LeRobot's full-turn range ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_emulated_calibration_is_what_lerobots_procedure_writes_for_wrist_roll(
     emulate, tmp_path: Path
 ) -> None:
@@ -219,6 +225,7 @@ def _may_raise_priority(prefix: list[str]) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.slow
 def test_standalone_emulator_runs_at_the_daemons_emulator_priority() -> None:
     nices, err = _emulate([])
     if _may_raise_priority([]):

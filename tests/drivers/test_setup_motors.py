@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pexpect
+import pytest
 
 from hilrec.daemon.so101 import JOINT_NAMES
 from hilrec.drivers.arm import FollowerConfig, SO101Follower
@@ -34,6 +35,7 @@ def prompt(child: pexpect.spawn, joint: str) -> None:
     child.expect(f"Connect the controller board to the '{joint}' motor only and press Enter.")
 
 
+@pytest.mark.slow
 def test_new_servos_get_their_ids_one_at_a_time(emulate, tmp_path: Path) -> None:
     arm: EmulatedArm = emulate("follower", new_servos=True)
     with arm.paused():
@@ -81,6 +83,7 @@ def test_eeprom_writes_are_unlocked_first(emulate) -> None:
         assert not any(address in ids for address in gripper.log.rejected_eeprom)
 
 
+@pytest.mark.slow
 def test_two_servos_at_once_or_none_ask_again(emulate) -> None:
     arm: EmulatedArm = emulate("follower", new_servos=True)
     arm.connect_all()  # the person left the whole chain connected: six servos at id 1
@@ -117,6 +120,7 @@ def test_new_servo_hears_only_its_baud_rate(emulate) -> None:
         assert bus.broadcast_ping(300).ids == [1]
 
 
+@pytest.mark.slow
 def test_standalone_emulator_connects_the_next_servo_on_enter() -> None:
     """`hilrec emulate --new-servos`: Enter on its stdin connects the next servo."""
     child = subprocess.Popen(
@@ -153,6 +157,7 @@ def test_standalone_emulator_connects_the_next_servo_on_enter() -> None:
         child.wait(10)
 
 
+@pytest.mark.slow
 def test_enter_before_moving_the_cable_is_refused_naming_the_joint(emulate) -> None:
     """Enter pressed while the servo just set is still the one connected: it is not re-ided."""
     arm: EmulatedArm = emulate("follower", new_servos=True)
@@ -175,6 +180,7 @@ def test_enter_before_moving_the_cable_is_refused_naming_the_joint(emulate) -> N
         assert arm.servos[JOINT_NAMES.index("wrist_roll")].servo_id == 5
 
 
+@pytest.mark.slow
 def test_the_arm_of_a_pair_is_named_in_every_prompt_and_in_the_calibrate_step(emulate) -> None:
     """`--arm right`: each prompt and result names the right leader, and the step it ends with is
     that side's calibration (its own file, `hilrec calibrate leader --arm right`)."""

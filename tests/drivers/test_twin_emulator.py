@@ -89,6 +89,7 @@ def test_follower_reads_and_drives_the_twin(twin_follower: EmulatedArm, tmp_path
         assert np.all(np.abs(moved[:5] - goal[:5]) < STEADY_ERROR_DEG), (moved, goal)
 
 
+@pytest.mark.slow
 def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
     leader_emu = EmulatedArm(EmulatorConfig(role=Role.LEADER))
     calibration = save_calibration(leader_emu.frame.calibration, tmp_path / "l.json")

@@ -66,6 +66,7 @@ def test_bad_worker_count_is_refused() -> None:
         run_tasks(square_or_fail, [1], workers=0)
 
 
+@pytest.mark.slow
 def test_a_ray_address_where_nothing_listens_is_refused_at_once(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

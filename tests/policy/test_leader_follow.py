@@ -64,6 +64,7 @@ def switch_steps(action: np.ndarray, frame: int) -> np.ndarray:
     return steps[: ramp_end + 1]
 
 
+@pytest.mark.slow
 def test_a_takeover_through_ctl_starts_where_the_arm_is(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     daemon = start(tmp_path, "Sway", hand="rest")
@@ -117,6 +118,7 @@ def test_a_takeover_through_ctl_starts_where_the_arm_is(tmp_path: Path) -> None:
     assert "intervention" in ds.features and len(ds) == len(intervention)
 
 
+@pytest.mark.slow
 def test_a_hand_pushing_against_the_torque_takes_over_in_leader_mode(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     daemon = start(
@@ -143,6 +145,7 @@ def test_a_hand_pushing_against_the_torque_takes_over_in_leader_mode(tmp_path: P
     check_passes(root)
 
 
+@pytest.mark.slow
 def test_the_leader_lost_mid_follow_is_its_fault_and_the_take_is_saved(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     daemon = start(tmp_path, "hold_still", hand="rest")
@@ -211,6 +214,7 @@ def torque(port: str) -> list[int]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+@pytest.mark.slow
 def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path: Path, signum: int) -> None:
     root = tmp_path / "ds"
     follower, leader = emulator(tmp_path, "follower", "servo"), emulator(tmp_path, "leader", "wave")
@@ -259,6 +263,7 @@ def test_a_killed_daemon_leaves_the_leader_limp_and_loses_no_saved_take(tmp_path
     check_passes(root)
 
 
+@pytest.mark.slow
 def test_a_dead_policy_faults_holds_and_lets_the_leader_go(tmp_path: Path) -> None:
     daemon = start(tmp_path, "hold_still", hand="rest")
     try:
@@ -279,6 +284,7 @@ def test_a_dead_policy_faults_holds_and_lets_the_leader_go(tmp_path: Path) -> No
     check_passes(tmp_path / "ds")
 
 
+@pytest.mark.slow
 def test_a_lossy_leader_bus_is_retried_and_the_leader_keeps_following(tmp_path: Path) -> None:
     root = tmp_path / "ds"
     daemon = start(tmp_path, "hold_still", hand="rest", emulated='leader_faults = ["drop:p=0.05"]\n')

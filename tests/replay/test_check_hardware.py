@@ -18,6 +18,7 @@ from hilrec.daemon.replay.results import ReplayVerdict
 from hilrec.daemon.replay.settings import ReplaySettings
 
 
+@pytest.mark.slow
 def test_a_clean_hardware_recording_passes_the_hardware_replay(
     clean_hardware_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -36,6 +37,7 @@ def test_a_clean_hardware_recording_passes_the_hardware_replay(
     assert "seconds" not in replay  # wall time: the report is the same however it ran
 
 
+@pytest.mark.slow
 def test_a_diverged_hardware_recording_fails_the_check_on_its_replay(
     mixed_hardware_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -113,6 +113,7 @@ def lerobot_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # --- the emulated follower ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_clean_emulated_recording_is_consistent(emulated: dict[str, EpisodeResult]) -> None:
     clean = emulated["clean"]
     assert clean.verdict is ReplayVerdict.CONSISTENT, clean.reason
@@ -154,6 +155,7 @@ def test_follower_latency_is_measured_within_a_frame(emulated: dict[str, Episode
 # --- the twin recorder: column and timing faults -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_clean_twin_recording_matches_exactly(synthetic: dict[str, EpisodeResult]) -> None:
     clean = synthetic["clean"]
     assert clean.verdict is ReplayVerdict.CONSISTENT

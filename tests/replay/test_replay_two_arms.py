@@ -58,6 +58,7 @@ def test_each_arm_of_a_two_arm_recording_replays_on_its_own(right_jammed: Path) 
 
 
 @pytest.mark.parametrize(("left", "right", "bad"), [(CLEAN, JAMMED, "right"), (JAMMED, CLEAN, "left")])
+@pytest.mark.slow
 def test_the_verdict_judges_each_arm_and_names_the_bad_one(
     tmp_path: Path, left: RecordingSpec, right: RecordingSpec, bad: str
 ) -> None:
@@ -71,6 +72,7 @@ def test_the_verdict_judges_each_arm_and_names_the_bad_one(
     assert replay["arms"][bad]["plot"].endswith(f"-{bad}.png")
 
 
+@pytest.mark.slow
 def test_a_sound_two_arm_take_says_so_for_each_arm(tmp_path: Path) -> None:
     root = _two_arm_dataset(tmp_path / "ds", CLEAN, RecordingSpec(seed=2, frames=100))
     verdict = judge_episode(root, 0, mode="emulated")

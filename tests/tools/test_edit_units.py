@@ -257,6 +257,7 @@ def test_every_bad_calibration_is_refused_naming_the_flag_and_the_joint(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_the_leaders_file_as_calibration_is_refused_naming_the_followers(
     recorded: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from _daemon import free_ports
 pytest.importorskip("rerun")
 
 
+@pytest.mark.slow
 def test_nothing_arriving_is_said(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     endpoint = f"tcp://127.0.0.1:{port}"

@@ -35,6 +35,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PATH": "/usr/bin:/bin", **extra}
 
 
+@pytest.mark.slow
 def test_no_screen_is_refused_in_one_line_under_view(dataset: Path) -> None:
     done = hilrec("view", str(dataset), "--spawn", env=_env())
     assert done.returncode == 2, done.stdout + done.stderr
@@ -44,6 +45,7 @@ def test_no_screen_is_refused_in_one_line_under_view(dataset: Path) -> None:
     assert "--rrd" in lines[0] and "--serve" in lines[0]
 
 
+@pytest.mark.slow
 def test_the_viewer_is_found_without_venv_bin_on_path(dataset: Path) -> None:
     # A screen that is not there: the viewer binary starts (and cannot open it) rather than
     # not being found at all, as rerun's own spawn() did, looking only on PATH.
