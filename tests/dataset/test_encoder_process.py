@@ -63,7 +63,7 @@ def process_encode(
         encoded = future.result(120)
         # Every thread of it: those that imports started before it lowered itself, the codec's.
         tasks = [int(tid) for tid in os.listdir(f"/proc/{worker.pid}/task")]
-        schedulers = sorted({policy for tid in tasks if (policy := _scheduler(tid)) is not None})
+        schedulers = sorted({found for tid in tasks if (found := _scheduler(tid)) is not None})
         policy = "SCHED_IDLE" if schedulers == [os.SCHED_IDLE] else f"policies {schedulers}"
         assert worker.backlog_frames == 0
         # Where SCHED_IDLE was granted, what every thread runs at; elsewhere what it could get.
