@@ -116,15 +116,28 @@ def stop_on_signals(
 ) -> None:
     """Set ``stop`` when one of ``signals`` arrives, however many arrive and however they nest.
     Call it from the main thread. ``note`` is told the signal number first, inside the handler,
-    so it must take no lock either (assigning an attribute is fine)."""
+    so it must take no lock either (assigning an attribute is fine).
+
+    A child forked without exec inherits the handler but not the thread that sets ``stop``:
+    there the handler gives the signal its default action, so the child ends as it would have
+    without this, and the parent is not told."""
+    if threading.current_thread() is not threading.main_thread():
+        raise ValueError("stop_on_signals() must be called from the main thread")
+    owner = os.getpid()
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
 
     def handler(signum: int, _frame: object) -> None:
-        if note is not None:
-            note(signum)
-        with contextlib.suppress(BlockingIOError):  # a full pipe: the setter is awake already
-            os.write(wake_write, b"\0")
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        try:
+            if note is not None:
+                note(signum)
+        finally:
+            with contextlib.suppress(BlockingIOError):  # a full pipe: the setter is awake already
+                os.write(wake_write, b"\0")
 
     def setter() -> None:
         while os.read(wake_read, 64):
