@@ -168,6 +168,18 @@ def test_ctrl_c_is_the_writers_the_worker_goes_on(tmp_path: Path, capfd: pytest.
     assert "Svt[error]" not in capfd.readouterr().err
 
 
+def test_the_worker_is_out_of_the_terminals_group_but_in_the_writers_session() -> None:
+    """Its own process group keeps a terminal's Ctrl-C from it; the writer's session keeps it in
+    the writer's scheduling group, where SCHED_IDLE yields (a session of its own took a whole
+    session's CPU share from the kernel worker that moves a pty's bytes)."""
+    worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
+    try:
+        assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)
+        assert os.getsid(worker.pid) == os.getsid(0)
+    finally:
+        worker.close()
+
+
 def shm_free_bytes() -> int:
     stat = os.statvfs(SHM_DIR)
     return stat.f_blocks * stat.f_frsize

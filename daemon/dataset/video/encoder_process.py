@@ -3,9 +3,16 @@
 The encoder must never take the CPU the control loop needs. Each camera gets one worker process
 for the writer's lifetime (a fresh interpreter, not a fork: the daemon is multi-threaded), which
 puts itself under ``SCHED_IDLE`` (else ``nice 19``) before it imports the codec, so it and every
-thread the codec starts only get CPU nobody else wants. It runs in a session of its own and
-ignores SIGINT: Ctrl-C is the writer's to handle, and a worker that died of it would cost the
+thread the codec starts only get CPU nobody else wants. It runs in a process group of its own
+and ignores SIGINT: Ctrl-C is the writer's to handle, and a worker that died of it would cost the
 take its frames (and print SVT-AV1's "deinit called without sending EOS!").
+
+It stays in the daemon's *session*. Linux groups a session's threads for the scheduler (the
+autogroup, on by default), and ``SCHED_IDLE`` only yields inside that group: a worker in a
+session of its own got a full session's share against everything outside it, kernel workers
+included. The kernel worker that moves a pty's bytes then ran late, and a request took up to
+86 ms to reach an emulated arm (25-46 ticks with a bus retry and 3-8 missed ticks in 500, at
+libsvtav1 with two cameras; in the daemon's session: 0-2 retry ticks and 0 missed).
 
 Frames are not pickled. The parent owns a :class:`multiprocessing.shared_memory.SharedMemory`
 ring of ``slots`` fixed-size slots (one ``H x W x 3`` frame each) plus a small header.
@@ -182,8 +189,9 @@ class EncoderProcess:
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                # Out of the terminal's process group: Ctrl-C is the writer's to handle.
-                start_new_session=True,
+                # Out of the terminal's process group (Ctrl-C is the writer's to handle), but in
+                # the daemon's session, so that SCHED_IDLE yields to it (see the docstring).
+                process_group=0,
                 death_signal=signal.SIGKILL,
             )
         except BaseException:
