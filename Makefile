@@ -68,7 +68,8 @@ demo: $(RUNTIME_STAMP)
 # daemons still time out (README, Testing). --dist loadgroup keeps each xdist_group
 # (tests/conftest.py: tests sharing a built fixture) on one worker.
 WORKERS ?= 0
-PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup
+pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
+PYTEST := $(call pytest_on,$(WORKERS))
 
 # Everything: ruff and mypy, then the suite with the benchmarks' smoke runs inside it
 # (tests/test_bench_smoke.py), and the 25 slowest tests named at the end (where the next minute
@@ -85,7 +86,7 @@ suite: $(TEST_STAMP)
 # side. Not in .ci/run: CI runs `make test`.
 FAST_WORKERS ?= 2
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest -q -n $(FAST_WORKERS) --dist loadgroup --durations=10 -m "not slow" tests
+	$(call pytest_on,$(FAST_WORKERS)) --durations=10 -m "not slow" tests
 
 lint: $(RUNTIME_STAMP) types
 	$(BIN)/ruff check .
