@@ -135,6 +135,7 @@ def render_dataset(
             robot_type=info.get("robot_type") or robot_type(scene.arms),
             video_codec=video_codec,
             lock_command=f"hilrec render {root}",  # the new root is locked while it is written
+            realtime=False,
         )
         with sink:
             update_dataset_sidecar(out, _new_dataset_sidecar(dataset_sidecar, root, cameras, size, quality))

@@ -362,7 +362,7 @@ def _scratch_writer(seed: int) -> Any:
     from hilrec.daemon.dataset import DatasetWriter
 
     create = functools.partial(
-        DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S, video_encoder="thread"
+        DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S, video_encoder="thread", realtime=False
     )
     spec = os.environ.get(KILL_ENV, "")
     target, _, frame = spec.partition(":")

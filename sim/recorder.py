@@ -307,7 +307,7 @@ def record(
         sink_factory = (
             functools.partial(_reopen, merge_interval_s=MERGE_INTERVAL_S)
             if resuming
-            else functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S)
+            else functools.partial(DatasetWriter.create, merge_interval_s=MERGE_INTERVAL_S, realtime=False)
         )
     summary = RecordSummary(root=config.root, fps=config.fps)
     began = time.perf_counter()
@@ -421,7 +421,9 @@ def check_root(config: RecordConfig, features: Mapping[str, Mapping[str, Any]]) 
 def _reopen(root: Path, *, merge_interval_s: float, video_codec: str, **_same: Any) -> ManagedSink:
     from hilrec.daemon.dataset import DatasetWriter
 
-    return DatasetWriter.open(root, video_codec=video_codec, merge_interval_s=merge_interval_s)
+    return DatasetWriter.open(
+        root, video_codec=video_codec, merge_interval_s=merge_interval_s, realtime=False
+    )
 
 
 def rollout_features(config: RecordConfig) -> dict[str, dict[str, Any]]:

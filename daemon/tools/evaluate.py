@@ -376,6 +376,7 @@ def _open_sink(config: EvalConfig, twin: Twin, policy: EvalPolicy) -> Any:
         video_codec=config.video_codec,
         merge_interval_s=MERGE_INTERVAL_S,
         lock_command="hilrec eval",
+        realtime=False,
     )
     provenance = dataset_provenance(
         scene=twin.scene,

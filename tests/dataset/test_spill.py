@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,6 +175,60 @@ def test_frames_spill_only_while_the_encoder_is_behind(
     video = next((root / "videos" / CAM).rglob("*.mp4"))
     assert probe_video(video).frames == 30
     assert not check_dataset(root).failures
+
+
+@pytest.mark.slow
+def test_a_writer_no_clock_paces_waits_for_its_encoder_and_writes_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """record --sim's writer (realtime=False) is behind for a second, frozen, with a ring of two
+    frames: where a real-time writer spills and cuts (the test above), it waits. Nothing is
+    spilled and its mp4 is the in-process encoder's, byte for byte: an offline recording's files
+    do not depend on the machine's load (two record --sim workers beside a busy test worker
+    once wrote other bytes than one process)."""
+    monkeypatch.setenv(RING_ENV, str(2 * FRAME_BYTES))
+    rng = np.random.default_rng(7)
+    frames = [frame(rng) for _ in range(30)]
+    hooks: list[str] = []
+    writer = create(tmp_path / "offline", hook=hooks.append, realtime=False)
+    pid = writer._workers[CAM].pid
+    os.kill(pid, signal.SIGSTOP)
+    thaw = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        began = time.monotonic()
+        for f in frames:
+            writer.add_frame(f)
+            assert writer.spill_bytes == 0
+        assert time.monotonic() - began >= 0.9  # it did wait for the frozen worker
+        writer.save_episode()
+    finally:
+        thaw.join()
+        os.kill(pid, signal.SIGCONT)
+        writer.finalize()
+    assert "spill-synced" not in hooks
+    monkeypatch.setenv("HILREC_VIDEO_ENCODER", "thread")
+    with create(tmp_path / "thread") as reference:
+        for f in frames:
+            reference.add_frame(f)
+        reference.save_episode()
+    (offline,) = (tmp_path / "offline" / "videos").rglob("*.mp4")
+    (threaded,) = (tmp_path / "thread" / "videos").rglob("*.mp4")
+    assert offline.read_bytes() == threaded.read_bytes()
+
+
+@pytest.mark.slow
+def test_an_offline_writer_waits_for_its_in_process_encoder_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread encoder with a queue of two frames: a burst never ends the take offline."""
+    monkeypatch.setenv("HILREC_VIDEO_ENCODER", "thread")
+    rng = np.random.default_rng(8)
+    with create(tmp_path / "ds", max_video_queue_bytes=2 * FRAME_BYTES, realtime=False) as writer:
+        for _ in range(60):
+            writer.add_frame(frame(rng))
+        writer.save_episode()
+    assert read_episode(tmp_path / "ds", 0)["action"].shape == (60, 6)
 
 
 def test_the_in_process_encoder_is_still_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

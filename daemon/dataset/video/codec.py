@@ -261,6 +261,16 @@ class EpisodeVideoEncoder:
         stream = self._stream
         return stream.in_file if stream is not None else 0
 
+    @property
+    def full(self) -> bool:
+        """Whether the queue is at its bound: :meth:`put` would raise."""
+        return self._queue.qsize() >= self.max_queued
+
+    @property
+    def running(self) -> bool:
+        """Whether the encoding thread still takes frames (it has not failed or ended)."""
+        return self._thread.is_alive() and self._error is None
+
     def check_room(self) -> None:
         """Raise :class:`EncoderBehindError` when the queue is at its bound: asked of every camera
         before any takes the frame, so a take that ends there ends whole, on every camera."""

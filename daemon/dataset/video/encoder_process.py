@@ -345,6 +345,13 @@ class EncoderProcess:
         return self.frames_put - self.frames_encoded
 
     @property
+    def free_slots(self) -> int:
+        """Ring slots :meth:`offer` may fill now."""
+        if self._closed:
+            return 0
+        return self.slots - (self._slots_used - int(self._header[HEADER_RELEASED]))
+
+    @property
     def alive(self) -> bool:
         return self._process.poll() is None
 

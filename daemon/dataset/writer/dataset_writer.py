@@ -148,6 +148,7 @@ class DatasetWriter(WriterHealth):
         merge_interval_s: float = 0.0,
         video_encoder: str = "thread",
         spill_bytes_limit: int | None = None,
+        realtime: bool = True,
     ) -> None:
         self.root = root
         self._lock = lock
@@ -177,6 +178,7 @@ class DatasetWriter(WriterHealth):
         )
         self._merger = BackgroundMerger(state, hook=hook, interval_s=merge_interval_s)
         self.video_encoder = video_encoder
+        self.realtime = realtime
         self._backlog = VideoBacklog(
             root,
             fps=self.fps,
@@ -225,6 +227,7 @@ class DatasetWriter(WriterHealth):
         lock_command: str | None = None,
         video_encoder: str | None = None,
         spill_bytes_limit: int | None = None,
+        realtime: bool = True,
     ) -> DatasetWriter:
         """Start a new dataset at ``root`` (which must not exist or be empty).
 
@@ -232,7 +235,8 @@ class DatasetWriter(WriterHealth):
         (and at finalize), instead of after every save: for a producer of many episodes a second.
         The root's lock is taken first (``lock_command`` is what a refused second writer is told
         holds it; default ``hilrec <sub-command>``): :class:`DatasetLockedError` if another
-        writer has it.
+        writer has it. ``realtime=False``, for a producer no clock paces: a lagging encoder is
+        waited for, never spilled or cut (:meth:`.episode.OpenEpisode.catch_up`).
         """
         root = Path(root)
         check_layout_args(
@@ -268,6 +272,7 @@ class DatasetWriter(WriterHealth):
                 merge_interval_s=merge_interval_s,
                 video_encoder=mode,
                 spill_bytes_limit=spill_bytes_limit,
+                realtime=realtime,
             )
         except BaseException:
             lock.release()
@@ -285,6 +290,7 @@ class DatasetWriter(WriterHealth):
         lock_command: str | None = None,
         video_encoder: str | None = None,
         spill_bytes_limit: int | None = None,
+        realtime: bool = True,
     ) -> DatasetWriter:
         """Reopen an existing dataset to add episodes; finishes any merge a crash interrupted.
 
@@ -308,6 +314,7 @@ class DatasetWriter(WriterHealth):
                 merge_interval_s=merge_interval_s,
                 video_encoder=mode,
                 spill_bytes_limit=spill_bytes_limit,
+                realtime=realtime,
             )
         except BaseException:
             lock.release()
@@ -537,6 +544,7 @@ class DatasetWriter(WriterHealth):
             settings=self.video_settings,
             max_queue_bytes=self._max_video_queue_bytes,
             workers=self._backlog.workers or None,
+            realtime=self.realtime,
         )
         self._episode = episode
         return episode

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -63,6 +64,10 @@ FINISH_WAIT_S: float = 5.0
 # ... and at most this long for the worker to cut the episode (close the frames it has encoded)
 # when some of them are no longer in the ring: a frame of encode and a flush, at idle priority.
 CUT_WAIT_S: float = 120.0
+# A writer with no clock to keep (realtime=False) waits at most this long for a lagging encoder
+# before it spills or cuts as a real-time one does; and it polls the encoder this often.
+CATCH_UP_S: float = 300.0
+CATCH_UP_POLL_S: float = 0.005
 # Passes at removing a discarded episode's directory (see EpisodeBuffer.discard).
 DISCARD_ATTEMPTS: int = 4
 
@@ -105,6 +110,8 @@ class OpenEpisode:
         # Rows checkpointed (see .checkpoint), and the frames a crash would keep of the take.
         self.checkpointed = 0
         self.durable_frames = 0
+        # False: the writer is fed by no real-time loop (record --sim), see catch_up().
+        self.realtime = True
 
     @classmethod
     def start(
@@ -118,6 +125,7 @@ class OpenEpisode:
         settings: VideoSettings,
         max_queue_bytes: int,
         workers: Mapping[str, EncoderProcess] | None = None,
+        realtime: bool = True,
     ) -> OpenEpisode:
         """A fresh open directory for episode ``index`` with one running encoder per camera.
 
@@ -130,6 +138,7 @@ class OpenEpisode:
         episode = cls(index, directory, numeric_keys)
         episode.root = root
         episode.fps = fps
+        episode.realtime = realtime
         episode.reserve = TakeReserve(directory, fps=fps, features=features)
         try:
             if workers:
@@ -170,6 +179,8 @@ class OpenEpisode:
 
     def add(self, values: Mapping[str, np.ndarray], task: str) -> None:
         """Append one validated frame (see :class:`~.features.FrameValidator`)."""
+        if not self.realtime:
+            self.catch_up(whole=False)
         for encoder in self.encoders.values():
             encoder.raise_if_failed()
             encoder.check_room()
@@ -210,10 +221,35 @@ class OpenEpisode:
         # A snapshot: the loop thread asks while the writer thread clears the spills.
         return sum(spill.bytes for spill in tuple(self.spills.values()))
 
+    def catch_up(self, *, whole: bool) -> None:
+        """Wait until every encoder has room for a frame (``whole``: has encoded every frame).
+
+        For a writer no real-time loop feeds (``realtime=False``: ``record --sim``, ``render``,
+        ``eval``): it waits for a lagging encoder instead of spilling, cutting or ending the take,
+        so what it writes never depends on the machine's load. An encoder process is hurried
+        meanwhile (at SCHED_IDLE a busy machine may give it nothing). One that has failed or
+        stopped, or a wait past :data:`CATCH_UP_S`, is left to the real-time path."""
+        deadline = time.monotonic() + CATCH_UP_S
+
+        def behind(worker: EncoderProcess) -> bool:
+            lagging = worker.backlog_frames > 0 if whole else worker.free_slots == 0
+            return lagging and worker.alive and worker.error is None
+
+        for worker in self.workers.values():
+            if behind(worker):
+                with worker.hurried():
+                    while behind(worker) and time.monotonic() < deadline:
+                        time.sleep(CATCH_UP_POLL_S)
+        for encoder in self.encoders.values():
+            while encoder.full and encoder.running and time.monotonic() < deadline:
+                time.sleep(CATCH_UP_POLL_S)
+
     def finish_videos(self) -> dict[str, VideoSummary]:
         """Close the encoders (once) and check each mp4 holds one frame per row."""
         if self.videos is not None:
             return self.videos
+        if not self.realtime:
+            self.catch_up(whole=True)
         n = self.length
         videos: dict[str, VideoSummary] = {}
         if self.spills:
@@ -245,7 +281,8 @@ class OpenEpisode:
             out = self.directory / journal.video_file_name(key)
             try:
                 with self.workers[key].hurried():
-                    frames: int | None = future.result(FINISH_WAIT_S if caught_up[key] else 0)
+                    wait = (FINISH_WAIT_S if self.realtime else CATCH_UP_S) if caught_up[key] else 0
+                    frames: int | None = future.result(wait)
             except FutureTimeout:
                 frames = None
             except VideoEncodingError:
