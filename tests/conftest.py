@@ -63,6 +63,10 @@ def _one_worker_group(item: pytest.Item) -> str | None:
     return f"module:{item.nodeid.split('::', 1)[0]}" if module_scoped else None
 
 
+# Before xdist's own hook, which reads the groups into the node ids it schedules by: after it, the
+# markers came too late and no test was grouped (a module's live daemon was built on each worker
+# that ran one of its tests, and a test that read what the module's earlier tests left failed).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := _one_worker_group(item)):
