@@ -104,12 +104,14 @@ def test_a_takeover_through_ctl_starts_where_the_arm_is(tmp_path: Path) -> None:
     # its one step is from the policy's last goal to where the arm is (the follower's tracking
     # error), since the leader the hand takes is where the arm is: its first goal is the arm's
     # measured pose, to within the leader's following (it is sent the pose of a tick before; the
-    # sway moves about a degree a tick). Without the following, the hand's leader was some 30
-    # degrees away and the takeover ramped at the clamp for six ticks.
+    # sway moves about a degree a tick, and a loaded machine's late ticks add to it: 3.1 degrees
+    # was seen at -n 2, so the bound is one clamp step, not the 1-2 degrees of a quiet machine).
+    # Without the following, the hand's leader was some 30 degrees away and the takeover ramped
+    # at the clamp for six ticks.
     assert max(takeover.max(), handback.max()) <= MAX_STEP + 1e-3, (takeover, handback)
     assert len(takeover) == 1, takeover
     arm_gap = np.abs(action[switches[0]].astype(np.float64) - rows["observation.state"][switches[0]]).max()
-    assert arm_gap < MAX_STEP / 2, arm_gap
+    assert arm_gap < MAX_STEP, arm_gap
     assert recorded[0]["goal_step"] == pytest.approx(takeover[0], abs=1e-4)
     check_passes(root)
     from lerobot.datasets.lerobot_dataset import LeRobotDataset

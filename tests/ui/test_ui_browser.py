@@ -134,6 +134,8 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         # task whatever the field says now, then discarded: the dataset keeps one take.
         page.locator("#task").fill("The second take.")
         page.locator("#task").press("Enter")
+        # The daemon's answer first: a refusal fails here with its reason, not as "next: take 2".
+        expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok .*The second take"))
         expect(page.locator("#take")).to_have_text("take 2")
         page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 10")
         page.locator("#task").fill("not this text")
