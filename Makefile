@@ -61,13 +61,12 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# pytest-xdist workers: 0 runs the suite in this process, one test at a time, which is what
-# `make test` (and so .ci/run) does. `make test WORKERS=3` spreads it over three workers (most
-# tests wait on their daemons and children more than they compute); it is not the default yet:
-# on 2 cores a few tests whose serial clients share the CPU with another worker's SVT-AV1 or
-# daemons still time out (README, Testing). --dist loadgroup keeps each xdist_group
-# (tests/conftest.py: tests sharing a built fixture) on one worker.
-WORKERS ?= 0
+# pytest-xdist workers. Three on 2 cores: most tests wait on their daemons and children more than
+# they compute (the whole suite used ~21 CPU-minutes in 14 minutes at three, against ~57 minutes
+# one test at a time). `make test WORKERS=0` runs it in this process, one test at a time.
+# --dist loadgroup keeps each xdist_group (tests/conftest.py: tests sharing a built fixture) on
+# one worker; tests/test_worker_groups.py fails if the groups stop holding.
+WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))
 
