@@ -23,7 +23,11 @@ export HF_DATASETS_OFFLINE := 1
 # (4-5 minutes); with uv's cache warm the whole test environment takes under a minute. The venv
 # keeps pip for people. UV_NATIVE_TLS: the system's certificates, as pip uses them.
 UV := $(BIN)/uv
-UV_PIP := $(UV) pip install --quiet --python $(BIN)/python --constraint constraints.txt
+# --compile-bytecode: uv writes no .pyc (pip does), and where PYTHONDONTWRITEBYTECODE is set (this
+# machine and CI) no process writes one either, so every process compiled each module it imports:
+# 8.6 s of CPU for LeRobot's ACT alone, 3.6 s with the .pyc, in each of the suite's ~1,000
+# processes that import hilrec, MuJoCo, torch or LeRobot.
+UV_PIP := $(UV) pip install --quiet --compile-bytecode --python $(BIN)/python --constraint constraints.txt
 export UV_NATIVE_TLS := 1
 
 $(RUNTIME_STAMP): pyproject.toml constraints.txt
@@ -76,7 +80,11 @@ PYTEST := $(call pytest_on,$(WORKERS))
 test: $(TEST_STAMP) lint
 	$(MAKE) --no-print-directory suite
 
+# The project's own modules compiled first, for the same reason (__pycache__ is ignored by git).
+COMPILE := $(BIN)/python -m compileall -q -j 0 daemon drivers sim tests bench
+
 suite: $(TEST_STAMP)
+	$(COMPILE)
 	$(PYTEST) --durations=25 tests
 
 # The fast tier, for the edit-test loop (2 minutes at most): every package's tests but those
@@ -85,6 +93,7 @@ suite: $(TEST_STAMP)
 # side. Not in .ci/run: CI runs `make test`.
 FAST_WORKERS ?= 2
 test-fast: $(TEST_STAMP)
+	$(COMPILE)
 	$(call pytest_on,$(FAST_WORKERS)) --durations=10 -m "not slow" tests
 
 lint: $(RUNTIME_STAMP) types
