@@ -79,6 +79,7 @@ _WHERE: dict[str, tuple[str, str | None]] = {
     "LOCK_NAME": ("hilrec.daemon.dataset.store.rootlock", "LOCK_NAME"),
     "RootLock": ("hilrec.daemon.dataset.store.rootlock", "RootLock"),
     "holds_nothing": ("hilrec.daemon.dataset.store.rootlock", "holds_nothing"),
+    "holds_only_edit_files": ("hilrec.daemon.dataset.store.rootlock", "holds_only_edit_files"),
     "finishing": ("hilrec.daemon.dataset.store.spilled", "finishing"),
     "open_av": ("hilrec.daemon.dataset.video.avlog", "open_av"),
     "LeRobotInfo": ("hilrec.daemon.dataset.video.codec", "LeRobotInfo"),
@@ -163,6 +164,7 @@ __all__ = [
     "flatten_episode_stats",
     "format_report",
     "holds_nothing",
+    "holds_only_edit_files",
     "journal",
     "load_dataset_sidecar",
     "load_edit_intent",
@@ -269,6 +271,7 @@ if TYPE_CHECKING:
     from hilrec.daemon.dataset.store.rootlock import LOCK_NAME as LOCK_NAME
     from hilrec.daemon.dataset.store.rootlock import RootLock as RootLock
     from hilrec.daemon.dataset.store.rootlock import holds_nothing as holds_nothing
+    from hilrec.daemon.dataset.store.rootlock import holds_only_edit_files as holds_only_edit_files
     from hilrec.daemon.dataset.store.spilled import finishing as finishing
     from hilrec.daemon.dataset.video.avlog import open_av as open_av
     from hilrec.daemon.dataset.video.codec import LeRobotInfo as LeRobotInfo

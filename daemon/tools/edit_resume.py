@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hilrec.daemon.dataset import EDIT_INTENT_PATH, LOCK_NAME, IntentState, describe_intent, load_edit_intent
+from hilrec.daemon.dataset import (
+    EDIT_INTENT_PATH,
+    LOCK_NAME,
+    IntentState,
+    describe_intent,
+    holds_only_edit_files,
+    load_edit_intent,
+)
 from hilrec.daemon.errors import DatasetStateError
 
 _META_DIR = "meta"
@@ -94,20 +101,6 @@ def inputs_digest(roots: Sequence[Path]) -> str:
                 if rel.startswith(_META_DIR + "/"):
                     digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-def holds_only_edit_files(target: Path) -> bool:
-    """A folder holding nothing but an edit's lock and record: what a killed edit leaves."""
-    if not target.is_dir():
-        return False
-    for entry in target.iterdir():
-        if entry.name == LOCK_NAME:
-            continue
-        if entry.name != EDIT_INTENT_PATH.split("/")[0] or not entry.is_dir() or entry.is_symlink():
-            return False
-        if any(e.name != Path(EDIT_INTENT_PATH).name and ".tmp" not in e.name for e in entry.iterdir()):
-            return False
-    return True
 
 
 def prior_part(intent: Intent, target: Path) -> bool:

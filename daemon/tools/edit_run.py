@@ -21,11 +21,12 @@ from hilrec.daemon.dataset import (
     IntentState,
     RootLock,
     check_dataset,
+    holds_only_edit_files,
     remove_edit_intent,
     write_edit_intent,
 )
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.tools.edit_resume import Intent, holds_only_edit_files, prior_part
+from hilrec.daemon.tools.edit_resume import Intent, prior_part
 from hilrec.daemon.tools.edit_source import EditReport, Source
 from hilrec.daemon.tools.edit_swap import (
     Hook,

@@ -182,6 +182,27 @@ def test_a_merge_killed_before_it_wrote_is_named_by_check_and_finished_by_the_sa
     assert len(load_episodes(merged)) == len(LENGTHS) + 2
 
 
+@pytest.mark.parametrize("left", ["half-written record", "record folder only"])
+def test_a_merge_killed_while_it_wrote_its_record_is_named_by_check(
+    source: Path, tmp_path: Path, left: str
+) -> None:
+    """Killed between its lock and its record's rename: the folder holds the lock and the record's
+    temporary file (or its empty folder). check said "not a LeRobot dataset root (fix: hilrec
+    repair)"; it names the command, and the command run again finishes it."""
+    outs = outs_for(tmp_path, "merge", left.replace(" ", "-"))
+    killed("merge", source, outs, "out-intent-written", None)
+    [merged] = outs
+    record = merged / EDIT_INTENT_PATH
+    text = record.read_bytes()
+    record.unlink()
+    if left == "half-written record":
+        (record.parent / f".{record.name}.tmp-4242").write_bytes(text[: len(text) // 2])
+    said = advice(merged)
+    assert "holds only the lock file of `hilrec edit merge`" in said, said
+    run("merge", source, outs)
+    assert_complete(source, "merge", outs)
+
+
 def test_a_part_of_another_edit_or_of_changed_inputs_is_refused_not_overwritten(
     source: Path, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from hilrec.daemon.dataset.format.edit_intent import EDIT_INTENT_PATH
 from hilrec.daemon.errors import DatasetLockedError, DatasetStateError
 
 LOCK_NAME = ".hilrec-writer.lock"
@@ -38,6 +39,24 @@ def holds_nothing(root: Path) -> bool:
     if not root.exists():
         return True
     return root.is_dir() and all(entry.name == LOCK_NAME for entry in root.iterdir())
+
+
+def holds_only_edit_files(root: Path) -> bool:
+    """A folder holding nothing but a writer's lock and an edit's record (or the record's
+    half-written temporary file): what a ``hilrec edit --out`` killed before it wrote anything
+    leaves."""
+    root = Path(root)
+    if not root.is_dir():
+        return False
+    record = Path(EDIT_INTENT_PATH)
+    for entry in root.iterdir():
+        if entry.name == LOCK_NAME:
+            continue
+        if entry.name != record.parts[0] or not entry.is_dir() or entry.is_symlink():
+            return False
+        if any(e.name != record.name and ".tmp" not in e.name for e in entry.iterdir()):
+            return False
+    return True
 
 
 class RootLock:
