@@ -23,6 +23,7 @@ import zmq.auth
 from _daemon import Daemon, sim_config
 from _hostile import HOSTILE_REQUESTS, structured_leader, structured_request
 from hypothesis import HealthCheck, given, settings
+from support import wait_until
 
 from hilrec.daemon.wire.client import ClientKeys, ControlClient
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION, new_request, parse_reply
@@ -179,19 +180,20 @@ def test_structured_leader_commands_leave_the_loop_ticking(live: Peer) -> None:
     # The socket keeps only the newest message (CONFLATE), and a message queued before CURVE's
     # handshake is done may never arrive: a well-formed one, sent until it is judged, shows the
     # socket still takes messages after the fuzz.
-    deadline = time.monotonic() + JUDGED_WITHIN_S
     canary = json.dumps({"v": PROTOCOL_VERSION, "type": "leader", "seq": 2**40, "action": [0.0] * 6})
-    while True:
+
+    def canary_judged() -> dict[str, Any] | None:
         live.push.send(canary.encode())
         status = live.status()
         leader = status["leader"]
-        if leader["rejected"] + leader["received"] > judged["rejected"] + judged["received"]:
-            break
-        assert time.monotonic() < deadline, leader
-        time.sleep(0.2)
+        counted = leader["rejected"] + leader["received"] > judged["rejected"] + judged["received"]
+        return status if counted else None
+
+    status = wait_until(canary_judged, JUDGED_WITHIN_S, interval=0.2, what="a leader message judged")
+    deadline = time.monotonic() + 10.0
     ticks = status["loop"]["ticks"]
     while live.status()["loop"]["ticks"] <= ticks:
-        assert time.monotonic() < deadline + 10.0, "the loop stopped ticking"
+        assert time.monotonic() < deadline, "the loop stopped ticking"
     assert live.status()["loop"]["crashed"] is None
 
 

@@ -194,9 +194,9 @@ def test_a_writer_no_clock_paces_waits_for_its_encoder_and_writes_the_same_bytes
     pid = writer._workers[CAM].pid
     os.kill(pid, signal.SIGSTOP)
     thaw = threading.Timer(1.0, os.kill, (pid, signal.SIGCONT))
+    began = time.monotonic()  # before the timer: the worker is frozen at least 1 s from here
     thaw.start()
     try:
-        began = time.monotonic()
         for f in frames:
             writer.add_frame(f)
             assert writer.spill_bytes == 0

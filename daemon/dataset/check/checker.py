@@ -53,7 +53,7 @@ from hilrec.daemon.dataset.format.edit_intent import (
     describe_intent,
     load_edit_intent,
 )
-from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, holds_nothing, holds_only_edit_files, lock_path
+from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, holds_only_edit_files, lock_path
 
 ERROR, WARNING = Severity.ERROR, Severity.WARNING
 REPAIR, RECOMPUTE_STATS, RERECORD = Fix.REPAIR, Fix.RECOMPUTE_STATS, Fix.RERECORD
@@ -253,7 +253,7 @@ def _unfinished_edit(root: Path, findings: Findings) -> bool:
         return not done
     # Only the lock (and the edit's record half-written, in its temporary file): the command was
     # killed while it started, before the record or anything else was in place.
-    if root.is_dir() and lock_path(root).exists() and (holds_nothing(root) or holds_only_edit_files(root)):
+    if lock_path(root).exists() and holds_only_edit_files(root):
         try:
             holder = json.loads(lock_path(root).read_text())["command"]
         except (OSError, ValueError, KeyError, TypeError):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from hilrec.daemon.atomic import is_temp_name
 from hilrec.daemon.dataset.format.edit_intent import EDIT_INTENT_PATH
 from hilrec.daemon.errors import DatasetLockedError, DatasetStateError
 
@@ -54,7 +55,7 @@ def holds_only_edit_files(root: Path) -> bool:
             continue
         if entry.name != record.parts[0] or not entry.is_dir() or entry.is_symlink():
             return False
-        if any(e.name != record.name and ".tmp" not in e.name for e in entry.iterdir()):
+        if any(e.name != record.name and not is_temp_name(e.name) for e in entry.iterdir()):
             return False
     return True
 

@@ -271,6 +271,7 @@ class OpenEpisode:
         assert self.root is not None
         videos: dict[str, VideoSummary] = {}
         caught_up = {key: worker.backlog_frames == 0 for key, worker in self.workers.items()}
+        finish_wait = FINISH_WAIT_S if self.realtime else CATCH_UP_S
         for key, worker in self.workers.items():
             if not caught_up[key]:
                 worker.request_cut(self.index)  # before its end: the worker reads it per frame
@@ -281,8 +282,7 @@ class OpenEpisode:
             out = self.directory / journal.video_file_name(key)
             try:
                 with self.workers[key].hurried():
-                    wait = (FINISH_WAIT_S if self.realtime else CATCH_UP_S) if caught_up[key] else 0
-                    frames: int | None = future.result(wait)
+                    frames: int | None = future.result(finish_wait if caught_up[key] else 0)
             except FutureTimeout:
                 frames = None
             except VideoEncodingError:
