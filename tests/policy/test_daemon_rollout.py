@@ -109,8 +109,12 @@ def test_refused_outputs_never_reach_the_servos(daemon: Daemon, tmp_path: Path) 
     rows = read_episode(root, 0, ["action", "observation.state"])
     _, arrays = load_episode_sidecar(root, 0)
     flags = arrays["frame_flags"]
-    assert (flags & FrameFlag.STARVED).all() and (flags & FrameFlag.POLICY_REFUSED).any()
-    # Every tick held: the goal sent never moved from the first one.
+    # Every tick held: starved (each answer refused), or, where a loaded machine made an emulated
+    # arm's read fail (seen in a clean-clone make test), held for that failure before the policy
+    # was asked. No tick executed a policy goal: the goal sent never moved from the first one.
+    held = FrameFlag.STARVED | FrameFlag.LEADER_FAILED
+    assert ((flags & held) != 0).all() and (flags & FrameFlag.POLICY_REFUSED).any(), flags
+    assert (flags & FrameFlag.STARVED).any(), flags
     np.testing.assert_array_equal(rows["action"], np.repeat(rows["action"][:1], len(rows["action"]), axis=0))
 
 
