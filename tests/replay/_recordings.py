@@ -18,6 +18,7 @@ a real setup would have them:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -41,6 +42,9 @@ TASK = "move the arm"
 _CENTRE = np.array([0.0, -60.0, 30.0, 40.0, 0.0, 40.0])
 _SPAN = np.array([35.0, 25.0, 25.0, 20.0, 45.0, 35.0])
 _SEGMENT_S = 1.2
+# Reads of the emulated follower on the tick clock, before its servo is made silent (each attempt
+# is the driver's own read, retries and reply timeout included).
+LOADED_READ_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class RecordingSpec:
     obs_shift_frames: int = 0
     frozen: Frozen | None = None  # the servo stops following its goal (reading truthful)
     unresponsive: Frozen | None = None  # emulated path: the servo stops answering on the bus
+    # Emulated path: (frame, n) from that frame the next n replies of the first servo leave after
+    # the client gave up, as a loaded host's pty holds them; the arm itself is sound.
+    held_replies: tuple[int, int] | None = None
     missed_slots: tuple[tuple[int, int], ...] = ()  # (row, tick slots the recorder missed before it)
     keep_slots: bool = True  # write the tick slots beside the episode, as hilrec's daemon does
     start: tuple[float, ...] | None = None  # the follower's pose at frame 0; None: at the leader
@@ -283,7 +290,8 @@ def record_emulated(
 
     A servo that stops answering (``unresponsive``: the emulator's ``missing`` fault) fails the
     follower's sync read; as hilrec's loop does, the row then repeats the last good observation
-    and is flagged FOLLOWER_FAILED, and the goals are still written.
+    and is flagged FOLLOWER_FAILED, and the goals are still written. On the tick clock a read
+    that fails before then was the host's doing, not the arm's, and is asked again.
     """
     from hilrec.daemon.control.clock import TickPacer
     from hilrec.daemon.dataset import FrameFlag
@@ -335,12 +343,23 @@ def record_emulated(
                 raise TimeoutError("the emulated follower did not take a goal within 5 s")
             return sent
 
+        silent = False
+
+        def observe() -> np.ndarray:
+            # On the tick clock a reading is fixed by the tick, so a read that the host timed out
+            # (a loaded machine held the pty's bytes past the reply timeout) is asked again: only
+            # the injected silence may fail a read and flag its row.
+            for _ in range(1 if realtime or silent else LOADED_READ_ATTEMPTS - 1):
+                with contextlib.suppress(BusError):
+                    return follower.get_observation().values
+            return follower.get_observation().values
+
         for tick in range(settle_frames):  # the person holds the leader still before recording
             motion.set_tick(tick)
             pacer.next_tick()
             write(leader[0])
         motion.set_tick(settle_frames)
-        last_good = follower.get_observation().values
+        last_good = observe()
         for t in range(spec.frames):
             motion.set_tick(settle_frames + t)
             pacer.next_tick()
@@ -348,9 +367,12 @@ def record_emulated(
                 motion.jam()
             if spec.unresponsive is not None and t == spec.unresponsive.from_frame:
                 arm.inject(Fault(kind="missing", servo_id=MOTORS[spec.unresponsive.joint][0]))
+                silent = True
+            if spec.held_replies is not None and t == spec.held_replies[0]:
+                arm.inject(Fault(kind="late", servo_id=MOTORS[JOINT_NAMES[0]][0], count=spec.held_replies[1]))
             flag = 0
             try:
-                last_good = follower.get_observation().values
+                last_good = observe()
             except BusError:
                 flag = int(FrameFlag.FOLLOWER_FAILED)
             states.append(last_good)
