@@ -17,6 +17,8 @@ from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient, LeaderClient, TelemetryClient
 
 START_TIMEOUT_S = 90.0
+# Failed ticks in a row before an emulated arm counts as lost, in the tests (see emulated_config).
+PATIENT_FAILED_TICKS = 50
 
 
 def free_ports(n: int) -> list[int]:
@@ -232,7 +234,23 @@ def write_test_video(path: Path, *, frames: int, size: tuple[int, int] = (48, 64
     return path
 
 
-def emulated_config(root: Path, *, cameras: str = "", faults: str = "", extra: str = "") -> str:
+def emulated_config(
+    root: Path,
+    *,
+    cameras: str = "",
+    faults: str = "",
+    extra: str = "",
+    on_device_lost: str = "save",
+    bus_reply_timeout_ms: float | None = None,
+) -> str:
+    """An emulated-mode config. ``faults``: the emulators' (under ``[emulated]``).
+
+    A shared machine stalls the emulators' pty now and then (its flip-buffer work runs on a
+    kernel worker at normal priority: bench/bench_emulator_replies.py), for longer than the
+    default's five failed ticks (about 200 ms) under a loaded ``make test``: failed reads mark
+    their frames, and only two seconds of them count as a lost arm. A killed emulator is lost at
+    once (its port is gone), which is how the tests lose one."""
+    reply = "" if bus_reply_timeout_ms is None else f"bus_reply_timeout_ms = {bus_reply_timeout_ms}\n"
     return f"""
 mode = "emulated"
 fps = 25
@@ -242,7 +260,10 @@ root = "{root}"
 source = "serial"
 [telemetry]
 preview_hz = 0.0
-[emulated]
+[faults]
+on_device_lost = "{on_device_lost}"
+max_failed_ticks = {PATIENT_FAILED_TICKS}
+{reply}[emulated]
 leader_motion = "operator"
 {faults}
 {cameras}

@@ -108,8 +108,7 @@ def test_a_vanished_port_ends_the_open_episode_by_policy_and_is_reported(
     tmp_path: Path, daemons, policy: str, device: str
 ) -> None:
     root = tmp_path / "ds"
-    extra = f'[faults]\non_device_lost = "{policy}"\n'
-    daemon = daemons(emulated_config(root, extra=extra))
+    daemon = daemons(emulated_config(root, on_device_lost=policy))
     daemon.call("start_episode", task="unplugged", seed=1)
     daemon.wait_frames(25)
     # The emulator process dies: its pty closes under the daemon, as when a USB cable is pulled.

@@ -105,7 +105,8 @@ def test_a_takeover_through_ctl_starts_where_the_arm_is(tmp_path: Path) -> None:
     # error), since the leader the hand takes is where the arm is: its first goal is the arm's
     # measured pose, to within the leader's following (it is sent the pose of a tick before; the
     # sway moves about a degree a tick, and a loaded machine's late ticks add to it: 3.1 degrees
-    # was seen at -n 2, so the bound is one clamp step, not the 1-2 degrees of a quiet machine).
+    # was seen at -n 2, so the bound is one clamp step, not the 1-2 degrees of a quiet machine;
+    # bench/bench_leader_follow.py reports the gap's spread idle and beside busy loops).
     # Without the following, the hand's leader was some 30 degrees away and the takeover ramped
     # at the clamp for six ticks.
     assert max(takeover.max(), handback.max()) <= MAX_STEP + 1e-3, (takeover, handback)
