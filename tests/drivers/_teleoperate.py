@@ -57,6 +57,10 @@ BAUD = 1_000_000
 SDK_ATTEMPTS = 5
 BODY = slice(0, 5)  # the gripper's units are 0..100, not degrees
 NO_STATUS_PACKET = "There is no status packet"
+# LeRobot's motor check at connect pings each servo once: a ping whose reply the host held past
+# the timeout lists that servo as missing. A wrong model number is no timing matter.
+MISSING_MOTOR = "Missing motor IDs:"
+WRONG_MODEL = "Motors with incorrect model numbers:"
 # LeRobot's units (degrees; the gripper 0..100): one leader pose per run, all near the rest pose.
 POSES = (
     (30.0, -20.0, 20.0, 40.0, 25.0, 40.0),
@@ -258,12 +262,18 @@ class Run:
         return self.done.stdout + self.done.stderr
 
     @property
-    def missed_a_status_packet(self) -> bool:
-        return NO_STATUS_PACKET in self.output
+    def missed_a_reply(self) -> bool:
+        return missed_a_reply(self.output)
 
     @property
     def loops(self) -> int:
         return self.output.count("Teleop loop time")
+
+
+def missed_a_reply(output: str) -> bool:
+    """LeRobot's client (one attempt per read or ping) lost a reply to the host's timing: a read
+    with no status packet, or a ping at connect that found a servo missing."""
+    return NO_STATUS_PACKET in output or (MISSING_MOTOR in output and WRONG_MODEL not in output)
 
 
 def run_pose(follower: Arm, leader: Arm, pose: tuple[float, ...]) -> Run:
