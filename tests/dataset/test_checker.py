@@ -209,6 +209,19 @@ def test_parquet_without_footer_is_reported_unreadable(
     assert "parquet" in failure["message"].lower()
 
 
+def test_an_empty_folder_is_named_so_with_nothing_else_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a writer killed between creating the folder and taking its lock leaves.
+    root = tmp_path / "ds"
+    root.mkdir()
+    failure = assert_fails(root, capsys, "root.empty", ".")
+    assert "empty" in failure["message"]
+    _, report = run_check(root, capsys)
+    assert [f["rule"] for f in report["failures"]] == ["root.empty"]  # no advice to repair it
+    assert list(root.iterdir()) == []
+
+
 def test_missing_info_json(broken: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (broken / INFO).unlink()
     assert_fails(broken, capsys, "file.unreadable", INFO)

@@ -57,10 +57,15 @@ from hilrec.daemon.dataset.store.rootlock import LOCK_NAME, holds_only_edit_file
 
 ERROR, WARNING = Severity.ERROR, Severity.WARNING
 REPAIR, RECOMPUTE_STATS, RERECORD = Fix.REPAIR, Fix.RECOMPUTE_STATS, Fix.RERECORD
-EDIT_UNFINISHED, EDIT_PART = "edit.unfinished", "edit.part"
+EDIT_UNFINISHED, EDIT_PART, ROOT_EMPTY = "edit.unfinished", "edit.part", "root.empty"
 
 # rule -> what it demands, its severity, its fix. The order is the order of the report.
 RULES: Final[dict[str, Rule]] = {
+    ROOT_EMPTY: Rule(
+        "the folder is not empty (a writer killed as it created the dataset leaves it so)",
+        ERROR,
+        Fix.RECORD_AGAIN,
+    ),
     EDIT_UNFINISHED: Rule(
         "the folder is not the unfinished output of a hilrec edit that ended early "
         f"({EDIT_INTENT_PATH} or only a lock file)",
@@ -227,6 +232,10 @@ def check_dataset(
     root = Path(root)
     findings = Findings(root)
     report = CheckReport(root=root, strict=strict)
+    if root.is_dir() and not any(root.iterdir()):  # nothing to read: no rule about missing files
+        findings.add(ROOT_EMPTY, ".", "not a dataset: the folder is empty, no writer put anything in it")
+        report.failures = [classified(f) for f in findings.failures]
+        return report
     if _unfinished_edit(root, findings):  # nothing else to read: no rule about missing files
         report.failures = [classified(f) for f in findings.failures]
         return report

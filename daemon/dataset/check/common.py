@@ -36,6 +36,7 @@ class Fix(StrEnum):
     RECOMPUTE_STATS = "hilrec edit recompute-stats"
     RERECORD = "re-record the episode"
     RERUN_EDIT = "run the hilrec edit it names again"
+    RECORD_AGAIN = "record into the folder again, or delete it"
 
 
 @dataclass(frozen=True)
