@@ -90,11 +90,11 @@ def test_file_is_byte_identical_to_lerobots_dump(tmp_path: Path) -> None:
     buffer = io.StringIO()
     with draccus.config_type("json"):
         motors = {n: LeRobotCalibration(**e) for n, e in CAL.items()}
-        draccus.dump(motors, buffer, indent=4)  # type: ignore[type-var]  # its stubs take dataclasses only
+        draccus.dump(motors, buffer, indent=4)  # type: ignore[type-var, unused-ignore]  # its stubs take dataclasses only
     assert path.read_text() == buffer.getvalue()
     assert load_calibration(path) == calibration
     with open(path) as fh, draccus.config_type("json"):  # and LeRobot loads ours
-        loaded = draccus.load(dict[str, LeRobotCalibration], fh)  # type: ignore[type-var]  # as dump()
+        loaded = draccus.load(dict[str, LeRobotCalibration], fh)  # type: ignore[type-var, unused-ignore]  # as dump()
     assert {n: vars(c) for n, c in loaded.items()} == CAL
 
 
