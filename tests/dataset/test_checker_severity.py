@@ -56,6 +56,7 @@ def test_every_rule_has_a_severity_and_a_fix() -> None:
         "hilrec edit recompute-stats",
         "re-record the episode",
         "run the hilrec edit it names again",
+        "record into the folder again, or delete it",
     ]
     warnings = {name for name, rule in RULES.items() if rule.severity is Severity.WARNING}
     assert warnings == {"stats.default_columns", "journal.entries", "edit.part"}
