@@ -38,14 +38,10 @@ def sim_config(
     *,
     leader: str = "scripted",
     realtime: bool = True,
-    size: tuple[int, int] | None = (48, 64),
+    size: tuple[int, int] = (48, 64),
     extra: str = "",
     dataset_extra: str = "",
 ) -> str:
-    """A sim-mode config; ``size`` None: no camera."""
-    camera = (
-        "" if size is None else f'[cameras.front]\nsource = "sim"\nheight = {size[0]}\nwidth = {size[1]}\n'
-    )
     return f"""
 mode = "sim"
 fps = 25
@@ -55,7 +51,11 @@ root = "{root}"
 [leader]
 source = "{leader}"
 watchdog_ms = 300
-{camera}[telemetry]
+[cameras.front]
+source = "sim"
+height = {size[0]}
+width = {size[1]}
+[telemetry]
 preview_hz = 5.0
 preview_width = 32
 [sim]

@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from _teleoperate import missed_a_reply
 from lerobot.teleoperators.so_leader import SOLeader, SOLeaderTeleopConfig
 
 from hilrec.daemon.cli import main
@@ -102,7 +103,8 @@ def test_same_file_as_lerobots_own_calibrate(
     )
 
     # LeRobot 0.4.4 reads with num_retry=0 while it calibrates, so on a loaded machine one late
-    # reply aborts it (ConnectionError). That is LeRobot's behaviour, not what is tested here:
+    # reply aborts it (ConnectionError, or its connect's motor check finds a servo missing:
+    # RuntimeError). That is LeRobot's behaviour, not what is tested here:
     # run it again on a fresh arm (twice: this machine is shared). A short GIL switch interval
     # keeps the in-process emulator answering while LeRobot's SDK busy-polls.
     interval = sys.getswitchinterval()
@@ -110,7 +112,8 @@ def test_same_file_as_lerobots_own_calibrate(
     try:
         for attempt in range(3):
             failures = run_lerobot_calibrate(emulate, tmp_path / "lerobot", monkeypatch)
-            if not failures or not isinstance(failures[0], ConnectionError) or attempt == 2:
+            lost = failures and (isinstance(failures[0], ConnectionError) or missed_a_reply(str(failures[0])))
+            if not lost or attempt == 2:
                 break
     finally:
         sys.setswitchinterval(interval)
