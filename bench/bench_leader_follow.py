@@ -119,7 +119,7 @@ def run_take(
     workdir: Path, follow: bool, duration: float, switch_every: float, loaded: bool
 ) -> dict[str, Any]:
     name = ("on" if follow else "off") + (" + busy loops" if loaded else "")
-    label = name.replace(" + busy loops", "-loaded")
+    label = ("on" if follow else "off") + ("-loaded" if loaded else "")  # in file names
     root, ports = workdir / f"ds-{label}", free_ports(3)
     config = workdir / f"daemon-{label}.toml"
     config.write_text(config_text(root, follow, ports))

@@ -349,7 +349,7 @@ def record_emulated(
             # On the tick clock a reading is fixed by the tick, so a read that the host timed out
             # (a loaded machine held the pty's bytes past the reply timeout) is asked again: only
             # the injected silence may fail a read and flag its row.
-            for _ in range(1 if realtime or silent else LOADED_READ_ATTEMPTS - 1):
+            for _ in range(0 if realtime or silent else LOADED_READ_ATTEMPTS - 1):
                 with contextlib.suppress(BusError):
                     return follower.get_observation().values
             return follower.get_observation().values

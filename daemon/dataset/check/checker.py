@@ -232,10 +232,6 @@ def check_dataset(
     root = Path(root)
     findings = Findings(root)
     report = CheckReport(root=root, strict=strict)
-    if root.is_dir() and not any(root.iterdir()):  # nothing to read: no rule about missing files
-        findings.add(ROOT_EMPTY, ".", "not a dataset: the folder is empty, no writer put anything in it")
-        report.failures = [classified(f) for f in findings.failures]
-        return report
     if _unfinished_edit(root, findings):  # nothing else to read: no rule about missing files
         report.failures = [classified(f) for f in findings.failures]
         return report
@@ -253,8 +249,11 @@ def check_dataset(
 
 
 def _unfinished_edit(root: Path, findings: Findings) -> bool:
-    """Report what a ``hilrec edit`` that ended early left in ``root``; True when that is all
-    there is (the folder holds no dataset yet)."""
+    """Report what a ``hilrec edit`` that ended early left in ``root``, or that a writer left it
+    empty; True when that is all there is (the folder holds no dataset yet)."""
+    if root.is_dir() and not any(root.iterdir()):
+        findings.add(ROOT_EMPTY, ".", "not a dataset: the folder is empty, no writer put anything in it")
+        return True
     intent = load_edit_intent(root)
     if intent is not None:
         done = intent.get("state") == IntentState.DONE
