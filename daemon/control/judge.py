@@ -163,7 +163,12 @@ def _judge_take(
         why = f" ({notes[0]})" if notes else ""
         return EpisodeVerdict.BAD, f"{replay['summary']}{why}: press ← to record it again", details
     if replay["verdict"] == EpisodeVerdict.WARNING:
-        return EpisodeVerdict.WARNING, f"{replay['summary']}: keep it, or press ← to record it again", details
+        why = f" ({notes[0]})" if notes else ""  # a fault that ended the take is not to be missed
+        return (
+            EpisodeVerdict.WARNING,
+            f"{replay['summary']}{why}: keep it, or press ← to record it again",
+            details,
+        )
     if notes:
         return (
             EpisodeVerdict.WARNING,

@@ -100,6 +100,9 @@ class RolloutLeader:
         # begins with the policy, which is fed all along so its first chunk is not a cold one.
         self.source = ControlSource.HUMAN
         self._lock = threading.Lock()
+        # Held through a tick and through status(), so a status is of one tick edge: never the
+        # human in control with the leader still under torque, half way through a switch.
+        self._tick_lock = threading.RLock()
         self._requests: list[tuple[ControlSource, Future[dict[str, Any]]]] = []
         self._images: Mapping[str, np.ndarray] = {}
         self._tick = 0
@@ -140,6 +143,10 @@ class RolloutLeader:
             self._catching_up = True
 
     def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        with self._tick_lock:
+            return self._read(frame_index, observation)
+
+    def _read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
         self._apply_requests(frame_index)
         human = self.human.read(frame_index, observation)
         features = {STATE_KEY: observation, _TASK_KEY: ""}
@@ -297,6 +304,10 @@ class RolloutLeader:
         return {"rollout": summary}, log.arrays()
 
     def status(self) -> dict[str, Any]:
+        with self._tick_lock:
+            return self._status()
+
+    def _status(self) -> dict[str, Any]:
         human = self.human.status()
         return {
             **human,

@@ -126,3 +126,23 @@ def test_the_tick_gate_holds_the_worker_off_each_tick_and_always_lets_it_go(tmp_
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_take_ended_by_a_fault_says_so_when_the_replay_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen: a rollout whose policy was killed warned of the follower's lag and not of the fault."""
+    from hilrec.daemon.control import judge
+
+    lag = "the follower is 26 ms behind the twin (+0.66 frames)"
+    monkeypatch.setattr(judge, "episode_data_problems", lambda root, index: ([], []))
+    monkeypatch.setattr(
+        judge, "_hardware_replay", lambda root, index: {"verdict": EpisodeVerdict.WARNING, "summary": lag}
+    )
+    meta = {"frames": 40, "ended_by": "fault:policy:policy pid 7"}
+    verdict, summary, details = judge._judge_take(
+        tmp_path, 0, "hardware", meta, judge._recorder_notes(meta)
+    )
+    assert verdict == EpisodeVerdict.WARNING
+    assert summary.startswith(lag) and "ended by a fault (policy on policy pid 7)" in summary, summary
+    assert details["recorder_notes"] == ["the take was ended by a fault (policy on policy pid 7)"]

@@ -3,6 +3,7 @@ catch-up within the per-tick clamp, the leader takeover threshold, starved and r
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from hilrec.daemon.wire.policy_settings import PolicySettings
 
 POLICIES = Path(__file__).with_name("_policies.py")
 HOME = np.zeros(6, dtype=np.float32)
+WAIT_S = 30.0
 
 
 class HandAt:
@@ -91,3 +93,46 @@ def test_refused_answers_hold_and_are_flagged() -> None:
     second = tick(rollout, 1, start + 1)
     np.testing.assert_array_equal(second.values, start)  # held at the goal sent last
     assert rollout.status()["refused_answers"] == 2
+
+
+class SlowRelease:
+    """A following leader whose release is slow (a loaded bus): it blocks until ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.engaged = True
+        self.releasing = threading.Event()
+        self.go = threading.Event()
+
+    def update(self, follow: bool, observation: np.ndarray, leader: JointReading | None) -> None:
+        if not follow and self.engaged:
+            self.releasing.set()
+            assert self.go.wait(WAIT_S)
+            self.engaged = False
+
+    def status(self) -> dict[str, Any]:
+        return {"engaged": self.engaged}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_status_during_a_takeover_is_of_one_tick_edge() -> None:
+    """Seen: a status read between the switch to the human and the leader's release said the
+    human had the arm while the leader was still under torque."""
+    rollout = leader("hold_still", HOME + 20, takeover="leader", leader_threshold=10.0)
+    follow = SlowRelease()
+    rollout.follow = follow  # type: ignore[assignment]
+    rollout._leader_arrived = True  # the following leader has been at the arm once
+    ticking = threading.Thread(target=tick, args=(rollout, 0, HOME))
+    ticking.start()
+    assert follow.releasing.wait(WAIT_S)
+    seen: list[dict[str, Any]] = []
+    asking = threading.Thread(target=lambda: seen.append(rollout.status()))
+    asking.start()
+    asking.join(0.5)  # a status that does not wait for the tick is back by now
+    follow.go.set()
+    ticking.join(WAIT_S)
+    asking.join(WAIT_S)
+    assert not ticking.is_alive() and not asking.is_alive()
+    status = seen[0]
+    assert (status["control"], status["leader_follow"]["engaged"]) in {("policy", True), ("human", False)}
