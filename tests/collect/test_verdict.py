@@ -140,9 +140,7 @@ def test_a_take_ended_by_a_fault_says_so_when_the_replay_warns(
         judge, "_hardware_replay", lambda root, index: {"verdict": EpisodeVerdict.WARNING, "summary": lag}
     )
     meta = {"frames": 40, "ended_by": "fault:policy:policy pid 7"}
-    verdict, summary, details = judge._judge_take(
-        tmp_path, 0, "hardware", meta, judge._recorder_notes(meta)
-    )
+    verdict, summary, details = judge._judge_take(tmp_path, 0, "hardware", meta, judge._recorder_notes(meta))
     assert verdict == EpisodeVerdict.WARNING
     assert summary.startswith(lag) and "ended by a fault (policy on policy pid 7)" in summary, summary
     assert details["recorder_notes"] == ["the take was ended by a fault (policy on policy pid 7)"]
