@@ -14,6 +14,7 @@ import pytest
 from _daemon import Daemon, check_passes, emulated_config
 from _ui import ARTIFACTS, CHROMIUM_ARGS, TOKEN, Ui, chromium, on_the_same_ports
 from playwright.sync_api import Page, expect, sync_playwright
+from support.verdicts import lift_verdict_worker
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 
@@ -49,6 +50,8 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
     first_config = config(root)
     daemon = daemons(Daemon(tmp_path, first_config))
     ui = uis(Ui(daemon.config_path, tmp_path, token=TOKEN))
+    assert daemon.process is not None
+    lift_verdict_worker(daemon.process.pid)  # the page is under test here, not the priority
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)

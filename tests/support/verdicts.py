@@ -1,0 +1,51 @@
+"""A test daemon's verdict worker, lifted from SCHED_IDLE to normal priority.
+
+The worker runs at SCHED_IDLE so it never takes a CPU the loop wants; on a bench machine that is
+time nothing else wants. On a test machine two other pytest workers keep both cores busy, and a
+SCHED_IDLE process then gets almost none: the web page's test once waited 60 s and saw no
+verdict. A test about what is shown, not about the priority, lifts the worker once it has
+lowered itself (tests/collect/test_verdict.py asserts the priority itself).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from support.wait import wait_until
+
+VERDICT_MODULE = "hilrec.daemon.control.verdict"
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in brackets may hold spaces
+
+
+def verdict_workers(parent: int) -> list[int]:
+    """The pids of ``parent``'s verdict worker processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            if VERDICT_MODULE.encode() in command and _parent(int(entry.name)) == parent:
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone while we looked
+    return found
+
+
+def lift_verdict_worker(parent: int, timeout: float = 120.0) -> int:
+    """Put ``parent``'s verdict worker at SCHED_OTHER once it is at SCHED_IDLE; its pid."""
+
+    def lowered() -> int | None:
+        for pid in verdict_workers(parent):
+            if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+                return pid
+        return None
+
+    pid = wait_until(lowered, timeout, 0.05, "the daemon's verdict worker at SCHED_IDLE", retry_on=(OSError,))
+    os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+    return pid
