@@ -66,13 +66,20 @@ from _pacing import pacer_comparison
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# The /proc walk the tests use to find a daemon's children (tests/support/procs.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from support.procs import children
+
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.video import encoder_process
 from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient
 
 FPS = 25
 PERIOD = 1.0 / FPS
 H, W = 480, 640
+ENCODER_MODULE = encoder_process.__name__
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CAMERA_NAMES = ("front", "wrist", "side", "top")
 
@@ -167,32 +174,14 @@ def pct(values: np.ndarray, q: float) -> float:
 
 def encoder_counters(daemon_pid: int) -> list[Path]:
     """The shared-memory segments of the daemon's encoder processes (named on their command line)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == daemon_pid and b"hilrec.daemon.dataset.video.encoder_process" in argv:
-            found.append(Path("/dev/shm") / [arg for arg in argv if arg][-1].decode())
-    return found
+    return [
+        Path("/dev/shm") / [arg for arg in child.argv if arg][-1].decode()
+        for child in children(daemon_pid, ENCODER_MODULE)
+    ]
 
 
 def encoder_pids_of(daemon_pid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes()
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-            if ppid == daemon_pid and b"hilrec.daemon.dataset.video.encoder_process" in argv:
-                pids.append(int(entry.name))
-    return pids
+    return [child.pid for child in children(daemon_pid, ENCODER_MODULE)]
 
 
 def frames_encoded(segments: list[Path]) -> list[int]:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from _daemon import Daemon, check_passes, run_cli, sim_config
+from support.procs import children
 
 from hilrec.daemon.dataset.format.reader import load_episodes
 
@@ -34,24 +35,12 @@ SERVE_TIMEOUT_S = 120.0
 TIMED = ("--episodes", "3", "--episode-time-s", "1.0", "--reset-time-s", "0.2")
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def daemon_child(collect: subprocess.Popen[str], log: Path) -> int | None:
     """The daemon's pid once it serves (its log says so), or None if collect ended first."""
     deadline = time.monotonic() + SERVE_TIMEOUT_S
     while collect.poll() is None:
         if log.exists() and "serving control" in log.read_text(errors="replace"):
-            for pid in children(collect.pid):
+            for pid in (child.pid for child in children(collect.pid)):
                 if "daemon" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                     return pid
         assert time.monotonic() < deadline, f"the daemon did not serve in {SERVE_TIMEOUT_S} s"

@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 from _daemon import Daemon, check_passes, sim_config
 from rich.console import Console
+from support.procs import children
 
 from hilrec.daemon.collect.monitor import Monitor
 from hilrec.daemon.collect.panel import Panel, backlog_line
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
+from hilrec.daemon.dataset.video import encoder_process
 from hilrec.daemon.dataset.video.encoder_process import RING_ENV
 from hilrec.daemon.wire.protocol import PROTOCOL_VERSION
 
@@ -34,23 +36,12 @@ pytestmark = pytest.mark.slow
 H, W = 48, 64
 FRAME_BYTES = H * W * 3
 LIMIT_FRAMES = 24
+ENCODER_MODULE = encoder_process.__name__
 
 
 def encoder_pids(parent: int) -> list[int]:
-    """The daemon's encoder worker processes (its children running encoder_process)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"encoder_process" in cmdline:
-            found.append(int(entry.name))
-    return found
+    """The daemon's encoder worker processes."""
+    return [child.pid for child in children(parent, ENCODER_MODULE)]
 
 
 @pytest.fixture

@@ -10,40 +10,21 @@ lowered itself (tests/collect/test_verdict.py asserts the priority itself).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from hilrec.daemon.control import verdict
+from support.procs import children
 from support.wait import wait_until
 
-VERDICT_MODULE = "hilrec.daemon.control.verdict"
-
-
-def _parent(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in brackets may hold spaces
-
-
-def verdict_workers(parent: int) -> list[int]:
-    """The pids of ``parent``'s verdict worker processes."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
-            if VERDICT_MODULE.encode() in command and _parent(int(entry.name)) == parent:
-                found.append(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # gone while we looked
-    return found
+VERDICT_MODULE = verdict.__name__
 
 
 def lift_verdict_worker(parent: int, timeout: float = 120.0) -> int:
     """Put ``parent``'s verdict worker at SCHED_OTHER once it is at SCHED_IDLE; its pid."""
 
     def lowered() -> int | None:
-        for pid in verdict_workers(parent):
-            if os.sched_getscheduler(pid) == os.SCHED_IDLE:
-                return pid
+        for child in children(parent, VERDICT_MODULE):
+            if os.sched_getscheduler(child.pid) == os.SCHED_IDLE:
+                return child.pid
         return None
 
     pid = wait_until(lowered, timeout, 0.05, "the daemon's verdict worker at SCHED_IDLE", retry_on=(OSError,))
