@@ -159,11 +159,10 @@ def _judge_take(
             f"episode {index} breaks a dataset rule ({problems[0]}): press ← to record it again",
             details,
         )
+    why = f" ({notes[0]})" if notes else ""  # beside a replay's finding: a fault is not to be missed
     if replay["verdict"] == EpisodeVerdict.BAD:
-        why = f" ({notes[0]})" if notes else ""
         return EpisodeVerdict.BAD, f"{replay['summary']}{why}: press ← to record it again", details
     if replay["verdict"] == EpisodeVerdict.WARNING:
-        why = f" ({notes[0]})" if notes else ""  # a fault that ended the take is not to be missed
         return (
             EpisodeVerdict.WARNING,
             f"{replay['summary']}{why}: keep it, or press ← to record it again",
