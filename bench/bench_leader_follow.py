@@ -145,7 +145,7 @@ def run_take(
             request(client, "start_episode", task="sway")
             switch_hands(client, duration, switch_every)
             following = request(client, "status")["leader"]["leader_follow"]
-        request(client, "stop_episode")
+        ended_by = take_end(client)
         while True:
             status = request(client, "status")
             if status["dataset"]["saved_this_session"] >= 1 and status["dataset"]["saving"] == 0:
@@ -159,7 +159,23 @@ def run_take(
             process.kill()
             process.wait(10)
         log.close()
-    return summarize(root, name, following)
+    return summarize(root, name, following) | {"ended_by": ended_by}
+
+
+def take_end(client: ControlClient) -> str:
+    """Stop the take and say what ended it: ``stop``, or the fault that ended it first.
+
+    On a loaded machine the daemon may end the take itself (an emulated arm's replies held in the
+    pty past the failed-tick bound: ``fault:device_lost``); that take is saved all the same, and
+    the table says how it ended instead of the benchmark stopping on the refused stop."""
+    stop = client.request("stop_episode")
+    if stop["ok"]:
+        return "stop"
+    status = request(client, "status")
+    last = status["last_episode"] or {}
+    if not str(last.get("ended_by", "")).startswith("fault:"):
+        raise RuntimeError(f"stop_episode refused: {stop['error']}; faults {status['faults']}; last {last}")
+    return str(last["ended_by"])
 
 
 def switch_hands(client: ControlClient, duration: float, every: float) -> None:
@@ -226,9 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} on {os.cpu_count()} cores")
     print(
         "| leader_follow | frames | leader phase p50 / p99 ms | bus p50 / p99 ms "
-        f"| feedback write p50 / max ms | takeovers | gap p50 / max deg | gaps > {HALF_CLAMP_DEG:.0f} deg |"
+        f"| feedback write p50 / max ms | takeovers | gap p50 / max deg | gaps > {HALF_CLAMP_DEG:.0f} deg "
+        "| take ended by |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         fb, gaps = r["feedback"], r["gaps"]
         feedback = "-" if fb[0] is None else f"{fb[0]:.2f} / {fb[1]:.1f}"
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {r['follow']} | {r['frames']} | {r['leader'][0]:.2f} / {r['leader'][1]:.1f} "
             f"| {r['bus'][0]:.2f} / {r['bus'][1]:.1f} | {feedback} | {len(gaps)} | {gap} "
-            f"| {int((gaps > HALF_CLAMP_DEG).sum())} |"
+            f"| {int((gaps > HALF_CLAMP_DEG).sum())} | {r['ended_by']} |"
         )
     return 0
 
