@@ -38,23 +38,23 @@ def sim_config(
     *,
     leader: str = "scripted",
     realtime: bool = True,
-    size: tuple[int, int] = (48, 64),
+    size: tuple[int, int] | None = (48, 64),
+    fps: int = 25,
     extra: str = "",
     dataset_extra: str = "",
 ) -> str:
+    """``size``: the front camera's (height, width), or None for no camera."""
+    camera = "" if size is None else f'[cameras.front]\nsource = "sim"\nheight = {size[0]}\nwidth = {size[1]}'
     return f"""
 mode = "sim"
-fps = 25
+fps = {fps}
 [dataset]
 root = "{root}"
 {dataset_extra}
 [leader]
 source = "{leader}"
 watchdog_ms = 300
-[cameras.front]
-source = "sim"
-height = {size[0]}
-width = {size[1]}
+{camera}
 [telemetry]
 preview_hz = 5.0
 preview_width = 32

@@ -1,6 +1,6 @@
 """Hostile messages through a live daemon: the loop never stops, every goal stays in range.
 
-A real ``hilrec daemon`` (sim mode, remote leader, ticking as fast as it can) takes 6,000
+A real ``hilrec daemon`` (sim mode, remote leader, ticking at 200 Hz) takes 6,000
 generated leader messages and 4,000 generated control requests while it records. Each leader
 message is waited on until the daemon has judged it (its received + rejected count moves), so
 every one is parsed, not conflated away. Afterwards status still answers, the loop has not
@@ -32,6 +32,15 @@ pytestmark = pytest.mark.slow
 LEADER_EXAMPLES = 6000
 CONTROL_EXAMPLES = 4000
 JUDGED_TIMEOUT_S = 5.0
+# The daemon ticks on the clock at 200 Hz (one 5 ms physics step a frame), with no camera. Each
+# message waits for one tick to be judged, so the rate sets the fuzz's length (about 3 ms a
+# message), while a clock-paced loop's work stays bounded by the wall time: the flat-out loop used
+# before ticked and encoded frames the whole time it waited, four times as long on a loaded
+# machine, and burned both cores for it.
+FUZZ_FPS = 200
+# Between two status polls for a judgement: a tick is 5 ms, and polling without a pause spent a
+# core on status round trips (and the daemon's control thread another) for nothing.
+POLL_S = 0.002
 EXIT_TIMEOUT_S = 300.0
 
 # --- what a hostile or careless peer sends -------------------------------------------------------
@@ -145,6 +154,7 @@ class Peers:
                 self.unjudged += 1  # zmq itself refused it (e.g. two frames on a conflating socket)
                 self._counted = None
                 return
+            time.sleep(POLL_S)
         self._counted = counted
         self.judged += 1
 
@@ -167,9 +177,7 @@ class Peers:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Peers, Path]]:
     tmp = tmp_path_factory.mktemp("fuzz")
     root = tmp / "ds"
-    # A small camera: it paces the flat-out loop (without one the loop ran so fast that its writer
-    # stalled, 108,700 frames in one take), and leaves the encoders a backlog to drain at shutdown.
-    daemon = Daemon(tmp, sim_config(root, leader="remote", realtime=False, size=(24, 32))).start()
+    daemon = Daemon(tmp, sim_config(root, leader="remote", size=None, fps=FUZZ_FPS)).start()
     peers = Peers(daemon)
     try:
         yield daemon, peers, root
@@ -234,7 +242,8 @@ def test_after_the_fuzz_status_answers_and_every_executed_action_is_in_range(
     daemon.call("stop_episode")  # the episode the hostile leader messages drove
     daemon.wait_saved(saved + 1)
     daemon.call("shutdown")
-    # The shutdown encodes what the flat-out take left (8,129 frames took 42 s beside make bench).
+    # The shutdown waits for the fuzzed take's verdict: its replay runs only between the 200 Hz
+    # ticks (the daemon's tick gate), about 20 s here for some 10,000 frames.
     assert daemon.wait_exit(timeout_s=EXIT_TIMEOUT_S) == 0, daemon.log()
     from hilrec.sim.twin import Twin
 
