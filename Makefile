@@ -65,14 +65,14 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# pytest-xdist workers: 0 runs the suite in this process, one test at a time, which is what
-# `make test` (and so .ci/run) does. `make test WORKERS=3` took 10.5 minutes from a clean clone
-# (15.5 CPU-minutes), but in three of four such runs one test failed by load: an emulated arm on
-# its pty missed a reply (BusTimeoutError), or a load-dependent assertion since mended. Until the
-# emulators keep up beside two other workers, the default stays the run that is never red by
-# chance. --dist loadgroup keeps each xdist_group (tests/conftest.py: tests sharing a built
-# fixture) on one worker; tests/test_worker_groups.py fails if the groups stop holding.
-WORKERS ?= 0
+# pytest-xdist workers. Three on two cores: many tests wait on a daemon, an emulator or a browser
+# more than they compute, so a third worker fills the cores (12.4 minutes for the suite from a
+# clean clone, against 22 one test at a time). The load this puts on the emulators' ptys is what
+# the tests are written to ride out (tests/daemon/_daemon.py: emulated_config). `make test
+# WORKERS=0` runs the suite in this process, one test at a time. --dist loadgroup keeps each
+# xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
+# tests/test_worker_groups.py fails if the groups stop holding.
+WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))
 
