@@ -145,8 +145,14 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         page.locator("body").click(position={"x": 5, "y": 5})
         page.keyboard.press("ArrowLeft")
         expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok .*The second take"))
-        # The writer counts a discard once it has dropped the take's frames (bounded wait).
-        status = daemon.wait_status(lambda s: s["dataset"]["discarded_this_session"] == 1, what="one discard")
+        # The writer counts a discard once it has dropped the take's frames (bounded wait). The page
+        # sends <- as two requests, discard then start, and the reply it shows reads as the first
+        # start's did: so the wait is for both, the discard counted and a take open again (a status
+        # read between the two requests has none open: seen on a loaded machine).
+        status = daemon.wait_status(
+            lambda s: s["dataset"]["discarded_this_session"] == 1 and s["episode"] is not None,
+            what="one discard and the take open again",
+        )
         assert status["episode"]["index"] == 1 and status["episode"]["task"] == "The second take."
         page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 100")
         page.locator("#task").fill("The second take.")
