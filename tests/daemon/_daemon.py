@@ -17,6 +17,8 @@ from hilrec.daemon.errors import DaemonUnreachableError
 from hilrec.daemon.wire.client import ControlClient, LeaderClient, TelemetryClient
 
 START_TIMEOUT_S = 90.0
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "Address already in use"
 # Failed ticks in a row before an emulated arm counts as lost, in the tests (see emulated_config).
 PATIENT_FAILED_TICKS = 50
 
@@ -69,26 +71,51 @@ class Daemon:
 
     def __init__(self, tmp_path: Path, config: str, *, host: str = "127.0.0.1", zmq_extra: str = "") -> None:
         self.tmp_path = tmp_path
-        self.control_port, self.telemetry_port, self.leader_port = free_ports(3)
         self.host = host
-        self.config_path = tmp_path / f"daemon-{self.control_port}.toml"
-        # A generous apply timeout: a shared, loaded CI machine may stall a tick for a while.
-        zmq_table = (
-            f'[zmq]\nhost = "{host}"\ncontrol_port = {self.control_port}\n'
-            f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n"
-            f"apply_timeout_ms = 10000\n{zmq_extra}"
-        )
-        self.config_path.write_text(config + "\n" + zmq_table)
-        self.log_path = tmp_path / f"daemon-{self.control_port}.log"
+        self._config, self._zmq_extra = config, zmq_extra
+        # False once the ports are given, not picked here (a restart on another daemon's ports).
+        self.repick_ports = True
+        self._pick_ports()
         self.process: subprocess.Popen[bytes] | None = None
         self.client: ControlClient | None = None
+
+    def _pick_ports(self) -> None:
+        self.control_port, self.telemetry_port, self.leader_port = free_ports(3)
+        self.config_path = self.tmp_path / f"daemon-{self.control_port}.toml"
+        # A generous apply timeout: a shared, loaded CI machine may stall a tick for a while.
+        zmq_table = (
+            f'[zmq]\nhost = "{self.host}"\ncontrol_port = {self.control_port}\n'
+            f"telemetry_port = {self.telemetry_port}\nleader_port = {self.leader_port}\n"
+            f"apply_timeout_ms = 10000\n{self._zmq_extra}"
+        )
+        self.config_path.write_text(self._config + "\n" + zmq_table)
+        self.log_path = self.tmp_path / f"daemon-{self.control_port}.log"
 
     @property
     def control(self) -> str:
         return f"tcp://127.0.0.1:{self.control_port}"
 
     def start(self, *, expect_ready: bool = True, args: tuple[str, ...] = ()) -> Daemon:
-        """``args``: more flags of ``hilrec daemon``, e.g. ``("--resume",)``."""
+        """``args``: more flags of ``hilrec daemon``, e.g. ``("--resume",)``.
+
+        A free port is picked by binding port 0 and letting it go, so on a machine running several
+        test workers another process may take it before the daemon binds it (seen at three
+        workers: "Address already in use"). A daemon that exits so at start is started again on
+        other ports, up to :data:`PORT_ATTEMPTS` times; any other exit fails as before."""
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return self._start(expect_ready=expect_ready, args=args)
+            except AssertionError:
+                if not (self.repick_ports and self._lost_a_port()):
+                    raise
+                self.close()
+                self._pick_ports()
+        return self._start(expect_ready=expect_ready, args=args)
+
+    def _lost_a_port(self) -> bool:
+        return self.process is not None and self.process.poll() is not None and PORT_TAKEN in self.log()
+
+    def _start(self, *, expect_ready: bool, args: tuple[str, ...]) -> Daemon:
         env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(

@@ -112,4 +112,5 @@ def on_the_same_ports(first: Daemon, first_config: str, tmp_path: Path, config: 
         first.telemetry_port,
         first.leader_port,
     )
+    second.repick_ports = False
     return second
