@@ -270,9 +270,12 @@ class RolloutLeader:
         for index in range(frames):
             entry = self._frames.get(index)
             if entry is None or entry.sent is None:
-                # A frame whose leader read failed (the loop held): the same hand, no proposal.
+                # A frame the loop held (a failed read): no proposal, and the goal sent before.
+                # The hand is the one the frame's intervention column says: this tick's own when
+                # it was read (a switch applied on a held tick is on that frame), else the last.
+                hand = entry if entry is not None else previous
                 entry = _Frame(
-                    source=previous.source if previous is not None else ControlSource.POLICY,
+                    source=hand.source if hand is not None else ControlSource.POLICY,
                     proposed=None,
                     age=-1,
                     fresh=False,

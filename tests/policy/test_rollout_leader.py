@@ -77,6 +77,23 @@ def test_a_takeover_catches_up_with_the_hand_within_the_clamp() -> None:
     assert arrays["control_source"].tolist() == [0] * 3 + [1] * 17
 
 
+def test_a_takeover_on_a_held_tick_is_recorded_on_that_frame() -> None:
+    """The switch's frame in the sidecar is the first row the intervention column marks, also
+    when the loop held that tick (its follower write did not happen, so nothing was sent): seen
+    on a loaded machine as switches [50, 100] against the column's [49, 100]."""
+    rollout = leader("hold_still", HOME + 1, max_relative_target=5.0)
+    for k in range(3):
+        tick(rollout, k, HOME)
+    rollout.request(ControlSource.HUMAN)
+    held = rollout.read(3, HOME)  # the takeover's tick; the loop holds it and sends nothing
+    column = [False] * 3 + [intervened(held)]
+    column += [intervened(tick(rollout, k, HOME)) for k in range(4, 8)]
+    fields, arrays = rollout.record(8)
+    assert column == [False] * 3 + [True] * 5
+    assert [s["frame"] for s in fields["rollout"]["switches"]] == [column.index(True)]
+    assert arrays["control_source"].tolist() == [int(c) for c in column]
+
+
 def test_the_leader_moved_away_takes_over_in_leader_mode() -> None:
     near = leader("hold_still", HOME + 1, takeover="leader", leader_threshold=10.0)
     assert not intervened(tick(near, 0, HOME))
