@@ -94,8 +94,8 @@ class ControlLoop:
         # A policy leader (control.rollout) is shown the cameras' images before it is read.
         self._sees: Callable[[Mapping[str, np.ndarray]], None] | None = getattr(rig.leader, "see", None)
         # ...and says what a frame's features are when its read failed (who has the arm).
-        self._features: Callable[[], Mapping[str, np.ndarray] | None] = getattr(
-            rig.leader, "frame_features", lambda: None
+        self._features: Callable[[int | None], Mapping[str, np.ndarray] | None] = getattr(
+            rig.leader, "frame_features", lambda frame_index: None
         )
         # The leader's reading thread (see the module docstring), made at the first tick that
         # needs it, on the loop thread.
@@ -168,7 +168,7 @@ class ControlLoop:
         recorded = False
         frame_index = self.session.frame_index
         if self.session.recording and row is not None and images is not None:
-            features = leader.features if leader is not None else self._features()
+            features = leader.features if leader is not None else self._features(frame_index)
             recorded = self._hand_off(row[0], row[1], images, features)
 
         twin = (

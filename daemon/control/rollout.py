@@ -108,6 +108,9 @@ class RolloutLeader:
         self._tick = 0
         self._frame: int | None = None
         self._frames: dict[int, _Frame] = {}
+        # Who had the arm on each frame, as its intervention column says: written where the
+        # column is made, so a frame whose read failed (no _Frame) still has its own hand.
+        self._hands: dict[int, ControlSource] = {}
         self._last_sent: np.ndarray | None = None
         self._catching_up = False
         self._leader_arrived = False
@@ -133,6 +136,7 @@ class RolloutLeader:
 
     def begin_episode(self) -> None:
         self._frames = {}
+        self._hands = {}
         if self.settings.record == RecordMode.CORRECTIONS:
             return  # an episode is one correction window: it begins with whoever has the arm
         self._switch(ControlSource.POLICY, restart=True)
@@ -198,11 +202,14 @@ class RolloutLeader:
             np.asarray(goal, dtype=np.float32),
             human.retries if human is not None else 0,
             flags=int(flags),
-            features=self.frame_features(),
+            features=self.frame_features(frame_index),
         )
 
-    def frame_features(self) -> dict[str, np.ndarray]:
-        """The features a frame gets from the rollout (also when the leader's read failed)."""
+    def frame_features(self, frame_index: int | None) -> dict[str, np.ndarray]:
+        """The features frame ``frame_index`` gets from the rollout; the loop asks for them
+        itself when the leader's read failed (a switch may have been applied before it did)."""
+        if frame_index is not None:
+            self._hands[frame_index] = self.source
         return {INTERVENTION_KEY: np.array([self.source == ControlSource.HUMAN], dtype=bool)}
 
     def note_sent(self, sent: np.ndarray) -> None:
@@ -269,13 +276,11 @@ class RolloutLeader:
         previous: _Frame | None = None
         for index in range(frames):
             entry = self._frames.get(index)
+            hand = self._hands.get(index, previous.source if previous is not None else ControlSource.POLICY)
             if entry is None or entry.sent is None:
                 # A frame the loop held (a failed read): no proposal, and the goal sent before.
-                # The hand is the one the frame's intervention column says: this tick's own when
-                # it was read (a switch applied on a held tick is on that frame), else the last.
-                hand = entry if entry is not None else previous
                 entry = _Frame(
-                    source=hand.source if hand is not None else ControlSource.POLICY,
+                    source=hand,
                     proposed=None,
                     age=-1,
                     fresh=False,
@@ -283,6 +288,7 @@ class RolloutLeader:
                     starved=False,
                     sent=previous.sent if previous is not None else _NO_GOAL,
                 )
+            entry.source = hand  # the hand its intervention column says, whatever the read did
             previous = entry
             assert entry.sent is not None
             log.starved += entry.starved
@@ -297,6 +303,7 @@ class RolloutLeader:
         log.refused = self.driver.refused
         log.last_refusal = self.driver.last_refusal
         self._frames = {}
+        self._hands = {}
         outcome = None if success is None else str(Outcome.SUCCESS if success else Outcome.FAILURE)
         summary = {
             **log.summary(),

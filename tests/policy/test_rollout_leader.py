@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from hilrec.daemon.control.rollout import RolloutLeader
 from hilrec.daemon.control.sources import JointReading
 from hilrec.daemon.dataset import FrameFlag
+from hilrec.daemon.errors import BusTimeoutError
 from hilrec.daemon.policy.driver import PolicyDriver
 from hilrec.daemon.policy.load import load_policy
 from hilrec.daemon.policy.record import ControlSource
@@ -91,6 +93,43 @@ def test_a_takeover_on_a_held_tick_is_recorded_on_that_frame() -> None:
     fields, arrays = rollout.record(8)
     assert column == [False] * 3 + [True] * 5
     assert [s["frame"] for s in fields["rollout"]["switches"]] == [column.index(True)]
+    assert arrays["control_source"].tolist() == [int(c) for c in column]
+
+
+class FlakyHand(HandAt):
+    """A hand whose leader bus times out on the frames in ``fails`` (a loaded machine)."""
+
+    def __init__(self, where: np.ndarray, fails: set[int]) -> None:
+        super().__init__(where)
+        self.fails = fails
+
+    def read(self, frame_index: int | None, observation: np.ndarray) -> JointReading | None:
+        if frame_index in self.fails:
+            raise BusTimeoutError(f"no answer on frame {frame_index}", port="leader")
+        return super().read(frame_index, observation)
+
+
+def test_a_handback_on_a_failed_leader_read_is_recorded_on_that_frame() -> None:
+    """The loop records a frame whose leader read raised with the hand ``frame_features`` names;
+    the sidecar's switch is on that frame too. Seen on a loaded machine: handback [50, 103]
+    against the column's [50, 99], the leader's reads of frames 99 to 102 having timed out."""
+    hand = FlakyHand(HOME + 1, fails={4, 5})
+    driver = PolicyDriver(InlineRunner(load_policy(f"{POLICIES}:hold_still")))
+    rollout = RolloutLeader(hand, driver, PolicySettings(spec="hold_still", max_relative_target=5.0))
+    rollout.begin_episode()
+    rollout.request(ControlSource.HUMAN)
+    column = [intervened(tick(rollout, k, HOME)) for k in range(4)]
+    rollout.request(ControlSource.POLICY)
+    for k in (4, 5):
+        with pytest.raises(BusTimeoutError):
+            rollout.read(k, HOME)  # the handback is applied before the hand's read fails
+        rollout.note_sent(HOME)  # the loop holds the arm
+        column.append(bool(rollout.frame_features(k)["intervention"][0]))
+    column += [intervened(tick(rollout, k, HOME)) for k in range(6, 8)]
+    fields, arrays = rollout.record(8)
+    assert column == [True] * 4 + [False] * 4
+    switches = [(s["frame"], s["to"]) for s in fields["rollout"]["switches"]]
+    assert switches == [(4, "policy")]
     assert arrays["control_source"].tolist() == [int(c) for c in column]
 
 
