@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 from _pacing import pacer_comparison
+from _takes import stop_take
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -269,21 +270,12 @@ def run_session(
             time.sleep(0.1)  # the client's request rate (10 Hz), not a wait on a result
         segments = encoder_counters(process.pid)
         stop_sent = time.monotonic()
-        stop = client.request("stop_episode")
+        end = stop_take(client)
         encoded_at_stop = frames_encoded(segments)
         elapsed = time.monotonic() - t0
-        if stop["ok"]:
-            frames, ended_by = int(stop.get("frames") or 0), "stop"
-        else:
-            status = client.request("status")
-            last = status["last_episode"] or {}
-            if not str(last.get("ended_by", "")).startswith("fault:"):
-                raise SystemExit(
-                    f"stop_episode refused: {stop['error']}; faults {status['faults']}; last episode {last}"
-                )
-            # The daemon ended the take itself (the in-process encoders fell behind a loaded
-            # machine: spill_full): that is this run's result, and the table says so.
-            frames, ended_by = int(last["frames"]), str(last["ended_by"])
+        # A take the daemon ended itself (the in-process encoders behind a loaded machine:
+        # spill_full) is this run's result, and the table says so.
+        frames, ended_by = end.frames, end.ended_by
         cpu1 = {pid: cpu_seconds(pid) for pid in cpu0}
         while True:
             status = client.request("status")

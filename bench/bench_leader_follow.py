@@ -42,8 +42,10 @@ import numpy as np
 os.environ.setdefault("MUJOCO_GL", "egl")
 # The busy loops the tests' LeRobot harness uses (tests/drivers/_teleoperate.py).
 TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path[:0] = [str(TESTS), str(TESTS / "drivers")]
+# The daemon loads this file as the policy module, with neither folder on its path.
+sys.path[:0] = [str(TESTS), str(TESTS / "drivers"), str(Path(__file__).resolve().parent)]
 
+from _takes import stop_take  # noqa: E402
 from _teleoperate import cpu_load  # noqa: E402
 
 from hilrec.daemon.errors import DaemonUnreachableError  # noqa: E402
@@ -145,7 +147,7 @@ def run_take(
             request(client, "start_episode", task="sway")
             switch_hands(client, duration, switch_every)
             following = request(client, "status")["leader"]["leader_follow"]
-        ended_by = take_end(client)
+        ended_by = stop_take(client).ended_by
         while True:
             status = request(client, "status")
             if status["dataset"]["saved_this_session"] >= 1 and status["dataset"]["saving"] == 0:
@@ -160,22 +162,6 @@ def run_take(
             process.wait(10)
         log.close()
     return summarize(root, name, following) | {"ended_by": ended_by}
-
-
-def take_end(client: ControlClient) -> str:
-    """Stop the take and say what ended it: ``stop``, or the fault that ended it first.
-
-    On a loaded machine the daemon may end the take itself (an emulated arm's replies held in the
-    pty past the failed-tick bound: ``fault:device_lost``); that take is saved all the same, and
-    the table says how it ended instead of the benchmark stopping on the refused stop."""
-    stop = client.request("stop_episode")
-    if stop["ok"]:
-        return "stop"
-    status = request(client, "status")
-    last = status["last_episode"] or {}
-    if not str(last.get("ended_by", "")).startswith("fault:"):
-        raise RuntimeError(f"stop_episode refused: {stop['error']}; faults {status['faults']}; last {last}")
-    return str(last["ended_by"])
 
 
 def switch_hands(client: ControlClient, duration: float, every: float) -> None:

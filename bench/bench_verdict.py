@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _takes import stop_take
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -170,15 +171,12 @@ def run_session(
         for take in range(takes):
             started = client.call("start_episode", task="bench")
             time.sleep(take_s)  # the take: the daemon records on its own
-            reply = client.request("stop_episode")
+            end = stop_take(client)
             stopped = time.monotonic()
-            ended_by = "stop_episode"
-            if not reply["ok"]:  # the daemon ended it first (a fault on a loaded machine)
-                last = client.call("status").get("last_episode") or {}
-                ended_by = str(last.get("ended_by"))
-                if last.get("discarded") or last.get("saved") is False:
-                    print(f"  {name}: take {take} was ended by {ended_by} and not saved; skipped")
-                    continue
+            ended_by = end.ended_by
+            if not end.saved:
+                print(f"  {name}: take {take} was ended by {ended_by} and not saved; skipped")
+                continue
             verdict = listener.verdict(started["episode_index"], take_s + 60) if verdicts else None
             rest = stopped + max(reset_s, window_s) - time.monotonic()
             if rest > 0:
