@@ -33,6 +33,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _takes import stop_take
 from tiny_act import train_tiny_act
 
 from hilrec.daemon.dataset import FrameFlag
@@ -113,7 +114,7 @@ def run_take(workdir: Path, act: Path, fps: int, duration: float) -> dict[str, A
                     raise
         request(client, "start_episode", task="tiny act")
         time.sleep(duration)  # the take's length is the measurement's duration, not a wait for a state
-        request(client, "stop_episode")
+        ended_by = stop_take(client).ended_by
         while True:
             status = request(client, "status")
             if status["dataset"]["saved_this_session"] >= 1 and status["dataset"]["saving"] == 0:
@@ -127,7 +128,7 @@ def run_take(workdir: Path, act: Path, fps: int, duration: float) -> dict[str, A
             process.kill()
             process.wait(10)
         log.close()
-    return summarize(root, fps)
+    return {**summarize(root, fps), "ended_by": ended_by}
 
 
 def summarize(root: Path, fps: int) -> dict[str, Any]:
@@ -169,15 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} on {os.cpu_count()} cores")
     print(
         "| fps | frames | ticks missed (skipped + overrun) | starved ticks | chunks "
-        "| latency p50 / p99 ms | action age p50 / max (ticks) |"
+        "| latency p50 / p99 ms | action age p50 / max (ticks) | take ended by |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['fps']} | {r['frames']} "
             f"| {r['skipped'] + r['overruns']} ({r['skipped']} + {r['overruns']}) "
             f"| {r['starved']} | {r['chunks']} | {r['p50_ms']:.1f} / {r['p99_ms']:.1f} "
-            f"| {r['age_p50']:.0f} / {r['age_max']} |"
+            f"| {r['age_p50']:.0f} / {r['age_max']} | {r['ended_by']} |"
         )
     return 0
 

@@ -35,8 +35,10 @@ os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "daemon"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _daemon import Daemon, free_ports
+from _takes import stop_take
 
 from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
@@ -87,12 +89,8 @@ def record(daemon: Daemon, seconds: float, task: str) -> dict[str, Any]:
     waited = time.monotonic() - began
     daemon.call("start_episode", task=task)
     time.sleep(seconds)  # the session's length: the bench measures the loop over it
-    reply = daemon.request("stop_episode", success=True)
-    if reply["ok"]:
-        index, ended_by = int(reply["episode_index"]), "stop"
-    else:  # the daemon ended it itself (a device lost mid-take: [faults] on_device_lost = "save")
-        last = daemon.call("status")["last_episode"]
-        index, ended_by = int(last["episode_index"]), str(last.get("ended_by"))
+    end = stop_take(daemon, success=True)  # a device lost mid-take: on_device_lost = "save"
+    index, ended_by = end.episode_index, end.ended_by
     daemon.wait_status(lambda st: st["dataset"]["saving"] == 0, 300.0, "the save finished")
     meta, arrays = load_episode_sidecar(daemon_root(daemon), index)
     faults = len((meta or {}).get("faults") or [])
