@@ -8,7 +8,10 @@ the file that comes out is the one LeRobot would write for the same arm:
    limits 0..4095), Present_Position is read, and ``Homing_Offset = present - 2047`` is written
    so that pose reads 2047 (half a turn);
 3. the person moves every joint but wrist_roll through its whole range while the positions are
-   sampled; the extremes are the range (wrist_roll gets 0..4095);
+   sampled; the extremes are the range (wrist_roll gets 0..4095). A sample with no reply after
+   the bus's retries is skipped and counted (LeRobot stops the whole procedure on one): the
+   person is half way through moving six joints, and a lost reply on a USB adapter is no reason
+   to start again. Only replies missing for ``SILENT_LIMIT_S`` in a row end it (the arm is gone);
 4. the offsets and limits are written to the servos and the file is saved.
 
 Prompts and key presses belong to the command (``cmd_calibrate``); this class takes a
@@ -21,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from hilrec.daemon.errors import CalibrationError
+from hilrec.daemon.errors import BusPacketError, BusTimeoutError, CalibrationError
 from hilrec.daemon.so101 import JOINT_NAMES, MAX_TICK, MOTOR_IDS
 from hilrec.drivers.bus import FeetechBus
 from hilrec.drivers.calibration import (
@@ -34,6 +37,9 @@ from hilrec.drivers.tables import OperatingMode
 
 log = logging.getLogger(__name__)
 
+# Replies missing this long in a row while the ranges are recorded: the arm is gone, not a lost reply.
+SILENT_LIMIT_S = 2.0
+
 Sample = Callable[[dict[str, int], dict[str, int], dict[str, int]], None]
 
 
@@ -41,6 +47,7 @@ class Calibrator:
     def __init__(self, bus: FeetechBus) -> None:
         self.bus = bus
         self.homing_offsets: dict[str, int] | None = None
+        self.missed_samples = 0  # of the last record_ranges: no reply after the bus's retries
 
     def prepare(self) -> None:
         """Step 1: torque off (Lock 0) so the person can move the arm; position mode."""
@@ -79,20 +86,32 @@ class Calibrator:
         joints = [name for name in JOINT_NAMES if name != FULL_TURN_JOINT]
         ids = [MOTOR_IDS[JOINT_NAMES.index(name)] for name in joints]
 
-        def sample() -> dict[str, int]:
-            values = self.bus.sync_read("Present_Position", ids, check_status=False).values
+        self.missed_samples = 0
+        answered = time.monotonic()
+
+        def sample() -> dict[str, int] | None:
+            nonlocal answered
+            try:
+                values = self.bus.sync_read("Present_Position", ids, check_status=False).values
+            except (BusTimeoutError, BusPacketError):
+                if time.monotonic() - answered > SILENT_LIMIT_S:
+                    raise
+                self.missed_samples += 1
+                return None
+            answered = time.monotonic()
             return {name: values[sid] for name, sid in zip(joints, ids, strict=True)}
 
-        positions = sample()
-        mins, maxes = dict(positions), dict(positions)
+        mins: dict[str, int] = {}
+        maxes: dict[str, int] = {}
         while True:
             positions = sample()
-            for name, value in positions.items():
-                mins[name] = min(mins[name], value)
-                maxes[name] = max(maxes[name], value)
-            if on_sample is not None:
-                on_sample(mins, positions, maxes)
-            if until():
+            if positions is not None:
+                for name, value in positions.items():
+                    mins[name] = min(mins.get(name, value), value)
+                    maxes[name] = max(maxes.get(name, value), value)
+                if on_sample is not None:
+                    on_sample(mins, positions, maxes)
+            if until() and mins:
                 break
             time.sleep(interval_s)
         still = [name for name in joints if mins[name] == maxes[name] and every_joint]

@@ -92,10 +92,19 @@ def _record(
     print(prompt)
     if args.duration is None:
         print("Recording positions. Press ENTER to stop...")
-        return calibrator.record_ranges(_enter_pressed, every_joint=not again)
-    deadline = time.monotonic() + args.duration
-    print(f"Recording positions for {args.duration:g} s...")
-    return calibrator.record_ranges(lambda: time.monotonic() >= deadline, every_joint=not again)
+        until = _enter_pressed
+    else:
+        deadline = time.monotonic() + args.duration
+        print(f"Recording positions for {args.duration:g} s...")
+
+        def until() -> bool:
+            return time.monotonic() >= deadline
+
+    ranges = calibrator.record_ranges(until, every_joint=not again)
+    if calibrator.missed_samples:
+        missed = calibrator.missed_samples
+        print(f"{missed} sample(s) had no reply and were skipped; the ranges are from the rest")
+    return ranges
 
 
 def _narrow(mins: dict[str, int], maxes: dict[str, int]) -> str | None:

@@ -9,6 +9,7 @@ import pty
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,12 +17,15 @@ import pytest
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.control.hardware import open_with_retries
-from hilrec.daemon.errors import CalibrationError, ConfigError
+from hilrec.daemon.errors import BusTimeoutError, CalibrationError, ConfigError
 from hilrec.daemon.so101 import Role
 from hilrec.daemon.wire.settings import FollowerSettings, LeaderSettings
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
+from hilrec.drivers.bus import BusConfig, FeetechBus
 from hilrec.drivers.calibration import DEFAULT_ARM_IDS, ArmCalibration, load_calibration, save_calibration
+from hilrec.drivers.calibrator import SILENT_LIMIT_S, Calibrator
 from hilrec.drivers.emulated.emulator import EmulatedArm
+from hilrec.drivers.emulated.faults import Fault
 from hilrec.drivers.emulated.priority import EMULATOR_NICE
 from hilrec.sim.units import emulated_calibration
 
@@ -164,8 +168,6 @@ def test_a_port_that_is_not_an_arm_says_what_to_do(port: str, words: str, tmp_pa
 
 @pytest.mark.slow
 def test_missing_servos_are_named_with_what_to_check(emulate, tmp_path: Path) -> None:
-    from hilrec.drivers.emulated.faults import Fault
-
     emu = emulate("follower")
     emu.inject(Fault(kind="missing", servo_id=1))
     calibration = save_calibration(emu.frame.calibration, tmp_path / "f.json")
@@ -189,6 +191,47 @@ def test_the_emulated_calibration_is_what_lerobots_procedure_writes_for_wrist_ro
     assert (wrist.range_min, wrist.range_max) == (0, 4095)
     assert calibrate("leader", "--port", emu.port, "--output", str(tmp_path / "l.json")) == 0
     assert json.loads((tmp_path / "l.json").read_text()) == json.loads(emu.frame.calibration.to_json())
+
+
+SAMPLES = 150  # 10 ms apart at least: the hand's sweep takes 0.8 s
+
+
+@pytest.mark.slow
+def test_a_reply_lost_while_ranges_are_recorded_skips_that_sample(emulate) -> None:
+    """Seen under load: one sample with no reply after the bus's three attempts ended the whole
+    calibration (LeRobot's does the same), and the person would start it again."""
+    emu = emulate("leader", motion="sweep", factory_fresh=True)
+    samples: list[dict[str, int]] = []
+
+    def lose_two_samples_at_the_fifth(
+        mins: dict[str, int], now: dict[str, int], maxes: dict[str, int]
+    ) -> None:
+        samples.append(now)
+        if len(samples) == 5:  # the bus tries three times a sample: six drops lose two samples
+            emu.inject(Fault(kind="drop", servo_id=2, count=6))
+
+    with FeetechBus(BusConfig(port=emu.port)) as bus:
+        calibrator = Calibrator(bus)
+        calibrator.prepare()
+        calibrator.set_middle()  # the emulated hand sweeps once the offsets are written
+        mins, maxes = calibrator.record_ranges(
+            lambda: len(samples) >= SAMPLES, on_sample=lose_two_samples_at_the_fifth
+        )
+    assert calibrator.missed_samples == 2
+    assert len(samples) == SAMPLES and all(maxes[j] > mins[j] for j in mins)  # the sweep, from the rest
+
+
+@pytest.mark.slow
+def test_an_arm_silent_while_ranges_are_recorded_ends_them_naming_the_register(emulate) -> None:
+    emu = emulate("leader", motion="sweep", factory_fresh=True)
+    with FeetechBus(BusConfig(port=emu.port)) as bus:
+        calibrator = Calibrator(bus)
+        emu.inject(Fault(kind="drop", servo_id=2))
+        began = time.monotonic()
+        with pytest.raises(BusTimeoutError, match="Present_Position"):
+            calibrator.record_ranges(lambda: False)
+    assert SILENT_LIMIT_S <= time.monotonic() - began < SILENT_LIMIT_S + 5.0
+    assert calibrator.missed_samples > 0
 
 
 # --- the standalone emulator's priority ---------------------------------------------------------------
