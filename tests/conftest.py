@@ -3,6 +3,7 @@ leaving real-time threads behind for the next."""
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,13 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+# A run started in the background by a script (`pytest ... &` without job control, nohup-like
+# launchers) inherits SIGINT ignored, and Python keeps it so: every Ctrl-C a test sends, to this
+# process or to a child that inherits the disposition through exec, would vanish. Python's own
+# handler here: a caught signal is reset to the default on exec, so children get it too.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REAL_TIME_POLICIES = (os.SCHED_FIFO, os.SCHED_RR)
 
