@@ -4,6 +4,10 @@ true fails as a test failure naming what it waited for, bounded in time."""
 from __future__ import annotations
 
 import itertools
+import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from support import WaitTimeout, wait_until
@@ -49,3 +53,17 @@ def _missing() -> int:
 def test_a_nonsense_bound_is_refused(timeout: float, interval: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
         wait_until(lambda: True, timeout=timeout, interval=interval)
+
+
+@pytest.mark.slow  # a pytest of its own
+def test_a_suite_started_with_ctrl_c_ignored_still_sends_it_to_its_children() -> None:
+    """A script that starts `make test` in the background (``cmd &`` without job control) hands
+    pytest SIGINT ignored; a child inherits that through exec, and every Ctrl-C a test sent was
+    lost: the Ctrl-C tests of record and the display's stop failed in such a run."""
+    repo = Path(__file__).resolve().parents[1]
+    test = "tests/viz/test_display_child.py::test_a_display_stopped_before_it_heard_anything_is_not_a_fault"
+    ignoring = f"trap '' INT; exec {shlex.quote(sys.executable)} -m pytest -q -p no:cacheprovider {test}"
+    done = subprocess.run(
+        ["sh", "-c", ignoring], cwd=repo, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
