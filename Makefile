@@ -65,15 +65,14 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# pytest-xdist workers: 0 runs the suite in this process, one test at a time (22 minutes here for
-# the suite), which is what `make test` (and so .ci/run) does. `make test WORKERS=3` fills two
-# cores (about 13.5 minutes from a clean clone), but each of six clean-clone runs at three workers
-# found one race with the load, two not yet mended (tests/policy: the leader-follow handback step,
-# the rollout's switch frame on a loaded loop), and a suite that is red by chance is worse than a
-# slow one, so the default stays serial until three workers give a green streak. --dist
-# loadgroup keeps each xdist_group (tests/conftest.py: tests sharing a built fixture) on one
-# worker; tests/test_worker_groups.py fails if the groups stop holding.
-WORKERS ?= 0
+# pytest-xdist workers. Three fill two cores, because many tests wait on a daemon, an emulator or
+# a browser more than they compute: the suite takes about 12.5 minutes here from a clean clone,
+# against 22 one test at a time (WORKERS=0, in this process). Every race with the load that
+# three workers found has been mended in the product or the test (a test that a loaded machine
+# can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
+# xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
+# tests/test_worker_groups.py fails if the groups stop holding.
+WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))
 
