@@ -13,6 +13,13 @@ SIGTERM when the daemon's thread that started it ends), with a pipe on its stdin
   ends. An arm that is gone too (an emulated one, ending with the daemon) is given up on after
   ``open_timeout_s``.
 
+From its start the guard holds the port open itself (never reading or writing it), so that the
+device it turns off is the one the daemon had. A pty's number is free again once both of its
+ends are closed, and an emulated arm's ends with its daemon: within ``open_timeout_s`` the next
+terminal opened on the machine may get it (seen in the suite: a SIGKILLed daemon's guard wrote
+its Torque_Enable packets into another test's terminal). Held open, the number stays taken
+while the guard lives, and opening it after the emulator is gone fails instead.
+
 Child side: ``python -m hilrec.drivers.torque_guard PORT [--open-timeout-s S]``; parent side:
 :class:`TorqueGuard`.
 """
@@ -28,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 from hilrec.daemon import procs
 from hilrec.daemon.errors import DeviceError
@@ -130,7 +138,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open-timeout-s", type=float, default=3.0)
     args = parser.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    print(READY, flush=True)
+    with _held_open(args.port):
+        print(READY, flush=True)
+        return _guard(args.port, args.open_timeout_s)
+
+
+@contextlib.contextmanager
+def _held_open(port: str) -> Iterator[None]:
+    """The port held open by this process (see the module's text); a port that cannot be opened
+    is guarded by name only."""
+    try:
+        fd = os.open(port, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as exc:
+        log.warning("torque guard: %s could not be held open (%s); guarding it by name", port, exc)
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def _guard(port: str, open_timeout_s: float) -> int:
     stdin = sys.stdin.fileno()
     while True:
         readable, _, _ = select.select([stdin], [], [], 0.2)
@@ -142,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 break  # the parent's end of the pipe closed: it is gone
         if signal.sigtimedwait(_STOP_SIGNALS, 0) is not None:
             break
-    return 0 if torque_off(args.port, args.open_timeout_s) else 1
+    return 0 if torque_off(port, open_timeout_s) else 1
 
 
 if __name__ == "__main__":
