@@ -67,7 +67,6 @@ _NO_GOAL = np.full(NUM_JOINTS, np.nan, dtype=np.float32)
 
 @dataclass
 class _Frame:
-    source: ControlSource
     proposed: np.ndarray | None
     age: int
     fresh: bool
@@ -109,7 +108,8 @@ class RolloutLeader:
         self._frame: int | None = None
         self._frames: dict[int, _Frame] = {}
         # Who had the arm on each frame, as its intervention column says: written where the
-        # column is made, so a frame whose read failed (no _Frame) still has its own hand.
+        # column is made, so a frame whose read failed (no _Frame) still has its own hand. The
+        # one place record() takes the hand from.
         self._hands: dict[int, ControlSource] = {}
         self._last_sent: np.ndarray | None = None
         self._catching_up = False
@@ -189,7 +189,6 @@ class RolloutLeader:
         if frame_index is not None:
             # Kept by frame index: a tick whose frame was not recorded is overwritten by the next.
             self._frames[frame_index] = _Frame(
-                source=self.source,
                 proposed=step.goal,
                 age=step.age,
                 fresh=step.fresh,
@@ -274,13 +273,15 @@ class RolloutLeader:
         ``success`` is the operator's mark (``s`` / ``f`` in ``hilrec rollout``), None unmarked."""
         log = RolloutLog(policy=self.driver.name, max_step=self.max_step)
         previous: _Frame | None = None
+        hand = ControlSource.POLICY
         for index in range(frames):
+            # The hand the frame's intervention column says (kept by frame_features), whatever
+            # its read did; a frame never asked for (none recorded) keeps the one before.
+            hand = self._hands.get(index, hand)
             entry = self._frames.get(index)
-            hand = self._hands.get(index, previous.source if previous is not None else ControlSource.POLICY)
             if entry is None or entry.sent is None:
                 # A frame the loop held (a failed read): no proposal, and the goal sent before.
                 entry = _Frame(
-                    source=hand,
                     proposed=None,
                     age=-1,
                     fresh=False,
@@ -288,12 +289,11 @@ class RolloutLeader:
                     starved=False,
                     sent=previous.sent if previous is not None else _NO_GOAL,
                 )
-            entry.source = hand  # the hand its intervention column says, whatever the read did
             previous = entry
             assert entry.sent is not None
             log.starved += entry.starved
             log.add(
-                source=entry.source,
+                source=hand,
                 proposed=entry.proposed,
                 age=entry.age,
                 fresh=entry.fresh,
