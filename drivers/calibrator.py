@@ -111,7 +111,7 @@ class Calibrator:
                     maxes[name] = max(maxes.get(name, value), value)
                 if on_sample is not None:
                     on_sample(mins, positions, maxes)
-            if until() and mins:
+            if mins and until():  # an Enter before the first reply waits for one
                 break
             time.sleep(interval_s)
         still = [name for name in joints if mins[name] == maxes[name] and every_joint]
