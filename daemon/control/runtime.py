@@ -214,8 +214,9 @@ class Daemon:
             self.recorder.start()
             stack.callback(self.recorder.close, 30.0)
             if self.verdicts:
-                # Started from this thread while it is still at normal priority; the worker
-                # lowers its own (SCHED_IDLE) at once. Closed before the writer (LIFO).
+                # Its thread starts from this one while it is still at normal priority, and
+                # starts the worker process at the first take; the process inherits that priority
+                # and lowers its own (SCHED_IDLE) at once. Closed before the writer (LIFO).
                 gated = self.verdict_gate and (s.sim.realtime if s.mode == "sim" else True)
                 self.verdict_worker = VerdictWorker(
                     root=Path(s.dataset.root),
@@ -414,18 +415,21 @@ class Daemon:
         future = self._switch(request.cmd) if request.cmd in SWITCHES else self.session.submit(request)
         timeout = self.settings.zmq.apply_timeout_ms / 1000.0
         try:
-            return future.result(timeout=timeout)
+            reply = future.result(timeout=timeout)
         except TimeoutError:
             if future.cancel():
                 raise RequestRefusedError(
                     f"the loop did not take {request.cmd!r} within {timeout * 1000:.0f} ms; nothing was done",
                     CODE_TIMEOUT,
                 ) from None
-            return future.result(timeout=timeout)  # it started just now: it will finish
+            reply = future.result(timeout=timeout)  # it started just now: it will finish
         except RequestRefusedError:
             raise
         except DatasetStateError as exc:
             raise RequestRefusedError(str(exc), CODE_FAULT) from None
+        if request.cmd == "start_episode" and self.verdict_worker is not None:
+            self.verdict_worker.prepare()  # its imports run during the take, at idle priority
+        return reply
 
     def _switch(self, cmd: str) -> Future[dict[str, Any]]:
         """``takeover`` / ``handback``: queued for the rollout's next tick edge."""

@@ -6,7 +6,7 @@ hilrec.daemon.control.verdict``) at the lowest CPU priority there is: ``SCHED_ID
 any process on Linux), else ``nice 19``; it runs only on CPU time nothing else wants, so the loop
 and its writer never wait for it. On a virtual machine the hypervisor does not know those
 priorities, so while it works the worker is also held stopped around each tick (:class:`TickGate`).
-It keeps MuJoCo and the checkers imported between takes.
+It starts with the first take and keeps MuJoCo and the checkers imported between takes.
 
 Per episode, in the worker: :func:`hilrec.daemon.control.judge.judge_episode` (the dataset rules
 that concern that episode, then its sim or hardware replay).
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S: Final[float] = 5.0
 GATE_GUARD_S: Final[float] = 0.004  # the worker is stopped this long before each tick deadline
 GATE_RESUME_S: Final[float] = 0.010  # and continued this long after it (a tick's work: 2-8 ms)
+_PREPARE: Final[str] = "prepare"  # on the worker's queue: start the process, judge nothing yet
 
 
 # --- priority (in the worker) ----------------------------------------------------------------------
@@ -184,8 +185,10 @@ class VerdictWorker:
         self._tick_grid = tick_grid
         self.gated_ticks = 0
         self._command = command or [sys.executable, "-m", "hilrec.daemon.control.verdict"]
-        self._queue: queue.Queue[tuple[int, float] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, float] | str | None] = queue.Queue()
         self._lock = threading.Lock()
+        self._prepared = False
+        self._closed = False
         self._idle = threading.Condition(self._lock)
         self._pending = 0
         self.done = 0
@@ -196,18 +199,21 @@ class VerdictWorker:
         self._thread = threading.Thread(target=self._run, name="hilrec-verdict", daemon=True)
 
     def start(self) -> None:
-        """Start the process (call from a thread at normal priority: the child inherits it)."""
-        self._process = procs.start(
-            self._command,
-            # SIGKILL: a tick gate may hold it stopped, and a stopped process handles no SIGTERM.
-            death_signal=signal.SIGKILL,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=None,  # the daemon's own stderr: its log
-            text=True,
-            bufsize=1,
-        )
+        """Start the ``hilrec-verdict`` thread (call from a thread at normal priority: the thread,
+        and the worker process it starts, inherit it).
+
+        The process itself starts with the first take (:meth:`prepare`), or the first saved
+        episode: a daemon that never records never pays for a worker that imports MuJoCo.
+        """
         self._thread.start()
+
+    def prepare(self) -> None:
+        """A take has begun: start the worker now, so it is ready when the take is saved."""
+        with self._lock:
+            if self._prepared:
+                return
+            self._prepared = True
+        self._queue.put(_PREPARE)
 
     def submit(self, episode_index: int, ended_at: float | None = None) -> None:
         """Judge ``episode_index`` (saved); ``ended_at``: when its take ended (monotonic)."""
@@ -234,7 +240,9 @@ class VerdictWorker:
     def close(self) -> None:
         """Stop the worker (what is still pending gets no verdict)."""
         self._queue.put(None)
-        process = self._process
+        with self._lock:
+            self._closed = True  # a worker the thread has not started yet never starts
+            process = self._process
         if process is not None:
             with contextlib.suppress(OSError):
                 os.kill(process.pid, signal.SIGCONT)  # in case a gate left it stopped
@@ -260,23 +268,18 @@ class VerdictWorker:
     # --- the hilrec-verdict thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        process = self._process
-        assert process is not None and process.stdout is not None and process.stdin is not None
-        ready = self._read(process.stdout)
-        if ready is None or ready.get("type") != "ready":
-            self._fail(f"the verdict worker did not start (exit status {process.poll()})")
-        else:
-            self.priority = str(ready.get("priority"))
-            log.info("verdict worker pid %s at %s", ready.get("pid"), self.priority)
         while (item := self._queue.get()) is not None:
+            if self._process is None and self.error is None:
+                self._spawn()
+            process = self._process
+            if isinstance(item, str):  # _PREPARE: the process is all it asked for
+                continue
             index, ended_at = item
             reply = None
-            if self.error is None:
-                gate = TickGate(process.pid, self._tick_grid) if self._tick_grid is not None else None
+            if self.error is None and process is not None and process.stdin and process.stdout:
+                gate = self._gate(process.pid)
                 try:
                     _send(process.stdin, {"root": str(self.root), "episode_index": index, "mode": self.mode})
-                    if gate is not None:
-                        gate.start()
                     reply = self._read(process.stdout)
                 except OSError as exc:
                     self._fail(f"the verdict worker is gone ({exc})")
@@ -298,6 +301,48 @@ class VerdictWorker:
                 self.done += 1
                 self.last = {k: reply[k] for k in ("episode_index", "verdict", "summary")}
                 self._idle.notify_all()
+
+    def _spawn(self) -> None:
+        """Start the worker process and wait for its ``ready`` (the imports, gated like a verdict)."""
+        with self._lock:
+            if self._closed:
+                self._fail("the daemon is stopping")
+                return
+            try:
+                process = procs.start(
+                    self._command,
+                    # SIGKILL: a tick gate may hold it stopped; a stopped process handles no SIGTERM.
+                    death_signal=signal.SIGKILL,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=None,  # the daemon's own stderr: its log
+                    text=True,
+                    bufsize=1,
+                )
+            except OSError as exc:
+                self._fail(f"the verdict worker could not start ({exc})")
+                return
+            self._process = process
+        assert process.stdout is not None
+        gate = self._gate(process.pid)
+        try:
+            ready = self._read(process.stdout)
+        finally:
+            if gate is not None:
+                self.gated_ticks += gate.stop()
+        if ready is None or ready.get("type") != "ready":
+            self._fail(f"the verdict worker did not start (exit status {process.poll()})")
+            return
+        self.priority = str(ready.get("priority"))
+        log.info("verdict worker pid %s at %s", ready.get("pid"), self.priority)
+
+    def _gate(self, pid: int) -> TickGate | None:
+        """A started gate on ``pid`` when the loop has a tick grid to keep clear; else None."""
+        if self._tick_grid is None:
+            return None
+        gate = TickGate(pid, self._tick_grid)
+        gate.start()
+        return gate
 
     def _read(self, stream: IO[str]) -> dict[str, Any] | None:
         line = stream.readline()

@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record, write_native
+from support.procs import children
+from support.verdicts import VERDICT_MODULE
+from support.wait import wait_until
 
 from hilrec.daemon.cli import main
 from hilrec.daemon.control.judge import judge_episode
@@ -52,6 +55,36 @@ def test_the_worker_process_judges_a_sound_sim_episode_at_idle_priority(sim_root
     details = verdict["details"]
     assert details["data_problems"] == [] and details["replay"]["status"] == "passed"
     assert details["replay"]["frames"] > 0 and verdict["take_end_to_verdict_s"] >= details["worker_s"]
+
+
+@pytest.mark.slow  # the worker process
+def test_the_worker_process_starts_with_the_first_take_not_with_the_daemon(tmp_path: Path) -> None:
+    # A daemon that is started, asked for its status and stopped (the ui's, a test's, a bench's
+    # first look) never pays for a process that imports MuJoCo.
+    worker = VerdictWorker(root=tmp_path, mode="sim", on_verdict=lambda _verdict: None)
+    worker.start()
+    try:
+        assert worker._process is None and worker.status()["priority"] == "not started"
+        assert children(os.getpid(), VERDICT_MODULE) == []
+        worker.prepare()  # a take has begun
+        worker.prepare()  # a second take: still one worker
+        wait_until(lambda: worker.priority == "SCHED_IDLE", 120, 0.05, "the worker ready at SCHED_IDLE")
+        [child] = children(os.getpid(), VERDICT_MODULE)
+        assert worker._process is not None and child.pid == worker._process.pid
+    finally:
+        worker.close()
+    assert children(os.getpid(), VERDICT_MODULE) == []
+
+
+@pytest.mark.parametrize("first_take", [False, True])
+def test_a_worker_closed_before_or_as_its_first_take_begins_leaves_no_process(first_take: bool) -> None:
+    worker = VerdictWorker(root=Path("/nonexistent"), mode="sim", on_verdict=lambda _verdict: None)
+    worker.start()
+    if first_take:
+        worker.prepare()  # the thread may be starting the process while close() runs
+    worker.close()
+    assert not worker._thread.is_alive()
+    assert children(os.getpid(), VERDICT_MODULE) == []
 
 
 @pytest.mark.slow

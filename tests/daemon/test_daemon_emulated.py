@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _daemon import Daemon, check_passes, emulated_config, write_test_video
+from support.procs import children
+from support.verdicts import VERDICT_MODULE
 
 from hilrec.daemon.dataset import FrameFlag
 from hilrec.daemon.dataset.format.reader import load_episodes, read_episode
@@ -58,6 +60,9 @@ loop = true
     status = daemon.call("status")
     assert status["mode"] == "emulated" and status["leader"]["source"] == "serial"
     assert status["devices"]["follower"]["port"].startswith("/dev/pts/")
+    # The verdict worker starts with the first take: a daemon that never records never starts it.
+    assert status["verdicts"]["priority"] == "not started"
+    assert daemon.process is not None and children(daemon.process.pid, VERDICT_MODULE) == []
 
     daemon.call("start_episode", task="pick the cube", seed=11)
     daemon.wait_frames(60)

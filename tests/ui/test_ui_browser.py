@@ -51,7 +51,6 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
     daemon = daemons(Daemon(tmp_path, first_config))
     ui = uis(Ui(daemon.config_path, tmp_path, token=TOKEN))
     assert daemon.process is not None
-    lift_verdict_worker(daemon.process.pid)  # the page is under test here, not the priority
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
@@ -88,6 +87,9 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         page.locator("#btn-start").click()
         expect(page.locator("#reply")).to_have_text(re.compile(r"start_episode: ok"))
         expect(page.locator("#state")).to_have_text("recording")
+        # The daemon starts its verdict worker with the first take; the page is under test here,
+        # not the worker's priority.
+        lift_verdict_worker(daemon.process.pid)
         page.wait_for_function("() => Number(document.querySelector('#frames').textContent) >= 75")
         expect(page.locator("#take")).to_have_text("take 1")  # episode 0, numbered for the eye
         expect(page.locator("#elapsed")).to_have_text(re.compile(r"^0:0[2-9]\.\d$|^0:[1-5]\d\.\d$"))
