@@ -26,6 +26,7 @@ from hilrec.daemon.fanout import TaskOutcome
 from hilrec.sim.cmd_record import _seed_list
 from hilrec.sim.record_workers import (
     KILL_ENV,
+    SCRATCH_MARK,
     FanoutSummary,
     SeedTask,
     _Gatherer,
@@ -184,12 +185,32 @@ def test_a_seed_from_another_world_is_failed_by_name(tmp_path: Path) -> None:
     assert main(["check", str(config.root)]) == 0
 
 
+def private_shared_memory(shm: Path) -> list[str]:
+    """The argv prefix that runs a command with ``shm`` as its ``/dev/shm``, in a mount namespace
+    of its own (same pid: ``unshare`` and ``sh`` exec it).
+
+    Scratch directories live in ``/dev/shm``, and any recording run on the host removes those of a
+    dead recorder, whatever their destination (what a user wants: shared memory back). Another
+    test's run on another pytest worker once removed this test's, between the kill and the look.
+    """
+    shm.mkdir()
+    return [
+        "unshare", "--mount", "--propagation", "private",
+        "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm),
+    ]  # fmt: skip
+
+
 def test_killing_the_recorder_leaves_no_worker_and_the_next_run_removes_its_scratch(tmp_path: Path) -> None:
-    root = tmp_path / "ds"
-    argv = [HILREC, "record", "--sim", "--root", str(root), "--episodes", "6", "--cameras", "none"]
+    root, shm = tmp_path / "ds", tmp_path / "shm"
+    private = private_shared_memory(shm)
+    argv = [*private, HILREC, "record", "--sim", "--root", str(root), "--cameras", "none", "--no-progress"]
+
+    def scratch() -> list[Path]:
+        return sorted(path for path in shm.iterdir() if SCRATCH_MARK in path.name)
+
     # --realtime: an episode lasts ~5 s, so both workers are surely mid-episode when it is killed.
     parent = subprocess.Popen(
-        [*argv, "--realtime", "--no-progress", "--workers", "2"],
+        [*argv, "--episodes", "6", "--realtime", "--workers", "2"],
         env=dict(os.environ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -198,7 +219,7 @@ def test_killing_the_recorder_leaves_no_worker_and_the_next_run_removes_its_scra
     try:
         workers: list[int] = []
         deadline = time.monotonic() + WITHIN_S
-        while len(workers) < 2 or not scratch_dirs(root):
+        while len(workers) < 2 or not scratch():
             assert parent.poll() is None and time.monotonic() < deadline, "no two workers recording"
             workers = spawn_workers(parent.pid)
             time.sleep(0.05)  # polling for the workers, bounded
@@ -207,8 +228,17 @@ def test_killing_the_recorder_leaves_no_worker_and_the_next_run_removes_its_scra
         parent.wait()
     alive = still_running_after(workers, WITHIN_S)
     assert not alive, f"workers {alive} outlive the killed recorder"
-    left = scratch_dirs(root)
-    assert left  # nobody was there to remove it
-    assert record(root, "--resume", "--episodes", "1", "--workers", "2", "--cameras", "none") == 0
+    [left] = scratch()  # nobody was there to remove it
+    assert f"{SCRATCH_MARK}{parent.pid}-" in left.name  # named after the recorder that made it
+    resumed = subprocess.run(
+        [*argv, "--resume", "--episodes", "1", "--workers", "2"],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=WITHIN_S * 5,
+        check=False,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert scratch() == []
     assert scratch_dirs(root) == []
     assert main(["check", str(root)]) == 0
