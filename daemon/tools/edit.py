@@ -363,7 +363,7 @@ def split(
 
         reports.append(run_edit("split", [Path(root)], Path(out), build, options, flags=flags, outs=outs))
         hook_point(hook_of(options), "part-written")
-    finish_parts(outs)
+    finish_parts(outs, hook_of(options))
     return reports
 
 

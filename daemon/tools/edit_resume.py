@@ -6,8 +6,11 @@ part it completes. Killed anywhere, it leaves every ``--out`` folder missing, ha
 and the record ``building``) or complete (the record ``done`` while other parts are missing).
 Run again with the same inputs, outputs and arguments (:meth:`Intent.same_edit`, which also
 compares a digest of the inputs), it keeps the parts that are done, starts the half-built one
-over, and removes the records once every part is there. A folder holding another edit's record,
-or the inputs changed since, is refused, naming what the folder is and which command made it.
+over, and removes the records once every part is there. A complete output also carries the
+edit's identity in the last entry of its ``edits`` (:func:`sign_result`), so the same command
+keeps an output whose record is already gone (a run killed while it removed the records, or one
+that finished). A folder holding another edit's record or output, or the inputs changed since, is
+refused, naming what the folder is and which command made it.
 """
 
 from __future__ import annotations
@@ -26,11 +29,16 @@ from hilrec.daemon.dataset import (
     IntentState,
     describe_intent,
     holds_only_edit_files,
+    load_dataset_sidecar,
     load_edit_intent,
+    update_dataset_sidecar,
 )
-from hilrec.daemon.errors import DatasetStateError
+from hilrec.daemon.errors import CorruptDatasetError, DatasetStateError
 
 _META_DIR = "meta"
+# What makes two runs the same edit: a record (or an output's last entry of "edits") holding
+# these as this run has them is this edit's.
+_IDENTITY = ("command_line", "inputs", "outs", "part", "inputs_digest")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +86,18 @@ class Intent:
 
     def same_edit(self, record: dict[str, Any]) -> bool:
         mine = self.record(IntentState.BUILDING)
-        keys = ("command_line", "inputs", "outs", "part", "inputs_digest")
-        return all(record.get(k) == mine[k] for k in keys)
+        return all(record.get(k) == mine[k] for k in _IDENTITY)
+
+    def made(self, target: Path) -> bool:
+        """Whether ``target`` is a complete output of this very edit (:func:`sign_result`): a run
+        killed once its outputs were swapped in, before it removed their records, left it."""
+        try:
+            sidecar = load_dataset_sidecar(target) or {}
+        except CorruptDatasetError:
+            return False
+        edits = sidecar.get("edits")
+        last = edits[-1] if isinstance(edits, list) and edits else None
+        return isinstance(last, dict) and self.same_edit(last)
 
 
 def inputs_digest(roots: Sequence[Path]) -> str:
@@ -110,6 +128,8 @@ def prior_part(intent: Intent, target: Path) -> bool:
         return False  # new, or a half-built folder: (re)built from the start
     record = load_edit_intent(target)
     if record is None:
+        if intent.made(target):
+            return True  # complete, and its record already removed by the run that made it
         raise DatasetStateError(f"--out {target} exists and is not empty; give a new folder")
     if not intent.same_edit(record):
         changed = record.get("command_line") == intent.command_line
@@ -121,3 +141,15 @@ def prior_part(intent: Intent, target: Path) -> bool:
     if record.get("state") != IntentState.DONE:
         raise DatasetStateError(f"--out {target}: {describe_intent(record)}")
     return True
+
+
+def sign_result(result: Path, intent: Intent) -> None:
+    """Put this edit's identity in the last entry of ``result``'s ``edits`` (its own, added by the
+    build), so that a rerun knows the output as its own once it holds no record any more."""
+    sidecar = load_dataset_sidecar(result) or {}
+    edits = list(sidecar.get("edits") or [])
+    if not edits or not isinstance(edits[-1], dict):
+        edits.append({"command": f"hilrec edit {intent.command}"})  # a source with no sidecar
+    mine = intent.record(IntentState.DONE)
+    edits[-1] = {**edits[-1], **{key: mine[key] for key in _IDENTITY}}
+    update_dataset_sidecar(result, {"edits": edits})

@@ -203,6 +203,33 @@ def test_a_merge_killed_while_it_wrote_its_record_is_named_by_check(
     assert_complete(source, "merge", outs)
 
 
+@pytest.mark.parametrize("kind", ["split", "merge"])
+def test_the_same_command_after_a_run_that_finished_keeps_what_it_wrote(
+    source: Path, tmp_path: Path, kind: str
+) -> None:
+    """Killed after its outputs were swapped in, the edit left them complete (a split killed
+    while it removed its parts' records: TRAIN without one, VAL with one; seen once in ten random
+    kills), or it was not killed at all. The same command run again said "--out exists and is not
+    empty"; it keeps them."""
+    outs = outs_for(tmp_path, kind, "finished")
+    if kind == "split":
+        killed(kind, source, outs, "record-removed", None)
+        assert not (outs[0] / EDIT_INTENT_PATH).exists() and (outs[1] / EDIT_INTENT_PATH).exists()
+    else:
+        run(kind, source, outs)
+    written = [tree_digest(out) for out in outs]
+    run(kind, source, outs)
+    assert_complete(source, kind, outs)
+    if kind == "merge":
+        assert [tree_digest(out) for out in outs] == written  # kept, not written again
+    # Another edit into the same folders is still refused: it is this edit's output, not that one's.
+    with pytest.raises(DatasetStateError, match="exists and is not empty"):
+        if kind == "split":
+            edit.split(source, outs, lists=[[0, 1], [2, 3]])
+        else:
+            edit.merge([source.parent / "other", source], outs[0])
+
+
 def test_a_part_of_another_edit_or_of_changed_inputs_is_refused_not_overwritten(
     source: Path, tmp_path: Path
 ) -> None:
