@@ -65,16 +65,14 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# pytest-xdist workers. Four fill two cores, because many tests wait on a daemon, an emulator or
-# a browser more than they compute: at three, vmstat still showed the cores 10 % idle, in stretches
-# where every worker waited (kill loops, takes paced at 25 Hz, verdicts at idle priority).
-# `make test` takes about 10 minutes here from a clean clone, against 22 one test at a time
-# (WORKERS=0, in this process). Every race with the load that the workers found has been mended
-# in the product or the test (a test that a loaded machine can fail by chance is a defect), so
-# four is the default CI runs. --dist loadgroup keeps each xdist_group (tests/conftest.py: tests
-# sharing a built fixture) on one worker; tests/test_worker_groups.py fails if the groups stop
-# holding.
-WORKERS ?= 4
+# pytest-xdist workers. Three fill two cores, because many tests wait on a daemon, an emulator or
+# a browser more than they compute: `make test` takes 11 to 12 minutes here from a clean clone,
+# against 22 one test at a time (WORKERS=0, in this process). Every race with the load that
+# three workers found has been mended in the product or the test (a test that a loaded machine
+# can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
+# xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
+# tests/test_worker_groups.py fails if the groups stop holding.
+WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))
 
