@@ -45,6 +45,8 @@ from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 FPS = 25
 PERIOD_S = 1.0 / FPS
 LATE_S = 0.002
+START_TIMEOUT_S = 180.0  # the ui, the display and the first page, on a loaded machine
+PAGE_LOAD_TIMEOUT_MS = 30_000  # one try at the page, once the ui listens
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -161,10 +163,13 @@ class Viewers:
         self._playwright = sync_playwright().start()
         self._browser = self._playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         page = self._browser.new_page()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
-                page.goto(f"http://127.0.0.1:{port}/?token={token}", timeout=5000)
+                # Refused at once until the ui listens; once it does, a loaded machine may take
+                # seconds to serve the page, and a short timeout only started the load again
+                # (seen: every try timed out at 5 s for a minute, at load 9).
+                page.goto(f"http://127.0.0.1:{port}/?token={token}", timeout=PAGE_LOAD_TIMEOUT_MS)
                 break
             except Exception:
                 if time.monotonic() > deadline:
