@@ -6,11 +6,11 @@ part it completes. Killed anywhere, it leaves every ``--out`` folder missing, ha
 and the record ``building``) or complete (the record ``done`` while other parts are missing).
 Run again with the same inputs, outputs and arguments (:meth:`Intent.same_edit`, which also
 compares a digest of the inputs), it keeps the parts that are done, starts the half-built one
-over, and removes the records once every part is there. A complete output also carries the
-edit's identity in the last entry of its ``edits`` (:func:`sign_result`), so the same command
-keeps an output whose record is already gone (a run killed while it removed the records, or one
-that finished). A folder holding another edit's record or output, or the inputs changed since, is
-refused, naming what the folder is and which command made it.
+over, and removes the records once every part is there (killed while it removed them, a part
+without its record is known as done by the record still in another). A folder holding another
+edit's record, or the inputs changed since, is refused, naming what the folder is and which
+command made it; a folder holding a dataset and no record (a finished output among them) is
+refused as not empty: an edit never writes over a dataset it cannot prove is its own.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import hashlib
 import os
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,12 @@ from hilrec.daemon.dataset import (
     IntentState,
     describe_intent,
     holds_only_edit_files,
-    load_dataset_sidecar,
     load_edit_intent,
-    update_dataset_sidecar,
 )
-from hilrec.daemon.errors import CorruptDatasetError, DatasetStateError
+from hilrec.daemon.errors import DatasetStateError
 
 _META_DIR = "meta"
-# What makes two runs the same edit: a record (or an output's last entry of "edits") holding
-# these as this run has them is this edit's.
+# What makes two runs the same edit: a record holding these as this run has them is this edit's.
 _IDENTITY = ("command_line", "inputs", "outs", "part", "inputs_digest")
 
 
@@ -88,16 +85,20 @@ class Intent:
         mine = self.record(IntentState.BUILDING)
         return all(record.get(k) == mine[k] for k in _IDENTITY)
 
-    def made(self, target: Path) -> bool:
-        """Whether ``target`` is a complete output of this very edit (:func:`sign_result`): a run
-        killed once its outputs were swapped in, before it removed their records, left it."""
-        try:
-            sidecar = load_dataset_sidecar(target) or {}
-        except CorruptDatasetError:
-            return False
-        edits = sidecar.get("edits")
-        last = edits[-1] if isinstance(edits, list) and edits else None
-        return isinstance(last, dict) and self.same_edit(last)
+    def finishing_began(self) -> bool:
+        """Whether another output of this edit is a done part of it: every part was written, and
+        a run that was removing the parts' records (:func:`finish_parts`) ended before the last."""
+        for part, out in enumerate(self.outs):
+            if part == self.part:
+                continue
+            record = load_edit_intent(out)
+            if (
+                record is not None
+                and record.get("state") == IntentState.DONE
+                and replace(self, part=part).same_edit(record)
+            ):
+                return True
+        return False
 
 
 def inputs_digest(roots: Sequence[Path]) -> str:
@@ -128,8 +129,8 @@ def prior_part(intent: Intent, target: Path) -> bool:
         return False  # new, or a half-built folder: (re)built from the start
     record = load_edit_intent(target)
     if record is None:
-        if intent.made(target):
-            return True  # complete, and its record already removed by the run that made it
+        if intent.finishing_began():
+            return True  # a complete part whose record that run had already removed
         raise DatasetStateError(f"--out {target} exists and is not empty; give a new folder")
     if not intent.same_edit(record):
         changed = record.get("command_line") == intent.command_line
@@ -141,15 +142,3 @@ def prior_part(intent: Intent, target: Path) -> bool:
     if record.get("state") != IntentState.DONE:
         raise DatasetStateError(f"--out {target}: {describe_intent(record)}")
     return True
-
-
-def sign_result(result: Path, intent: Intent) -> None:
-    """Put this edit's identity in the last entry of ``result``'s ``edits`` (its own, added by the
-    build), so that a rerun knows the output as its own once it holds no record any more."""
-    sidecar = load_dataset_sidecar(result) or {}
-    edits = list(sidecar.get("edits") or [])
-    if not edits or not isinstance(edits[-1], dict):
-        edits.append({"command": f"hilrec edit {intent.command}"})  # a source with no sidecar
-    mine = intent.record(IntentState.DONE)
-    edits[-1] = {**edits[-1], **{key: mine[key] for key in _IDENTITY}}
-    update_dataset_sidecar(result, {"edits": edits})

@@ -26,7 +26,7 @@ from hilrec.daemon.dataset import (
     write_edit_intent,
 )
 from hilrec.daemon.errors import DatasetError
-from hilrec.daemon.tools.edit_resume import Intent, prior_part, sign_result
+from hilrec.daemon.tools.edit_resume import Intent, prior_part
 from hilrec.daemon.tools.edit_source import EditReport, Source
 from hilrec.daemon.tools.edit_swap import (
     Hook,
@@ -103,8 +103,6 @@ def run_edit(
         report = EditReport(command=command, target=target)
         with _disk_full_named(command, target):
             build(sources, result, report)
-            if intent is not None:
-                sign_result(result, intent)
             checked = check_dataset(result, decode_video=options.decode, workers=options.workers)
             _refuse_findings(checked, command)
             hook_point(hook, "checked")
