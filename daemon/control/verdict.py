@@ -239,7 +239,6 @@ class VerdictWorker:
 
     def close(self) -> None:
         """Stop the worker (what is still pending gets no verdict)."""
-        self._queue.put(None)
         with self._lock:
             self._closed = True  # a worker the thread has not started yet never starts
             process = self._process
@@ -249,6 +248,10 @@ class VerdictWorker:
             if process.stdin is not None:
                 with contextlib.suppress(OSError):
                     process.stdin.close()  # EOF: the worker's loop ends
+        # After the EOF: the worker's parent is the hilrec-verdict thread, and its death signal
+        # comes when that thread ends.
+        self._queue.put(None)
+        if process is not None:
             procs.stop(process, CLOSE_TIMEOUT_S, signum=None, kill_wait_s=CLOSE_TIMEOUT_S)
         if self._thread.is_alive():
             self._thread.join(5.0)
@@ -281,7 +284,7 @@ class VerdictWorker:
                 try:
                     _send(process.stdin, {"root": str(self.root), "episode_index": index, "mode": self.mode})
                     reply = self._read(process.stdout)
-                except OSError as exc:
+                except (OSError, ValueError) as exc:  # gone, or a reply that is not text
                     self._fail(f"the verdict worker is gone ({exc})")
                 finally:
                     if gate is not None:
@@ -304,29 +307,37 @@ class VerdictWorker:
 
     def _spawn(self) -> None:
         """Start the worker process and wait for its ``ready`` (the imports, gated like a verdict)."""
+        try:
+            # Outside the lock: a fork of the whole daemon may take a while on a loaded machine,
+            # and status() and the writer's submit() must not wait for it.
+            process = procs.start(
+                self._command,
+                # SIGKILL: a tick gate may hold it stopped; a stopped process handles no SIGTERM.
+                death_signal=signal.SIGKILL,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=None,  # the daemon's own stderr: its log
+                text=True,
+                bufsize=1,
+            )
+        except OSError as exc:
+            self._fail(f"the verdict worker could not start ({exc})")
+            return
         with self._lock:
-            if self._closed:
-                self._fail("the daemon is stopping")
-                return
-            try:
-                process = procs.start(
-                    self._command,
-                    # SIGKILL: a tick gate may hold it stopped; a stopped process handles no SIGTERM.
-                    death_signal=signal.SIGKILL,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=None,  # the daemon's own stderr: its log
-                    text=True,
-                    bufsize=1,
-                )
-            except OSError as exc:
-                self._fail(f"the verdict worker could not start ({exc})")
-                return
-            self._process = process
+            closed = self._closed
+            if not closed:
+                self._process = process
+        if closed:  # close() ran while it started: it stopped no process, so this one stops here
+            procs.stop(process, 0.0, kill_wait_s=CLOSE_TIMEOUT_S)
+            self._fail("the daemon is stopping")
+            return
         assert process.stdout is not None
         gate = self._gate(process.pid)
         try:
             ready = self._read(process.stdout)
+        except ValueError as exc:  # not text
+            ready = None
+            log.error("verdict worker said something unreadable: %s", exc)
         finally:
             if gate is not None:
                 self.gated_ticks += gate.stop()

@@ -67,7 +67,6 @@ def test_the_worker_process_starts_with_the_first_take_not_with_the_daemon(tmp_p
         assert worker._process is None and worker.status()["priority"] == "not started"
         assert children(os.getpid(), VERDICT_MODULE) == []
         worker.prepare()  # a take has begun
-        worker.prepare()  # a second take: still one worker
         wait_until(lambda: worker.priority == "SCHED_IDLE", 120, 0.05, "the worker ready at SCHED_IDLE")
         [child] = children(os.getpid(), VERDICT_MODULE)
         assert worker._process is not None and child.pid == worker._process.pid
@@ -76,12 +75,19 @@ def test_the_worker_process_starts_with_the_first_take_not_with_the_daemon(tmp_p
     assert children(os.getpid(), VERDICT_MODULE) == []
 
 
-@pytest.mark.parametrize("first_take", [False, True])
-def test_a_worker_closed_before_or_as_its_first_take_begins_leaves_no_process(first_take: bool) -> None:
+def test_a_worker_closed_before_its_first_take_never_started_a_process() -> None:
     worker = VerdictWorker(root=Path("/nonexistent"), mode="sim", on_verdict=lambda _verdict: None)
     worker.start()
-    if first_take:
-        worker.prepare()  # the thread may be starting the process while close() runs
+    worker.close()
+    assert not worker._thread.is_alive()
+    assert worker._process is None and worker.status()["priority"] == "not started"
+
+
+@pytest.mark.slow  # the worker process, maybe
+def test_a_worker_closed_as_its_first_take_begins_leaves_no_process() -> None:
+    worker = VerdictWorker(root=Path("/nonexistent"), mode="sim", on_verdict=lambda _verdict: None)
+    worker.start()
+    worker.prepare()  # the thread may be starting the process while close() runs
     worker.close()
     assert not worker._thread.is_alive()
     assert children(os.getpid(), VERDICT_MODULE) == []

@@ -195,7 +195,7 @@ def private_shared_memory(shm: Path) -> list[str]:
     """
     shm.mkdir()
     return [
-        "unshare", "--mount", "--propagation", "private",
+        "unshare", "--map-root-user", "--mount", "--propagation", "private",
         "sh", "-c", 'mount --bind "$0" /dev/shm && exec "$@"', str(shm),
     ]  # fmt: skip
 
