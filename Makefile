@@ -66,7 +66,7 @@ demo: $(RUNTIME_STAMP)
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
 # pytest-xdist workers. Three fill two cores, because many tests wait on a daemon, an emulator or
-# a browser more than they compute: `make test` takes 11 to 12 minutes here from a clean clone,
+# a browser more than they compute: `make test` takes 10 to 13 minutes here from a clean clone,
 # against 22 one test at a time (WORKERS=0, in this process). Every race with the load that
 # three workers found has been mended in the product or the test (a test that a loaded machine
 # can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
