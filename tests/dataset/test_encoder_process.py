@@ -10,9 +10,11 @@ import av
 import numpy as np
 import pytest
 from _frames import front_camera_writer
+from support import wait_until
 
 from hilrec.daemon.dataset.video.codec import EpisodeVideoEncoder, VideoSettings, probe_video
-from hilrec.daemon.dataset.video.encoder_process import RING_ENV, SHM_DIR, EncoderProcess
+from hilrec.daemon.dataset.video.encoder_process import RING_ENV, EncoderProcess
+from hilrec.daemon.dataset.video.encoder_worker import SHM_DIR
 from hilrec.daemon.dataset.video.spill import SpillFile
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -176,6 +178,19 @@ def test_the_worker_is_out_of_the_terminals_group_but_in_the_writers_session() -
     try:
         assert os.getpgid(worker.pid) == worker.pid != os.getpgid(0)
         assert os.getsid(worker.pid) == os.getsid(0)
+    finally:
+        worker.close()
+
+
+def test_the_worker_starts_no_process_of_its_own() -> None:
+    """Attaching the ring through ``SharedMemory`` started a resource tracker beside every worker
+    (one more interpreter per camera and daemon), only to unregister the segment from it."""
+    worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
+    try:
+        wait_until(lambda: worker.priority != "starting", 60, what="the worker's ready event")
+        tasks = Path(f"/proc/{worker.pid}/task")
+        children = [pid for task in tasks.iterdir() for pid in (task / "children").read_text().split()]
+        assert children == []
     finally:
         worker.close()
 

@@ -67,6 +67,7 @@ from hilrec.daemon.dataset.video.encoder_worker import (
     HEADER_MUXED,
     HEADER_MUXED_JOB,
     HEADER_RELEASED,
+    SHM_DIR,
 )
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -76,7 +77,6 @@ DEFAULT_RING_BYTES: Final[int] = 64 * 1024 * 1024
 # Overrides the ring's size (bytes): for tests and benchmarks that want the encoder behind.
 RING_ENV: Final[str] = "HILREC_ENCODER_RING_BYTES"
 START_TIMEOUT_S: Final[float] = 60.0
-SHM_DIR: Final[str] = "/dev/shm"  # where Linux's shm_open puts the segments
 
 
 def _set_policy(threads: list[int], policy: int) -> None:

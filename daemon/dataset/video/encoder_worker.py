@@ -11,9 +11,9 @@ episode is cut and teed into its spill.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import signal
-from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +35,20 @@ HEADER_MUXED_JOB: Final[int] = 3
 HEADER_MUXED: Final[int] = 4
 # Starts the error of a job whose spill lacks a frame from its cut on: its take cannot be saved.
 SPILL_HOLES: Final[str] = "frames missing from the spill"
+SHM_DIR: Final[str] = "/dev/shm"  # where Linux's shm_open puts the segments
+
+
+def attach_segment(name: str) -> mmap.mmap:
+    """The parent's shared-memory segment ``name``, mapped here.
+
+    Not through ``SharedMemory``: before Python 3.13 it registers a segment it attaches with a
+    resource tracker, which started one more interpreter beside every worker, only for the
+    worker to unregister it (the parent created the segment and is the one that unlinks it)."""
+    fd = os.open(f"{SHM_DIR}/{name.lstrip('/')}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
 
 
 def lowest_priority() -> str:
@@ -228,15 +242,10 @@ def _serve(
     from hilrec.daemon.dataset.video.codec import VideoSettings
 
     settings = VideoSettings.from_json(settings_json)
-    shm = shared_memory.SharedMemory(name=shm_name)
-    # The parent created (and unlinks) the segment; this process must not track it too.
-    with contextlib.suppress(Exception):
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    header: np.ndarray[Any, Any] = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=shm.buf)
+    shm = attach_segment(shm_name)
+    header: np.ndarray[Any, Any] = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=shm)
     ring: np.ndarray[Any, Any] = np.ndarray(
-        (slots, height, width, 3), dtype=np.uint8, buffer=shm.buf, offset=HEADER_BYTES
+        (slots, height, width, 3), dtype=np.uint8, buffer=shm, offset=HEADER_BYTES
     )
     events = _Events(conn)
     events.put(("ready", priority))
