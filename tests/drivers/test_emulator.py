@@ -16,15 +16,34 @@ from support import wait_until
 from hilrec.daemon.so101 import MOTORS
 from hilrec.drivers.emulated import packets
 from hilrec.drivers.emulated.emulator import EmulatedArm
+from hilrec.drivers.emulated.faults import Fault
 from hilrec.drivers.tables import REGISTER
+
+# The SDK waits about 34 ms for a reply (2 x its LATENCY_TIMER of 16 ms + 2 ms); the emulator
+# answers from a thread of this process, which a loaded machine can hold up longer. A reply that
+# came late stayed in the buffer and was read as the next request's (seen in a clean-clone run:
+# a Present_Position read with no data, then P_Coefficient read as 251). These tests are about
+# what the servos answer, not how soon: each transaction waits this long, as LeRobot gives its
+# port handler a timeout of its own (patch_setPacketTimeout).
+SDK_REPLY_TIMEOUT_MS = 500.0
 
 
 @pytest.fixture
 def sdk(follower_emu: EmulatedArm):
     port = scs.PortHandler(follower_emu.port)
+    port.setPacketTimeout = lambda packet_length: port.setPacketTimeoutMillis(SDK_REPLY_TIMEOUT_MS)
     assert port.openPort()
     yield port, scs.PacketHandler(0)
     port.closePort()
+
+
+def test_a_reply_the_host_holds_up_is_still_read_as_its_own(sdk, follower_emu: EmulatedArm) -> None:
+    """The fixture's patience: a reply 100 ms late (a loaded machine) answers its own request,
+    and the next request gets its own reply, not the late one."""
+    port, ph = sdk
+    follower_emu.faults.add(Fault(kind="late", delay_ms=100.0, count=1))
+    assert ph.ping(port, 1)[:2] == (777, scs.COMM_SUCCESS)
+    assert ph.read1ByteTxRx(port, 1, REGISTER["ID"].address)[:2] == (1, scs.COMM_SUCCESS)
 
 
 def test_packet_reader_resynchronises_and_drops_bad_checksums() -> None:
