@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# One session fixture for the whole suite: the fan-out and the replay tests share the cluster.
+from support.ray_cluster import ray_address  # noqa: F401  (a fixture, found by its name here)
+
 from hilrec.daemon.dataset.video.codec_threads import thread_ids
 
 os.environ.setdefault("MUJOCO_GL", "egl")

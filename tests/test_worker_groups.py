@@ -1,8 +1,11 @@
 """The suite's xdist groups hold: under ``-n 2 --dist loadgroup`` a module's tests that share a
-module fixture run on one worker, which builds the fixture once (tests/conftest.py)."""
+module fixture run on one worker, which builds the fixture once (tests/conftest.py); and a session
+fixture has one definition in the whole suite, so a worker builds it once."""
 
 from __future__ import annotations
 
+import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -43,8 +46,10 @@ def test_a_module_fixture_is_built_once_on_two_workers(
     built, alone = tmp_path / "built.log", tmp_path / "alone.log"
     monkeypatch.setenv("BUILT_LOG", str(built))
     monkeypatch.setenv("ALONE_LOG", str(alone))
-    conftest = Path(__file__).with_name("conftest.py").read_text()
-    pytester.makepyfile(**{"tests/conftest": conftest, "tests/test_sample": SAMPLE})
+    here = Path(__file__).parent
+    support = {f"tests/support/{path.stem}": path.read_text() for path in (here / "support").glob("*.py")}
+    conftest = (here / "conftest.py").read_text()
+    pytester.makepyfile(**{"tests/conftest": conftest, "tests/test_sample": SAMPLE, **support})
     argv = ("-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "tests")
     result = pytester.runpytest_subprocess(*argv)
     result.assert_outcomes(passed=2 * TESTS)
@@ -52,3 +57,43 @@ def test_a_module_fixture_is_built_once_on_two_workers(
     # The run was spread: every test ran in an xdist worker. Which workers the ungrouped tests
     # land on is the scheduler's and the machine's load's (one worker took all 24 once in CI).
     assert set(alone.read_text().split()) <= {"gw0", "gw1"}
+
+
+def _session_fixtures(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            for decorator in node.decorator_list:
+                scope = [k.value for k in getattr(decorator, "keywords", []) if k.arg == "scope"]
+                if scope and isinstance(scope[0], ast.Constant) and scope[0].value == "session":
+                    names.add(node.name)
+    return names
+
+
+def _bound_names(tree: ast.Module) -> set[str]:
+    """What a module defines, assigns or imports at its top level."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def test_a_session_fixture_has_one_definition_in_the_suite() -> None:
+    """pytest keeps a session fixture per definition: the fan-out and the replay conftests each
+    had their own ``ray_address``, and a worker that ran both kinds started two Ray clusters."""
+    tests = Path(__file__).parent
+    sources = [*tests.rglob("conftest.py"), *(tests / "support").glob("*.py")]
+    trees = {path: ast.parse(path.read_text()) for path in sources}
+    session = set().union(*(_session_fixtures(tree) for tree in trees.values()))
+    assert "ray_address" in session  # the rule reads real definitions
+    where = defaultdict(list)
+    for path, tree in trees.items():
+        if path.name == "conftest.py":
+            for name in _bound_names(tree) & session:
+                where[name].append(str(path.relative_to(tests)))
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

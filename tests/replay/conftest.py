@@ -1,10 +1,8 @@
-"""Datasets recorded through the emulated follower (pty, STS3215 registers), and a Ray cluster."""
+"""Datasets recorded through the emulated follower (pty, STS3215 registers)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from _recordings import Frozen, RecordingSpec, make_twin, record_emulated, write_native
@@ -33,16 +31,3 @@ def clean_hardware_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def mixed_hardware_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Consistent, diverged and lagging takes of the emulated follower, in that order."""
     return _emulated_dataset(tmp_path_factory.mktemp("hardware-mixed"), MIXED_HARDWARE)
-
-
-def _fanout_conftest() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "fanout" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("_fanout_conftest", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# The fan-out tests' local Ray cluster (loopback, 2 CPUs, free ports, stopped by its process group).
-ray_address = _fanout_conftest().ray_address

@@ -1,4 +1,8 @@
-"""A local Ray cluster for the fan-out tests: started on loopback with 2 CPUs, stopped after.
+"""The suite's local Ray cluster: started on loopback with 2 CPUs, stopped after.
+
+One definition for every test that asks for ``ray_address`` (tests/conftest.py imports it): the
+fan-out and replay tests used to define it once each, and since pytest keeps a session fixture
+per definition, a worker that ran both started two clusters and kept both to the session's end.
 
 It is stopped by its process group, never with ``ray stop``: that stops every Ray cluster of the
 user on this machine, another test run's too.
@@ -35,8 +39,7 @@ def free_port() -> int:
 
 
 def running(pid: int) -> bool:
-    """Whether ``pid`` still runs: a zombie has ended (as _procs.running; this file is also loaded
-    by path from tests/replay, where _procs is not importable)."""
+    """Whether ``pid`` still runs: a zombie has ended."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
