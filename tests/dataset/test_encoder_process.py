@@ -14,7 +14,7 @@ from support import wait_until
 
 from hilrec.daemon.dataset.video.codec import EpisodeVideoEncoder, VideoSettings, probe_video
 from hilrec.daemon.dataset.video.encoder_process import RING_ENV, EncoderProcess
-from hilrec.daemon.dataset.video.encoder_worker import SHM_DIR
+from hilrec.daemon.dataset.video.encoder_worker import SHM_DIR, segment_path
 from hilrec.daemon.dataset.video.spill import SpillFile
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -253,7 +253,7 @@ def test_a_writer_with_no_room_for_the_ring_records_with_the_thread_encoder(
 def test_a_closed_worker_leaves_no_shared_memory_behind(tmp_path: Path) -> None:
     """The ring's numpy views made shm.close() raise, and the unlink after it never ran."""
     worker = EncoderProcess("cam", fps=FPS, height=H, width=W, settings=VideoSettings(codec="libx264"))
-    segment = Path(SHM_DIR) / worker._shm.name.lstrip("/")
+    segment = Path(segment_path(worker._shm.name))
     try:
         assert segment.exists()
         spill = SpillFile(tmp_path / "cam.spill", H * W * 3)

@@ -68,6 +68,7 @@ from hilrec.daemon.dataset.video.encoder_worker import (
     HEADER_MUXED_JOB,
     HEADER_RELEASED,
     SHM_DIR,
+    segment_path,
 )
 from hilrec.daemon.errors import VideoEncodingError
 
@@ -93,7 +94,7 @@ def _reserved_segment(key: str, size: int) -> shared_memory.SharedMemory:
     error the writer can answer (with the thread encoder) before any frame is at stake."""
     shm = shared_memory.SharedMemory(create=True, size=size)
     try:
-        fd = os.open(f"{SHM_DIR}/{shm.name.lstrip('/')}", os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(segment_path(shm.name), os.O_RDWR | os.O_CLOEXEC)
         try:
             os.posix_fallocate(fd, 0, size)
         finally:

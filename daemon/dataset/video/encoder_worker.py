@@ -38,13 +38,18 @@ SPILL_HOLES: Final[str] = "frames missing from the spill"
 SHM_DIR: Final[str] = "/dev/shm"  # where Linux's shm_open puts the segments
 
 
+def segment_path(name: str) -> str:
+    """The file of shared-memory segment ``name`` (as ``SharedMemory.name`` spells it)."""
+    return f"{SHM_DIR}/{name.lstrip('/')}"
+
+
 def attach_segment(name: str) -> mmap.mmap:
     """The parent's shared-memory segment ``name``, mapped here.
 
     Not through ``SharedMemory``: before Python 3.13 it registers a segment it attaches with a
     resource tracker, which started one more interpreter beside every worker, only for the
     worker to unregister it (the parent created the segment and is the one that unlinks it)."""
-    fd = os.open(f"{SHM_DIR}/{name.lstrip('/')}", os.O_RDWR | os.O_CLOEXEC)
+    fd = os.open(segment_path(name), os.O_RDWR | os.O_CLOEXEC)
     try:
         return mmap.mmap(fd, 0)
     finally:
