@@ -11,12 +11,12 @@ mirror is the two-arm twin (:mod:`hilrec.sim.bimanual_scene`) following both fol
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hilrec.daemon.control.arm_pair import FollowerPair, LeaderPair, named
 from hilrec.daemon.control.hardware import (
+    EMULATED_SCRATCH_PREFIX,
     ArmFollower,
     ArmLeader,
     EmulatorProcess,
@@ -29,6 +29,7 @@ from hilrec.daemon.control.hardware import (
 from hilrec.daemon.control.rig import EpisodeHooks, Mirror, NoHooks, Rig, RigFactory
 from hilrec.daemon.control.sources import Camera
 from hilrec.daemon.errors import ConfigError, DeviceError
+from hilrec.daemon.scratch import scratch_folder
 from hilrec.daemon.so101 import MOTORS, NormMode, Role, joint_names
 from hilrec.daemon.wire.settings import ArmSettings, DaemonSettings
 
@@ -102,7 +103,7 @@ def _start_emulators(
     from hilrec.drivers.emulated.motion import TIMESTEP_ENV
 
     emu = settings.emulated
-    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
+    workdir = scratch_folder(stack, EMULATED_SCRATCH_PREFIX)
     started: dict[tuple[str, Role], tuple[EmulatorProcess, Path]] = {}
     for i, (side, arm) in enumerate(settings.arm_pairs()):
         for role in _ROLES:

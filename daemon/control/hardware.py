@@ -17,7 +17,6 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from hilrec.daemon.errors import (
     DeviceError,
     HilrecError,
 )
+from hilrec.daemon.scratch import scratch_folder
 from hilrec.daemon.wire.security import Security
 from hilrec.daemon.wire.settings import CameraSettings, DaemonSettings
 from hilrec.drivers.emulated.priority import raise_emulator_priority
@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from hilrec.drivers.emulated.sim_camera import SimCamera
 
 log = logging.getLogger(__name__)
+
+# The folder of an emulated daemon's calibration files (a SIGKILLed daemon's is swept by the next).
+EMULATED_SCRATCH_PREFIX = "hilrec-emulated-"
 
 
 class ArmFollower:
@@ -427,7 +430,7 @@ def _start_emulators(
     ports and the calibrations they write; the rig's devices get their pids."""
     emu = settings.emulated
     leader_port, leader_cal = settings.leader.port, settings.leader.calibration  # a remote leader's
-    workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-emulated-")))
+    workdir = scratch_folder(stack, EMULATED_SCRATCH_PREFIX)
     follower_port_, follower_cal, devices["follower"] = follower_port(settings, stack, workdir, timestep)
     assert follower_cal is not None
     if settings.leader.source == "serial":

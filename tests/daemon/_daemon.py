@@ -92,6 +92,10 @@ class Daemon:
         self.log_path = self.tmp_path / f"daemon-{self.control_port}.log"
 
     @property
+    def temp_dir(self) -> Path:
+        return self.tmp_path / "daemon-tmp"
+
+    @property
     def control(self) -> str:
         return f"tcp://127.0.0.1:{self.control_port}"
 
@@ -116,7 +120,10 @@ class Daemon:
         return self.process is not None and self.process.poll() is not None and PORT_TAKEN in self.log()
 
     def _start(self, *, expect_ready: bool, args: tuple[str, ...]) -> Daemon:
-        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+        # Its temporary files (an emulated rig's calibrations) under the test's folder, where a
+        # test can see what a killed daemon left.
+        self.temp_dir.mkdir(exist_ok=True)
+        env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"), TMPDIR=str(self.temp_dir))
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 [

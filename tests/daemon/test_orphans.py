@@ -1,4 +1,5 @@
-"""A daemon killed with SIGKILL takes its emulated arms with it, every time.
+"""A daemon killed with SIGKILL takes its emulated arms with it, every time, and the next one
+sweeps the folder of calibrations the killed one left.
 
 The emulators are child processes that get SIGTERM when the daemon dies (hilrec.daemon.procs). An
 emulator that handled SIGTERM with a Python handler setting an Event deadlocked whenever the
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from _daemon import Daemon, emulated_config
+
+from hilrec.daemon.control.hardware import EMULATED_SCRATCH_PREFIX
 
 KILLS = 20
 EXIT_TIMEOUT_S = 10.0
@@ -35,8 +38,10 @@ def alive(pid: int) -> bool:
 def test_twenty_sigkilled_daemons_leave_no_emulator_running(tmp_path: Path) -> None:
     rng = random.Random(7)
     orphans: list[tuple[int, int]] = []
+    scratch_left: list[int] = []
     for trial in range(KILLS):
         daemon = Daemon(tmp_path, emulated_config(tmp_path / f"ds{trial}")).start()
+        scratch_left.append(len(list(daemon.temp_dir.glob(f"{EMULATED_SCRATCH_PREFIX}*"))))
         assert daemon.process is not None
         devices = daemon.call("status")["devices"]
         pids = [int(devices[role]["emulator_pid"]) for role in ("follower", "leader")]
@@ -55,4 +60,5 @@ def test_twenty_sigkilled_daemons_leave_no_emulator_running(tmp_path: Path) -> N
                 orphans.append((trial, pid))
                 os.kill(pid, signal.SIGKILL)
         daemon.close()
+    assert scratch_left == [1] * KILLS, "a started daemon's own folder, and none of a killed one's"
     assert orphans == [], f"emulators still running {EXIT_TIMEOUT_S} s after their daemon died: {orphans}"
