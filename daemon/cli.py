@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import logging
 import os
 import re
@@ -129,15 +128,29 @@ class Parser(argparse.ArgumentParser):
 
 
 def _version() -> str:
+    import importlib.metadata  # here, not at the top: its import costs every command ~25 ms
+
     try:
         return importlib.metadata.version("hilrec")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, with the version looked up when it is asked for, not for every command
+    (argparse's own action takes the text when the parser is built)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser._print_message(f"{parser.prog} {_version()}\n", sys.stdout)
+        parser.exit()
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     parser = Parser(prog="hilrec", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_VersionAction, help="show the installed version and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
