@@ -26,9 +26,10 @@ from hilrec.daemon.errors import EncoderBehindError, TakeEndedError
 from hilrec.daemon.so101 import so101_features
 
 FPS = 25
-# Big random frames: a memory copy outruns SVT-AV1 on any machine, so two queued frames are
-# passed long before 300 are offered.
-H, W = 480, 640
+# Random frames: a memory copy outruns SVT-AV1 on any machine, so two queued frames are passed
+# long before 300 are offered (here about 80 are taken, most of them into the encoder's lookahead,
+# at this size as at 640x480, which cost twice the CPU for the same outcome).
+H, W = 240, 320
 CAMERAS = ("front", "wrist", "side")
 QUEUE_BYTES = 2 * H * W * 3
 OFFERED = 300
