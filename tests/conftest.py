@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 # One session fixture for the whole suite: the fan-out and the replay tests share the cluster.
-from support.ray_cluster import ray_address  # noqa: F401  (a fixture, found by its name here)
+from support.ray_cluster import ray_address, ray_cluster, stop_after_its_last_user  # noqa: F401
 
 from hilrec.daemon.dataset.video.codec_threads import thread_ids
 
@@ -82,3 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := _one_worker_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    stop_after_its_last_user(item, nextitem)

@@ -1,6 +1,7 @@
 """The suite's xdist groups hold: under ``-n 2 --dist loadgroup`` a module's tests that share a
-module fixture run on one worker, which builds the fixture once (tests/conftest.py); and a session
-fixture has one definition in the whole suite, so a worker builds it once."""
+module fixture run on one worker, which builds the fixture once (tests/conftest.py); a session
+fixture has one definition in the whole suite, so a worker builds it once; and the Ray cluster
+runs from its first user to the last of a run of users, not to the session's end."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ def test_alone(i):
 """
 
 
+def _suite_files(here: Path) -> dict[str, str]:
+    """The suite's conftest and support package, for a pytester run that uses them."""
+    support = {f"tests/support/{path.stem}": path.read_text() for path in (here / "support").glob("*.py")}
+    return {"tests/conftest": (here / "conftest.py").read_text(), **support}
+
+
 @pytest.mark.slow
 def test_a_module_fixture_is_built_once_on_two_workers(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
@@ -46,10 +53,7 @@ def test_a_module_fixture_is_built_once_on_two_workers(
     built, alone = tmp_path / "built.log", tmp_path / "alone.log"
     monkeypatch.setenv("BUILT_LOG", str(built))
     monkeypatch.setenv("ALONE_LOG", str(alone))
-    here = Path(__file__).parent
-    support = {f"tests/support/{path.stem}": path.read_text() for path in (here / "support").glob("*.py")}
-    conftest = (here / "conftest.py").read_text()
-    pytester.makepyfile(**{"tests/conftest": conftest, "tests/test_sample": SAMPLE, **support})
+    pytester.makepyfile(**{"tests/test_sample": SAMPLE, **_suite_files(Path(__file__).parent)})
     argv = ("-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "tests")
     result = pytester.runpytest_subprocess(*argv)
     result.assert_outcomes(passed=2 * TESTS)
@@ -90,10 +94,71 @@ def test_a_session_fixture_has_one_definition_in_the_suite() -> None:
     sources = [*tests.rglob("conftest.py"), *(tests / "support").glob("*.py")]
     trees = {path: ast.parse(path.read_text()) for path in sources}
     session = set().union(*(_session_fixtures(tree) for tree in trees.values()))
-    assert "ray_address" in session  # the rule reads real definitions
+    assert "ray_cluster" in session  # the rule reads real definitions
     where = defaultdict(list)
     for path, tree in trees.items():
         if path.name == "conftest.py":
             for name in _bound_names(tree) & session:
                 where[name].append(str(path.relative_to(tests)))
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
+# Ray's start stood in for by a generator that logs (the real one is what test_ray.py runs).
+RAY_USERS = """
+import os
+
+from support import ray_cluster
+
+
+def log(line):
+    with open(os.environ["RAY_LOG"], "a") as out:
+        out.write(line + "\\n")
+
+
+def started():
+    log("start")
+    try:
+        yield "127.0.0.1:1"
+    finally:
+        log("stop")
+
+
+ray_cluster.start_cluster = started
+
+
+def test_a(ray_address):
+    log("a " + ray_address)
+
+
+def test_b(ray_address):
+    log("b " + ray_address)
+
+
+def test_c():
+    log("c")
+
+
+def test_d(ray_address):
+    log("d " + ray_address)
+"""
+
+
+def test_the_ray_cluster_stops_after_the_last_of_a_run_of_its_users(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ray_log = tmp_path / "ray.log"
+    monkeypatch.setenv("RAY_LOG", str(ray_log))
+    pytester.makepyfile(**{"tests/test_users": RAY_USERS, **_suite_files(Path(__file__).parent)})
+    result = pytester.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider", "tests")
+    result.assert_outcomes(passed=4)
+    address = "127.0.0.1:1"
+    assert ray_log.read_text().split("\n")[:-1] == [
+        "start",
+        f"a {address}",
+        f"b {address}",
+        "stop",
+        "c",
+        "start",
+        f"d {address}",
+        "stop",
+    ]

@@ -1,8 +1,15 @@
-"""The suite's local Ray cluster: started on loopback with 2 CPUs, stopped after.
+"""The suite's local Ray cluster: started on loopback with 2 CPUs for the tests that ask for
+``ray_address``, stopped after the last of them.
 
-One definition for every test that asks for ``ray_address`` (tests/conftest.py imports it): the
-fan-out and replay tests used to define it once each, and since pytest keeps a session fixture
-per definition, a worker that ran both started two clusters and kept both to the session's end.
+One definition for every test that asks for it (tests/conftest.py imports it): the fan-out and
+replay tests used to define it once each, and since pytest keeps a session fixture per
+definition, a worker that ran both started two clusters and kept both to the session's end.
+
+The cluster is started by the first test that asks for an address and stopped after a test that
+asked when the next one does not (tests/conftest.py's ``pytest_runtest_teardown``): under
+``--dist loadgroup`` its users are one group, run one after another on one worker, so it runs
+for them only; it cost 4 % of a core idle, for the minutes the worker ran other tests. A later
+user starts it again.
 
 It is stopped by its process group, never with ``ray stop``: that stops every Ray cluster of the
 user on this machine, another test run's too.
@@ -19,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,8 +74,36 @@ def group_members(pgid: int) -> list[int]:
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
+class RayCluster:
+    """One local cluster at a time: :meth:`address` starts it if it is not running."""
+
+    def __init__(self) -> None:
+        self._running: Generator[str, None, None] | None = None
+        self._address: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._running is not None
+
+    def address(self) -> str:
+        if self._running is None:
+            running = start_cluster()
+            self._address = next(running)
+            self._running = running
+        assert self._address is not None
+        return self._address
+
+    def stop(self) -> None:
+        running, self._running, self._address = self._running, None, None
+        if running is not None:
+            running.close()  # the generator's finally: the group stopped, its folder removed
+
+
+CLUSTER = RayCluster()
+
+
 @pytest.fixture(scope="session")
-def ray_address() -> Iterator[str]:
+def ray_cluster() -> Iterator[RayCluster]:
     import ray._private.ray_constants as constants  # the [ray] extra is in the test environment
 
     saved = {key: os.environ.get(key) for key in LOOPBACK_ONLY}
@@ -79,8 +114,9 @@ def ray_address() -> Iterator[str]:
     was = constants.ENABLE_RAY_CLUSTER
     constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield from _cluster()
+        yield CLUSTER
     finally:
+        CLUSTER.stop()
         constants.ENABLE_RAY_CLUSTER = was
         for key, value in saved.items():
             if value is None:
@@ -89,7 +125,20 @@ def ray_address() -> Iterator[str]:
                 os.environ[key] = value
 
 
-def _cluster() -> Iterator[str]:
+@pytest.fixture
+def ray_address(ray_cluster: RayCluster) -> str:
+    return ray_cluster.address()
+
+
+def stop_after_its_last_user(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After ``item``: the cluster stops if ``item`` used it and the next test will not."""
+    uses = "ray_address" in getattr(item, "fixturenames", ())
+    if uses and (nextitem is None or "ray_address" not in getattr(nextitem, "fixturenames", ())):
+        CLUSTER.stop()
+
+
+def start_cluster() -> Generator[str, None, None]:
+    """A generator: its first value is the address; closing it stops the cluster."""
     temp = Path(tempfile.mkdtemp(prefix="hilrec-ray-", dir="/tmp"))  # socket paths stay short
     port = free_port()
     env = dict(os.environ)
