@@ -31,7 +31,8 @@ import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,6 +94,22 @@ class CallablePolicy:
         return self._act(observation)
 
 
+@contextlib.contextmanager
+def _temp_files_removed_after() -> Iterator[None]:
+    """Python's temporary files pointed at a private folder, removed after.
+
+    LeRobot's ``PreTrainedConfig.from_pretrained`` writes the config, less its ``type``, to a
+    ``NamedTemporaryFile(delete=False)`` and never removes it: every rollout's policy load left
+    a file in /tmp. A load runs in the policy's own process or in ``hilrec eval`` before its
+    episodes, so nothing else is creating temporary files meanwhile."""
+    with tempfile.TemporaryDirectory(prefix="hilrec-policy-load-") as private:
+        saved, tempfile.tempdir = tempfile.tempdir, private
+        try:
+            yield
+        finally:
+            tempfile.tempdir = saved
+
+
 class LeRobotPolicy:
     """A LeRobot ``PreTrainedPolicy`` with its pre- and post-processors, asked frame by frame."""
 
@@ -121,7 +138,7 @@ class LeRobotPolicy:
             ) from None
         if not (directory / "config.json").is_file():
             raise ConfigError("policy", f"{directory} has no config.json: not a LeRobot pretrained policy")
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), _temp_files_removed_after():
             config = PreTrainedConfig.from_pretrained(directory)
             config.device = device
             policy = get_policy_class(config.type).from_pretrained(directory, config=config)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,7 @@ def _lerobot_policies_importable() -> str:
 
 @pytest.mark.skipif(bool(_lerobot_policies_importable()), reason=_lerobot_policies_importable())
 def test_a_tiny_lerobot_act_runs_with_the_datasets_keys_stats_and_its_action_chunks(
-    sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import torch
     from lerobot.configs.types import FeatureType
@@ -261,7 +262,11 @@ def test_a_tiny_lerobot_act_runs_with_the_datasets_keys_stats_and_its_action_chu
     preprocessor.save_pretrained(saved)
     postprocessor.save_pretrained(saved)
 
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     loaded = load_policy(saved)
+    assert list(temp.iterdir()) == []  # LeRobot's config load leaves a file behind, not kept here
     assert isinstance(loaded, LeRobotPolicy)
     assert loaded.wants.cameras == ("front",) and loaded.wants.image_size == SIZE
     # The normalisation stats are the dataset's own (meta/stats.json).
