@@ -323,8 +323,9 @@ class EmulatedArm:
         return getattr(self.motion, "next_due", lambda: None)()
 
     def _idle_advance(self) -> None:
-        """While the bus is idle, keep the motion up with the clock: a request then rarely
-        waits for physics (it catches up on its own before any packet is handled)."""
+        """While the bus is idle, keep the motion up with the clock (in batches of
+        :data:`IDLE_STEP_BATCH_S`): a request then finds at most a few steps to catch up, which
+        it does before any packet is handled."""
         due = self._motion_due()
         if due is not None and due <= self.clock():
             with self.lock:

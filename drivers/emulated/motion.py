@@ -63,7 +63,8 @@ class ArmMotion(Protocol):
     def close(self) -> None: ...
 
     # Optional: ``next_due() -> float | None``, when the model wants to advance on its own
-    # (the twin's next physics step); the emulator calls ``advance`` then if the bus is idle.
+    # (the twin's next physics step); while the bus is idle the emulator calls ``advance`` once a
+    # batch of steps is due (IDLE_STEP_BATCH_S in the emulator).
     # Optional: ``limit_torque(limits)``, each servo's Torque_Limit, given before each advance.
 
 
@@ -351,7 +352,8 @@ class TwinMotion:
         return self._frame.actual_from_rad(self._units.rad_from_units(units_values))
 
     def next_due(self) -> float | None:
-        """When the next physics step is due (the emulator steps it if the bus is idle)."""
+        """When the next physics step is due (the emulator steps an idle bus's motion in batches
+        of :data:`hilrec.drivers.emulated.emulator.IDLE_STEP_BATCH_S`)."""
         return None if self._t0 is None else self._t0 + (self._steps + 1) * self._step_s
 
     def advance(self, now: float, targets: Sequence[float | None]) -> None:
@@ -364,13 +366,19 @@ class TwinMotion:
         # A stalled client must not make the next request pay for minutes of physics.
         self._steps = max(self._steps, wanted - self._max_catch_up)
         goal = np.array([self._pos[i] if t is None else t for i, t in enumerate(targets)])
-        previous, stepped = self._pos, wanted - self._steps
+        before_last = self._pos
         self.twin.command(self._units.units_from_rad(self._frame.rad_from_actual(goal)))
-        while self._steps < wanted:
+        while self._steps < wanted - 1:
             self.twin.step_frame()
             self._steps += 1
+            if self._steps == wanted - 1:
+                before_last = self._ticks(self.twin.observe())
+        self.twin.step_frame()
+        self._steps += 1
         self._pos = self._ticks(self.twin.observe())
-        self._vel = (self._pos - previous) / (stepped * self._step_s)
+        # Over the last physics step, as a servo reports its speed now: an advance may cover
+        # several steps (the emulator steps an idle bus in batches), and their mean lags.
+        self._vel = (self._pos - before_last) / self._step_s
 
     def actual(self) -> np.ndarray:
         return self._pos.copy()
