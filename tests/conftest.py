@@ -52,6 +52,10 @@ def _no_real_time_left_behind() -> Iterator[None]:
     put_back_real_time_threads()
 
 
+# The session fixture that keeps processes running (tests/support/ray_cluster.py).
+PROCESS_FIXTURE = "ray_cluster"
+
+
 def _one_worker_group(item: pytest.Item) -> str | None:
     """The xdist group that keeps ``item`` on the worker that already built its fixtures.
 
@@ -63,6 +67,10 @@ def _one_worker_group(item: pytest.Item) -> str | None:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
+    if PROCESS_FIXTURE in info.names_closure:
+        # First the fixture that runs processes: its users, one run of them on one worker, share
+        # one cluster (a test that also reads a session dataset would otherwise go by that).
+        return f"session:{PROCESS_FIXTURE}"
     module_scoped = False
     for name in info.names_closure:
         for fixturedef in info.name2fixturedefs.get(name, ()):
@@ -84,5 +92,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+# Last: after pytest's own teardown of the test's fixtures, so a stop that fails cannot keep them
+# from being torn down.
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     stop_after_its_last_user(item, nextitem)
