@@ -40,18 +40,37 @@ def scratch_folder(stack: contextlib.ExitStack, prefix: str) -> Path:
             fd = os.open(path, _OPEN_FLAGS)
         except FileNotFoundError:
             continue  # a sweeper removed it before it was opened
-        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-        except FileNotFoundError:
-            same = False
-        if same:
+            held = _lock(fd, path)
+        except BaseException:
+            os.close(fd)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        if held:
             break
-        os.close(fd)
+        os.close(fd)  # swept, or held by a sweeper's child: another name
     # LIFO: the folder goes, then its lock.
     stack.callback(os.close, fd)
     stack.callback(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def _lock(fd: int, path: Path) -> bool:
+    """Lock the folder open on ``fd``; False if it is not ours to keep (a sweeper removed it, or
+    holds it: a sweeper that forked meanwhile leaves its child holding the lock). Where the file
+    system has no ``flock`` (NFS with some clients), the folder is kept unlocked: a sweep there
+    cannot lock it either, so it is never taken for a dead owner's."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        log.warning("%s cannot be locked (%s); kept unlocked", path, exc.strerror)
+        return True
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
+    except FileNotFoundError:
+        return False
 
 
 def sweep(prefix: str) -> list[str]:
@@ -70,9 +89,15 @@ def sweep(prefix: str) -> list[str]:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                continue  # held: its owner is alive
+                continue  # held: its owner is alive (or no flock here: nothing is known)
+            try:
+                if not os.path.samestat(info, os.lstat(path)):
+                    continue  # the name is another folder's now
+            except OSError:
+                continue
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path.name)
+            if not path.exists():
+                removed.append(path.name)
         finally:
             os.close(fd)
     return removed

@@ -101,3 +101,41 @@ def test_a_folder_swept_before_its_owner_locked_it_is_replaced(
         path = scratch_folder(stack, PREFIX)
         assert path == made[2] and path.is_dir()
     assert len(made) == 3 and not any(p.exists() for p in made)
+
+
+def test_a_folder_someone_else_holds_is_left_to_them_and_another_made(
+    tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweeper that forked while it held a folder's lock leaves its child holding it: the owner
+    must not wait for that child, it makes another folder."""
+    calls: list[int] = []
+    real_flock = scratch.fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        calls.append(operation)
+        if len(calls) == 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(scratch, "sweep", lambda prefix: [])
+    monkeypatch.setattr(scratch.fcntl, "flock", flock)
+    with contextlib.ExitStack() as stack:
+        path = scratch_folder(stack, PREFIX)
+        assert len(calls) == 2 and all(op & scratch.fcntl.LOCK_NB for op in calls)
+        assert len(list(tmp_dir.glob(f"{PREFIX}*"))) == 2  # the held one is the holder's to end
+    assert not path.exists()
+
+
+def test_where_flock_is_refused_the_folder_is_kept_unlocked(
+    tmp_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def flock(fd: int, operation: int) -> None:
+        raise OSError(9, "Bad file descriptor")  # NFS clients refuse an exclusive lock so
+
+    monkeypatch.setattr(scratch.fcntl, "flock", flock)
+    with contextlib.ExitStack() as stack:
+        path = scratch_folder(stack, PREFIX)
+        assert path.is_dir()
+        assert sweep(PREFIX) == []  # a sweep there cannot tell it from a dead owner's: kept
+    assert not path.exists()
+    assert "cannot be locked" in caplog.text

@@ -12,11 +12,11 @@ import argparse
 import contextlib
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from hilrec.daemon.errors import FlagError
 from hilrec.daemon.replay import cmd_replay as twin_replay
+from hilrec.daemon.scratch import scratch_folder
 
 ON_ARM_EPILOG = """\
 With --on-arm: `hilrec replay ROOT --on-arm --config DAEMON.toml --episode K` moves the
@@ -31,6 +31,9 @@ new episode of ROOT2. The torque is off when it ends, also after Ctrl-C.
 # Flags of the twin check that mean nothing on the arm, and the reverse.
 _TWIN_ONLY = (("episodes", "--episodes"), ("report", "--report"), ("ray", "--ray"))
 _ARM_ONLY = (("episode", "--episode"), ("record", "--record"))
+
+# The folder of an emulated follower's calibration (a killed run's is swept by the next).
+ON_ARM_SCRATCH_PREFIX = "hilrec-on-arm-"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,7 +119,7 @@ def _on_arm(args: argparse.Namespace) -> int:
     with sigint_noted() as stop, contextlib.ExitStack() as stack:
         workdir = None
         if settings.mode == "emulated":
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hilrec-on-arm-")))
+            workdir = scratch_folder(stack, ON_ARM_SCRATCH_PREFIX)
         port, calibration, _ = follower_port(settings, stack, workdir, rig_timestep(settings))
         arm = open_follower(settings, stack, port, calibration)
         fields = dataset_fields(settings, arm, None)
