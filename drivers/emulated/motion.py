@@ -368,11 +368,11 @@ class TwinMotion:
         goal = np.array([self._pos[i] if t is None else t for i, t in enumerate(targets)])
         before_last = self._pos
         self.twin.command(self._units.units_from_rad(self._frame.rad_from_actual(goal)))
-        while self._steps < wanted - 1:
-            self.twin.step_frame()
-            self._steps += 1
-            if self._steps == wanted - 1:
-                before_last = self._ticks(self.twin.observe())
+        if wanted - self._steps > 1:
+            while self._steps < wanted - 1:
+                self.twin.step_frame()
+                self._steps += 1
+            before_last = self._ticks(self.twin.observe())
         self.twin.step_frame()
         self._steps += 1
         self._pos = self._ticks(self.twin.observe())
