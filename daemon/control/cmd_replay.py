@@ -32,9 +32,6 @@ new episode of ROOT2. The torque is off when it ends, also after Ctrl-C.
 _TWIN_ONLY = (("episodes", "--episodes"), ("report", "--report"), ("ray", "--ray"))
 _ARM_ONLY = (("episode", "--episode"), ("record", "--record"))
 
-# The folder of an emulated follower's calibration (a killed run's is swept by the next).
-ON_ARM_SCRATCH_PREFIX = "hilrec-on-arm-"
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = twin_replay.register(subparsers)
@@ -91,7 +88,13 @@ def run(args: argparse.Namespace) -> int:
 def _on_arm(args: argparse.Namespace) -> int:
     from hilrec.daemon.control.arm_replay import ArmReplayOptions, load_recorded, play_on_arm
     from hilrec.daemon.control.arm_replay_report import format_text, record_run, summarise
-    from hilrec.daemon.control.hardware import dataset_fields, follower_port, open_follower, rig_timestep
+    from hilrec.daemon.control.hardware import (
+        EMULATED_SCRATCH_PREFIX,
+        dataset_fields,
+        follower_port,
+        open_follower,
+        rig_timestep,
+    )
     from hilrec.daemon.dataset import sigint_noted
     from hilrec.daemon.errors import ConfigError
     from hilrec.daemon.replay.settings import load_replay_settings
@@ -119,7 +122,7 @@ def _on_arm(args: argparse.Namespace) -> int:
     with sigint_noted() as stop, contextlib.ExitStack() as stack:
         workdir = None
         if settings.mode == "emulated":
-            workdir = scratch_folder(stack, ON_ARM_SCRATCH_PREFIX)
+            workdir = scratch_folder(stack, EMULATED_SCRATCH_PREFIX)
         port, calibration, _ = follower_port(settings, stack, workdir, rig_timestep(settings))
         arm = open_follower(settings, stack, port, calibration)
         fields = dataset_fields(settings, arm, None)
