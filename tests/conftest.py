@@ -9,7 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 # One session fixture for the whole suite: the fan-out and the replay tests share the cluster.
-from support.ray_cluster import ray_address, ray_cluster, stop_after_its_last_user  # noqa: F401
+from support.ray_cluster import (  # noqa: F401  (fixtures, found by their names here)
+    CLUSTER_FIXTURE,
+    ray_address,
+    ray_cluster,
+    stop_after_its_last_user,
+)
 
 from hilrec.daemon.dataset.video.codec_threads import thread_ids
 
@@ -52,10 +57,6 @@ def _no_real_time_left_behind() -> Iterator[None]:
     put_back_real_time_threads()
 
 
-# The session fixture that keeps processes running (tests/support/ray_cluster.py).
-PROCESS_FIXTURE = "ray_cluster"
-
-
 def _one_worker_group(item: pytest.Item) -> str | None:
     """The xdist group that keeps ``item`` on the worker that already built its fixtures.
 
@@ -67,10 +68,10 @@ def _one_worker_group(item: pytest.Item) -> str | None:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
-    if PROCESS_FIXTURE in info.names_closure:
+    if CLUSTER_FIXTURE in info.names_closure:
         # First the fixture that runs processes: its users, one run of them on one worker, share
         # one cluster (a test that also reads a session dataset would otherwise go by that).
-        return f"session:{PROCESS_FIXTURE}"
+        return f"session:{CLUSTER_FIXTURE}"
     module_scoped = False
     for name in info.names_closure:
         for fixturedef in info.name2fixturedefs.get(name, ()):

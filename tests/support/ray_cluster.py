@@ -100,6 +100,8 @@ class RayCluster:
 
 
 CLUSTER = RayCluster()
+# The session fixture's name: its users are one xdist group (tests/conftest.py).
+CLUSTER_FIXTURE = "ray_cluster"
 
 
 @pytest.fixture(scope="session")
@@ -130,10 +132,14 @@ def ray_address(ray_cluster: RayCluster) -> str:
     return ray_cluster.address()
 
 
+def uses_the_cluster(item: pytest.Item | None) -> bool:
+    """Whether ``item`` asks for the cluster, itself or through ``ray_address``."""
+    return item is not None and CLUSTER_FIXTURE in getattr(item, "fixturenames", ())
+
+
 def stop_after_its_last_user(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After ``item``: the cluster stops if ``item`` used it and the next test will not."""
-    uses = "ray_address" in getattr(item, "fixturenames", ())
-    if uses and (nextitem is None or "ray_address" not in getattr(nextitem, "fixturenames", ())):
+    if uses_the_cluster(item) and not uses_the_cluster(nextitem):
         CLUSTER.stop()
 
 
