@@ -30,6 +30,21 @@ fps = 10
 stall_ms = 3000
 """
 WAIT_MS = 60_000  # every wait on the page is bounded by this
+# Counts, in the page, each redraw of the traces canvas (each takes its 2-d context) and each tick
+# that reached the page: a redraw is owed only to something new to show.
+COUNT_REDRAWS = """
+window.redraws = 0;
+const getContext = HTMLCanvasElement.prototype.getContext;
+HTMLCanvasElement.prototype.getContext = function (...args) {
+  if (this.id === "traces") window.redraws += 1;
+  return getContext.apply(this, args);
+};
+"""
+COUNT_TICKS = """() => {
+  window.ticks = 0;
+  const onTickShown = window.onTick;
+  window.onTick = (t) => { window.ticks += 1; onTickShown(t); };
+}"""
 
 
 def config(root: Path, faults: str = "") -> str:
@@ -55,6 +70,7 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.add_init_script(COUNT_REDRAWS)
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.set_default_timeout(WAIT_MS)
@@ -81,6 +97,13 @@ def test_the_page_shows_the_bench_records_a_take_and_shows_a_stopped_daemon_and_
         )
         expect(page.locator("#state")).to_have_text("idle")
         expect(page.locator("#joints")).not_to_have_class(re.compile("stale"))
+        # The traces are redrawn for each tick that arrived, not at the display's frame rate
+        # (which kept Chromium's renderer busy for nothing between two ticks).
+        page.evaluate(COUNT_TICKS)
+        redraws_before = page.evaluate("() => window.redraws")
+        page.wait_for_function("() => window.ticks >= 20")
+        redraws, ticks = page.evaluate("() => [window.redraws, window.ticks]")
+        assert 1 <= redraws - redraws_before <= ticks + 1, (redraws - redraws_before, ticks)
 
         # Start, 3 s of recording (75 frames at 25 fps), stop: one saved take.
         page.locator("#task").fill("Put the cube in the bin.")
