@@ -5,7 +5,7 @@ without busy loops on all cores but one (at the default nice: ordinary load, not
 emulators), the runs interleaved so that other work on the shared machine falls on both alike:
 
 - LeRobot 0.4.4's ``lerobot-teleoperate`` (its own console script, a process of its own) between
-  two standalone emulators, ``--runs`` runs of 5 s from a fresh leader pose each (the harness of
+  two standalone emulators, ``--runs`` runs of 2 s from a fresh leader pose each (the harness of
   tests/drivers/test_lerobot_teleoperate.py): runs that exited 0, runs that missed a reply (a read
   that reported "There is no status packet!": the Feetech SDK gives up 34 ms after it sent, so a
   client descheduled past that moment fails, issue 11 saw it once in four runs; or a ping of the

@@ -50,7 +50,10 @@ def _console_script(name: str) -> str:
 
 
 TELEOPERATE = _console_script("lerobot-teleoperate")
-TELEOP_TIME_S = 5.0
+# LeRobot's first loop already sends the leader's pose, and the follower is read once it has
+# settled: two seconds of loops (at least 20) show it follows; five cost the suite 3 s of a busy
+# client and two emulators per run.
+TELEOP_TIME_S = 2.0
 RUN_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 10.0
 BAUD = 1_000_000
