@@ -141,7 +141,10 @@ class ControlLoop:
         measured, flags = self._observe(flags)
         follower_done = time.monotonic()
         tick.follower_skew_s = _skew(self.rig.follower)
-        images, flags = self._read_cameras(flags)
+        # A frame nobody will see (no take, no policy, no preview due) is not made by a camera
+        # that makes it on demand: the twin's renderer costs more than the rest of an idle tick.
+        wanted = self.session.recording or self._sees is not None or self.telemetry.wants_preview(tick.start)
+        images, flags = self._read_cameras(flags, wanted)
         tick.observed = time.monotonic()
 
         if images is not None and self._sees is not None:
@@ -199,7 +202,12 @@ class ControlLoop:
         self._measured = reading.values
         return reading.values, flags
 
-    def _read_cameras(self, flags: FrameFlag) -> tuple[dict[str, np.ndarray] | None, FrameFlag]:
+    def _read_cameras(self, flags: FrameFlag, wanted: bool) -> tuple[dict[str, np.ndarray] | None, FrameFlag]:
+        """The frame's images, or None when a camera failed or the images were not ``wanted`` and
+        are made on demand. Each camera is read once before that may be skipped (a renderer's
+        first frame builds its context: an idle tick's cost, never a take's)."""
+        if not wanted and self._made_on_demand():
+            return None, flags
         images: dict[str, np.ndarray] = {}
         for name, camera in self.rig.cameras.items():
             device = f"camera.{name}"
@@ -219,6 +227,11 @@ class ControlLoop:
             self._last_images[name] = image
             images[name] = image
         return images, flags
+
+    def _made_on_demand(self) -> bool:
+        cameras = self.rig.cameras.items()
+        seen = self._last_images
+        return bool(cameras) and all(getattr(c, "on_demand", False) and name in seen for name, c in cameras)
 
     # --- 2. action -----------------------------------------------------------------------------
 

@@ -131,6 +131,9 @@ class TwinFollower:
 class TwinCamera:
     """Sim mode: a camera of the twin, rendered at observation time (before the command)."""
 
+    # Rendered when read: the loop skips the read of a frame nobody will see.
+    on_demand = True
+
     def __init__(self, twin: Twin, name: str, height: int, width: int) -> None:
         self.twin = twin
         self.name = name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,17 +104,49 @@ class Bench:
         return future.result(timeout=30)
 
 
+@dataclass
+class CountingCamera:
+    """Makes a frame each time it is read, as the twin's renderer does (``on_demand``), and counts
+    them; ``on_demand=False`` stands for a camera whose frames come whether read or not."""
+
+    on_demand: bool = True
+    name: str = "front"
+    height: int = 48
+    width: int = 64
+    made: int = 0
+
+    def read_latest(self) -> np.ndarray:
+        self.made += 1
+        return np.full((self.height, self.width, 3), self.made % 256, np.uint8)
+
+    def close(self) -> None:
+        pass
+
+
 @contextlib.contextmanager
-def bench(tmp_path: Path, script: list[np.ndarray | None]) -> Iterator[Bench]:
+def bench(
+    tmp_path: Path,
+    script: list[np.ndarray | None],
+    *,
+    camera: CountingCamera | None = None,
+    preview_hz: float = 0.0,
+) -> Iterator[Bench]:
     root = tmp_path / "ds"
     events: list[tuple[str, dict[str, Any]]] = []
     context = zmq.Context()
     telemetry = Telemetry(
-        context, f"inproc://telemetry-{id(events)}", hwm=10, preview_hz=0.0, preview_width=32, jpeg_quality=50
+        context,
+        f"inproc://telemetry-{id(events)}",
+        hwm=10,
+        preview_hz=preview_hz,
+        preview_width=32,
+        jpeg_quality=50,
     )
     telemetry.start()
+    cameras = {} if camera is None else {camera.name: camera}
+    features = so101_features({name: (c.height, c.width) for name, c in cameras.items()})
     recorder = Recorder(
-        lambda: DatasetWriter.create(root, fps=FPS, features=so101_features(), robot_type=ROBOT_TYPE),
+        lambda: DatasetWriter.create(root, fps=FPS, features=features, robot_type=ROBOT_TYPE),
         queue_frames=64,
         stall_s=5.0,
     )
@@ -132,7 +165,7 @@ def bench(tmp_path: Path, script: list[np.ndarray | None]) -> Iterator[Bench]:
     )
     follower = FakeFollower()
     loop = ControlLoop(
-        rig=Rig(follower=follower, leader=FakeLeader(script)),
+        rig=Rig(follower=follower, leader=FakeLeader(script), cameras=dict(cameras)),
         session=session,
         telemetry=telemetry,
         pacer=TickPacer(1 / FPS, realtime=False),
@@ -177,6 +210,39 @@ def test_a_row_is_the_state_observed_then_the_action_sent(tmp_path: Path) -> Non
         assert load_episodes(b.root)[0]["length"] == 9
         names = [name for name, _ in b.events]
         assert names.index("episode_started") < names.index("episode_stopped") < names.index("episode_saved")
+
+
+def test_a_camera_that_renders_on_demand_makes_only_the_frames_someone_sees(tmp_path: Path) -> None:
+    camera = CountingCamera()
+    with bench(tmp_path, ramp(40), camera=camera) as b:
+        for _ in range(5):
+            b.loop.step()
+        assert camera.made == 1  # the first tick builds the renderer; idle ticks make nothing
+        b.request("start_episode", task="seen")
+        for _ in range(7):
+            b.loop.step()
+        assert camera.made == 1 + 8  # every frame of the take
+        b.request("stop_episode")  # applied at the edge of a tick that is not a row
+        made = camera.made
+        for _ in range(5):
+            b.loop.step()
+        assert camera.made == made
+        b.recorder.finalize().result(timeout=60)
+        assert load_episodes(b.root)[0]["length"] == 8
+
+
+def test_a_camera_makes_a_frame_for_each_preview_and_a_live_one_is_read_every_tick(tmp_path: Path) -> None:
+    rendered = CountingCamera()
+    with bench(tmp_path, ramp(10), camera=rendered, preview_hz=50.0) as b:
+        for _ in range(4):
+            time.sleep(0.03)  # past the 20 ms preview period: each tick has a preview due
+            b.loop.step()
+        assert rendered.made == 4
+    live = CountingCamera(on_demand=False)
+    with bench(tmp_path / "live", ramp(10), camera=live) as b:
+        for _ in range(4):
+            b.loop.step()
+        assert live.made == 4  # a camera's own stall check runs on every read, take or not
 
 
 def test_a_leader_without_a_new_command_holds_the_last_goal_and_marks_the_frame(tmp_path: Path) -> None:
