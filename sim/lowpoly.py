@@ -47,10 +47,10 @@ def cluster_vertices(corners: np.ndarray, cell: float) -> tuple[np.ndarray, np.n
     cells -= cells.min(axis=0)
     extent = cells.max(axis=0) + 1
     keys = (cells[:, 0] * extent[1] + cells[:, 1]) * extent[2] + cells[:, 2]
-    unique_keys, vertex_of_corner = np.unique(keys, return_inverse=True)
-    sums = np.zeros((len(unique_keys), 3))
-    np.add.at(sums, vertex_of_corner, corners)
-    vertices = sums / np.bincount(vertex_of_corner)[:, None]
+    vertex_of_corner, count = _cell_ids(keys, int(np.prod(extent)))
+    # bincount adds each corner in turn, as np.add.at would: the same float64 sums, bit for bit.
+    sums = np.stack([np.bincount(vertex_of_corner, corners[:, k], count) for k in range(3)], axis=1)
+    vertices = sums / np.bincount(vertex_of_corner, minlength=count)[:, None]
     faces = vertex_of_corner.reshape(-1, 3)
     alive = (faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2]) & (faces[:, 0] != faces[:, 2])
     faces = faces[alive]
@@ -62,6 +62,20 @@ def cluster_vertices(corners: np.ndarray, cell: float) -> tuple[np.ndarray, np.n
     faces = faces[np.sort(first)]
     used, remap = np.unique(faces, return_inverse=True)
     return vertices[used], remap.reshape(-1, 3).astype(np.int32)
+
+
+def _cell_ids(keys: np.ndarray, cells: int) -> tuple[np.ndarray, int]:
+    """Each key's rank among the distinct keys (what ``np.unique(keys, return_inverse=True)``
+    gives), and how many there are. A part centimetres large spans a few hundred thousand grid
+    cells, so a table of them all beats sorting the million corners (every rendering process
+    simplifies the arm once)."""
+    if cells > 4 * len(keys) + 1_000_000:
+        unique, inverse = np.unique(keys, return_inverse=True)
+        return inverse, len(unique)
+    occupied = np.zeros(cells, dtype=bool)
+    occupied[keys] = True
+    rank = np.cumsum(occupied) - 1
+    return rank[keys], int(rank[-1]) + 1
 
 
 @functools.lru_cache(maxsize=32)
