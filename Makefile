@@ -71,7 +71,8 @@ demo: $(RUNTIME_STAMP)
 # three workers found has been mended in the product or the test (a test that a loaded machine
 # can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
 # xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
-# tests/test_worker_groups.py fails if the groups stop holding.
+# tests/test_worker_groups.py fails if the groups stop holding. tests/conftest.py orders the run:
+# the longest modules first, the fast tests last, so that no worker ends on a long test alone.
 WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))

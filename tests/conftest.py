@@ -83,6 +83,43 @@ def _one_worker_group(item: pytest.Item) -> str | None:
     return f"module:{item.nodeid.split('::', 1)[0]}" if module_scoped else None
 
 
+# The modules whose tests ran longest in make test (its 25 slowest, each 30 s or more there),
+# longest first. Only the order of the run depends on this list, never an outcome.
+LONGEST_FIRST = (
+    "tests/collect/test_collect_daemon_killed.py",
+    "tests/daemon/test_fuzz.py",
+    "tests/ui/test_ui_browser.py",
+    "tests/test_bench_smoke.py",
+    "tests/dataset/test_crash.py",
+    "tests/replay/test_replay_workers.py",
+    "tests/drivers/test_lerobot_bimanual.py",
+    "tests/drivers/test_lerobot_teleoperate.py",
+    "tests/daemon/test_orphans.py",
+    "tests/fanout/test_record_workers.py",
+)
+
+
+def _run_order(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The longest modules first, then the others with a slow test, then the fast ones; each
+    module's tests keep their order. Run in collection order, the browser test had started in
+    the last minute and the suite ended on it alone; the fast tests fill the end instead."""
+    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = item.nodeid.split("::", 1)[0]
+        if module in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(module)
+        return (1 if module in slow_modules else 2), 0
+
+    return sorted(items, key=rank)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist would put the groups with the most tests first whatever the order given it.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 # Before xdist's own hook, which reads the groups into the node ids it schedules by: after it, the
 # markers came too late and no test was grouped (a module's live daemon was built on each worker
 # that ran one of its tests, and a test that read what the module's earlier tests left failed).
@@ -91,6 +128,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("xdist_group") is None and (group := _one_worker_group(item)):
             item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = _run_order(items)
 
 
 # Last: after pytest's own teardown of the test's fixtures, so a stop that fails cannot keep them

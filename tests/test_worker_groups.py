@@ -162,3 +162,60 @@ def test_the_ray_cluster_stops_after_the_last_of_a_run_of_its_users(
         f"d {address}",
         "stop",
     ]
+
+
+ORDER_SAMPLES = {
+    # a fast module whose five tests share a module fixture: one xdist group, the largest
+    "tests/test_a_fast": """
+import pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    return 1
+
+@pytest.mark.parametrize("i", range(5))
+def test_fast(shared, i):
+    pass
+""",
+    "tests/test_b_slow": """
+import pytest
+
+def test_b_first():
+    pass
+
+@pytest.mark.slow
+def test_b_second():
+    pass
+""",
+    "tests/ui/test_ui_browser": "def test_the_page():\n    pass\n",  # in LONGEST_FIRST
+    "tests/collect/test_collect_daemon_killed": "def test_kills():\n    pass\n",  # first there
+}
+
+
+@pytest.mark.slow
+def test_the_longest_modules_run_first_then_the_slow_then_the_fast_each_in_its_order(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(**{**ORDER_SAMPLES, **_suite_files(Path(__file__).parent)})
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    # One worker runs the units in the order it is given them: xdist's own reordering would put
+    # the five-test group first.
+    argv = ("-n", "1", "--dist", "loadgroup", "-p", "no:cacheprovider", "-v", "tests")
+    result = pytester.runpytest_subprocess(*argv)
+    result.assert_outcomes(passed=9)
+    passed = [line.split(" PASSED ", 1)[1] for line in result.outlines if " PASSED " in line]
+    ran = [nodeid.split("::", 1)[1].split("@")[0].strip() for nodeid in passed]
+    assert ran == [
+        "test_kills",
+        "test_the_page",
+        "test_b_first",
+        "test_b_second",
+        *(f"test_fast[{i}]" for i in range(5)),
+    ], ran
+
+
+def test_every_module_named_to_run_first_is_in_the_suite() -> None:
+    from conftest import LONGEST_FIRST
+
+    root = Path(__file__).parent.parent
+    assert [m for m in LONGEST_FIRST if not (root / m).is_file()] == []
