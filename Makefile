@@ -72,7 +72,7 @@ demo: $(RUNTIME_STAMP)
 # can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
 # xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
 # tests/test_worker_groups.py fails if the groups stop holding. tests/conftest.py orders the run:
-# the longest modules first, the fast tests last, so that no worker ends on a long test alone.
+# the modules with a slow test first, the fast ones last, so that no worker ends on a long test alone.
 WORKERS ?= 3
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))

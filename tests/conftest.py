@@ -83,35 +83,15 @@ def _one_worker_group(item: pytest.Item) -> str | None:
     return f"module:{item.nodeid.split('::', 1)[0]}" if module_scoped else None
 
 
-# The modules whose tests ran longest in make test (its 25 slowest, each 30 s or more there),
-# longest first. Only the order of the run depends on this list, never an outcome.
-LONGEST_FIRST = (
-    "tests/collect/test_collect_daemon_killed.py",
-    "tests/daemon/test_fuzz.py",
-    "tests/ui/test_ui_browser.py",
-    "tests/test_bench_smoke.py",
-    "tests/dataset/test_crash.py",
-    "tests/replay/test_replay_workers.py",
-    "tests/drivers/test_lerobot_bimanual.py",
-    "tests/drivers/test_lerobot_teleoperate.py",
-    "tests/daemon/test_orphans.py",
-    "tests/fanout/test_record_workers.py",
-)
-
-
 def _run_order(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The longest modules first, then the others with a slow test, then the fast ones; each
-    module's tests keep their order. Run in collection order, the browser test had started in
-    the last minute and the suite ended on it alone; the fast tests fill the end instead."""
+    """The modules with a slow test first, then the fast ones, each in collection order.
+
+    Run in plain collection order, the browser test had started in the last minute and the suite
+    ended on it alone; with the fast tests last, the workers end within seconds of each other.
+    The slow modules keep their spread: run longest first, the fuzz, the browser and the kill
+    loops shared the cores, each took half as long again, and their daemons' CPU grew with it."""
     slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        module = item.nodeid.split("::", 1)[0]
-        if module in LONGEST_FIRST:
-            return 0, LONGEST_FIRST.index(module)
-        return (1 if module in slow_modules else 2), 0
-
-    return sorted(items, key=rank)
+    return sorted(items, key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
 
 
 def pytest_configure(config: pytest.Config) -> None:

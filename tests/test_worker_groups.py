@@ -187,13 +187,13 @@ def test_b_first():
 def test_b_second():
     pass
 """,
-    "tests/ui/test_ui_browser": "def test_the_page():\n    pass\n",  # in LONGEST_FIRST
-    "tests/collect/test_collect_daemon_killed": "def test_kills():\n    pass\n",  # first there
+    "tests/ui/test_page": "import pytest\n\n@pytest.mark.slow\ndef test_the_page():\n    pass\n",
+    "tests/collect/test_kills": "import pytest\n\n@pytest.mark.slow\ndef test_kills():\n    pass\n",
 }
 
 
 @pytest.mark.slow
-def test_the_longest_modules_run_first_then_the_slow_then_the_fast_each_in_its_order(
+def test_the_modules_with_a_slow_test_run_first_then_the_fast_each_in_its_order(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(**{**ORDER_SAMPLES, **_suite_files(Path(__file__).parent)})
@@ -207,15 +207,8 @@ def test_the_longest_modules_run_first_then_the_slow_then_the_fast_each_in_its_o
     ran = [nodeid.split("::", 1)[1].split("@")[0].strip() for nodeid in passed]
     assert ran == [
         "test_kills",
-        "test_the_page",
         "test_b_first",
         "test_b_second",
+        "test_the_page",
         *(f"test_fast[{i}]" for i in range(5)),
     ], ran
-
-
-def test_every_module_named_to_run_first_is_in_the_suite() -> None:
-    from conftest import LONGEST_FIRST
-
-    root = Path(__file__).parent.parent
-    assert [m for m in LONGEST_FIRST if not (root / m).is_file()] == []
