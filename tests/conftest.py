@@ -80,7 +80,11 @@ def _one_worker_group(item: pytest.Item) -> str | None:
             if fixturedef.scope == "session":
                 return f"session:{name}"
             module_scoped = module_scoped or fixturedef.scope in ("module", "class", "package")
-    return f"module:{item.nodeid.split('::', 1)[0]}" if module_scoped else None
+    return f"module:{_module_of(item)}" if module_scoped else None
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def _run_order(items: list[pytest.Item]) -> list[pytest.Item]:
@@ -89,8 +93,8 @@ def _run_order(items: list[pytest.Item]) -> list[pytest.Item]:
     In plain collection order the browser test started in the last minute and the suite ended on
     it alone (27 s between the first and the last worker to finish); with the fast tests last the
     workers ended within 6 s of each other. Their 50 CPU-s are small enough to fill that end."""
-    slow_modules = {item.nodeid.split("::", 1)[0] for item in items if item.get_closest_marker("slow")}
-    return sorted(items, key=lambda item: item.nodeid.split("::", 1)[0] not in slow_modules)
+    slow_modules = {_module_of(item) for item in items if item.get_closest_marker("slow")}
+    return sorted(items, key=lambda item: _module_of(item) not in slow_modules)
 
 
 def pytest_configure(config: pytest.Config) -> None:

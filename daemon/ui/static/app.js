@@ -316,10 +316,10 @@ function drawTraces() {
   const w = canvas.clientWidth, h = canvas.clientHeight;
   const stale = !S.wsUp || ageOf(S.tickAt) > 1;
   const notice = !stale ? "" : S.tickAt == null ? "no joint data yet" : `no new joint data (${fmtAge(ageOf(S.tickAt))})`;
-  const newestPoint = S.trace[S.trace.length - 1];
-  const shown = [w, h, dpr, notice, S.trace.length, newestPoint?.slot, S.status?.fps, S.info.fps];
-  if (S.traceDrawn && shown.every((v, i) => v === S.traceDrawn.key[i]) && S.traceDrawn.newest === newestPoint) return;
-  S.traceDrawn = { key: shown, newest: newestPoint };
+  // Every tick adds a new newest point (and a reset empties the trace), so it stands for the data.
+  const shown = [w, h, dpr, notice, S.trace[S.trace.length - 1], S.status?.fps, S.info.fps];
+  if (S.traceDrawn && shown.every((v, i) => v === S.traceDrawn[i])) return;
+  S.traceDrawn = shown;
   if (canvas.width !== Math.round(w * dpr) || canvas.height !== Math.round(h * dpr)) {
     canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
   }
