@@ -148,11 +148,15 @@ def test_remote_leader_watchdog_holds_the_follower_and_reports_a_fault(tmp_path:
     pushing = threading.Event()
     pushing.set()
     done = threading.Event()
+    # Held from the pusher's check to the end of its send: once the test has cleared `pushing`
+    # under it, no pose can follow the garbage, which the conflating socket would then drop unread.
+    sending = threading.Lock()
 
     def push() -> None:
         while not done.is_set():
-            if pushing.is_set():
-                leader.send(pose)
+            with sending:
+                if pushing.is_set():
+                    leader.send(pose)
             done.wait(0.02)
 
     pusher = threading.Thread(target=push, daemon=True)
@@ -161,7 +165,8 @@ def test_remote_leader_watchdog_holds_the_follower_and_reports_a_fault(tmp_path:
         daemon.wait_status(lambda s: s["leader"]["state"] == "live", what="leader live")
         daemon.call("start_episode", task="remote", seed=1)
         daemon.wait_frames(10)
-        pushing.clear()
+        with sending:
+            pushing.clear()
         leader.send_raw(b"garbage")  # refused and counted (it is the newest message); recording goes on
         status = daemon.wait_status(
             lambda s: any(f["kind"] == "leader_timeout" for f in s["faults"]), what="leader watchdog fault"
