@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -34,22 +33,20 @@ from hilrec.drivers.calibration import ArmCalibration, load_calibration
 from hilrec.drivers.emulated.priority import EMULATOR_NICE, EMULATOR_RT_PRIORITY
 from hilrec.drivers.tables import REGISTER
 
-
-def _console_script(name: str) -> str:
-    """LeRobot 0.4.4's console script: beside this Python, else beside the environment LeRobot is
-    installed in (a venv layered on another one's site-packages has none of its own), else on PATH."""
-    import lerobot
-
-    beside = Path(sys.executable).with_name(name)
-    # <env>/lib/pythonX.Y/site-packages/lerobot/__init__.py -> <env>/bin
-    installed = Path(lerobot.__file__).resolve().parents[4] / "bin" / name
-    for candidate in (beside, installed):
-        if candidate.exists():
-            return str(candidate)
-    return shutil.which(name) or str(beside)
-
-
-TELEOPERATE = _console_script("lerobot-teleoperate")
+# LeRobot 0.4.4's ``lerobot-teleoperate``: its console script's ``main``, run with one change of
+# speed only. Its CLI (draccus) reads each config field's help from the class's source, and
+# Python 3.11's ``inspect.getsource`` parses the whole module again for every field: half of each
+# start (9.2 -> 4.9 CPU-s for ``--help``, whose 835 lines come out the same). The source of a class
+# does not change while the process runs, so it is kept the first time it is read.
+TELEOPERATE = [
+    sys.executable,
+    "-c",
+    "import functools, inspect, sys\n"
+    "inspect.getsource = functools.lru_cache(maxsize=None)(inspect.getsource)\n"
+    "from lerobot.scripts.lerobot_teleoperate import main\n"
+    "sys.argv[0] = 'lerobot-teleoperate'\n"
+    "sys.exit(main())",
+]
 # LeRobot's first loop already sends the leader's pose, and the follower is read once it has
 # settled: two seconds of loops (at least 20) show it follows; five cost the suite 3 s of a busy
 # client and two emulators per run.
@@ -168,7 +165,7 @@ class Arm:
 def teleoperate(follower: Arm, leader: Arm) -> subprocess.CompletedProcess[str]:
     return _run_client(
         [
-            TELEOPERATE,
+            *TELEOPERATE,
             "--robot.type=so101_follower",
             f"--robot.port={follower.port}",
             f"--robot.id={follower.id}",
@@ -193,7 +190,7 @@ def teleoperate_pair(followers: Sequence[Arm], leaders: Sequence[Arm]) -> subpro
     robot += [f"--robot.{side}_arm_config.disable_torque_on_disconnect=false" for side in ("left", "right")]
     return _run_client(
         [
-            TELEOPERATE,
+            *TELEOPERATE,
             "--robot.type=bi_so_follower",
             f"--robot.id={followers[0].pair_id}",
             f"--robot.calibration_dir={followers[0].calibration_path.parent}",
