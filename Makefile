@@ -80,11 +80,12 @@ PYTEST := $(call pytest_on,$(WORKERS))
 # Everything: the suite with the benchmarks' smoke runs inside it (tests/test_bench_smoke.py) and
 # the 25 slowest tests named at the end (where the next minute is to be won), with ruff and mypy
 # beside it: the suite leaves a core idle whenever its workers all wait on daemons' clocks, and
-# mypy's half minute fits there. Lint's output follows the suite's; make fails if either failed.
-# `make lint` alone is the quick check.
+# mypy's minute of CPU fits there. At nice 19 it takes only what the suite leaves, instead of
+# slowing the suite's start, where the workers' collection keeps both cores busy. Lint's output
+# follows the suite's; make fails if either failed. `make lint` alone is the quick check.
 LINT_LOG := $(VENV)/lint.log
 test: $(TEST_STAMP)
-	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
+	@nice -n 19 $(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & lint=$$!; \
 	$(MAKE) --no-print-directory suite; suite=$$?; \
 	wait $$lint; linted=$$?; echo "== lint and types (exit $$linted)"; cat $(LINT_LOG); \
 	test $$suite = 0 -a $$linted = 0
