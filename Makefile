@@ -65,15 +65,17 @@ demo: $(RUNTIME_STAMP)
 	$(BIN)/hilrec check $(DEMO_ROOT) --replay
 	@echo "demo dataset: $(abspath $(DEMO_ROOT))"
 
-# pytest-xdist workers. Three fill two cores, because many tests wait on a daemon, an emulator or
-# a browser more than they compute: `make test` takes 10 to 13 minutes here from a clean clone,
-# against 22 one test at a time (WORKERS=0, in this process). Every race with the load that
-# three workers found has been mended in the product or the test (a test that a loaded machine
-# can fail by chance is a defect), so three is the default CI runs. --dist loadgroup keeps each
+# pytest-xdist workers. Four fill two cores, because many tests wait on a daemon, an emulator or
+# a browser more than they compute (a driver test waits out a silent port's timeout, a collect
+# test a killed daemon). Side by side on one commit from clean clones: three workers left the
+# cores 11.9 % idle and took 10:26, four 5.5 % and 9:33 (on a slower hour of this machine).
+# One test at a time (WORKERS=0, in this process) takes over 20 minutes. Every race with the load
+# that the workers found has been mended in the product or the test (a test that a loaded machine
+# can fail by chance is a defect). --dist loadgroup keeps each
 # xdist_group (tests/conftest.py: tests sharing a built fixture) on one worker;
 # tests/test_worker_groups.py fails if the groups stop holding. tests/conftest.py orders the run:
 # the modules with a slow test first, the fast ones last, so that no worker ends on a long test alone.
-WORKERS ?= 3
+WORKERS ?= 4
 pytest_on = $(BIN)/python -m pytest -q -n $(1) --dist loadgroup
 PYTEST := $(call pytest_on,$(WORKERS))
 
