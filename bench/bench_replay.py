@@ -30,6 +30,7 @@ import numpy as np
 
 # The hardware-like recorders live with the replay tests; the benchmark reuses them.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "replay"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support, which it imports
 
 from _recordings import RecordingSpec, make_twin, record, record_emulated, write_native
 

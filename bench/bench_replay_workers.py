@@ -28,6 +28,7 @@ from typing import Any
 
 # The hardware-like recorder lives with the replay tests; the benchmark reuses it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "replay"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # support, which it imports
 
 from _recordings import RecordingSpec, make_twin, record, write_native
 

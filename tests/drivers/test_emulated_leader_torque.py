@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from hilrec.daemon.errors import ConfigError
-from hilrec.daemon.so101 import MOTOR_IDS, Role
+from hilrec.daemon.so101 import MOTOR_IDS
 from hilrec.drivers.arm import LeaderConfig, SO101Leader
 from hilrec.drivers.calibration import save_calibration
-from hilrec.drivers.emulated.emulator import EmulatedArm, EmulatorConfig
+from hilrec.drivers.emulated.emulator import EmulatedArm
 from hilrec.drivers.emulated.hand import HAND_FORCE, HandMode, HandScript
 from hilrec.drivers.emulated.motion import wave_path
 
@@ -34,27 +34,24 @@ class ManualClock:
 
 
 @pytest.fixture
-def leader_rig(tmp_path: Path) -> Iterator[Callable[..., tuple[EmulatedArm, SO101Leader, ManualClock]]]:
+def leader_rig(
+    tmp_path: Path, emulate: Callable[..., EmulatedArm]
+) -> Iterator[Callable[..., tuple[EmulatedArm, SO101Leader, ManualClock]]]:
     """``start(motion, hand)``: an emulated leader on a manual clock and the driver, open."""
-    opened: list[tuple[EmulatedArm, SO101Leader]] = []
+    opened: list[SO101Leader] = []
 
     def start(motion: str = "servo", hand: str = "grip") -> tuple[EmulatedArm, SO101Leader, ManualClock]:
         clock = ManualClock()
-        emu = EmulatedArm(
-            EmulatorConfig(role=Role.LEADER, motion=motion, hand=HandScript.parse(hand)),  # type: ignore[arg-type]
-            clock=clock,
-        )
-        emu.start()
+        emu = emulate("leader", motion=motion, hand=HandScript.parse(hand), clock=clock)
         calibration = save_calibration(emu.frame.calibration, tmp_path / f"leader{len(opened)}.json")
         arm = SO101Leader(LeaderConfig(port=emu.port, calibration=calibration))
         arm.open()  # torque off, as a leader is opened
-        opened.append((emu, arm))
+        opened.append(arm)
         return emu, arm, clock
 
     yield start
-    for emu, arm in opened:
-        arm.close()
-        emu.stop()
+    for arm in opened:
+        arm.close()  # before the fixture `emulate` stops the emulators
 
 
 def run(arm: SO101Leader, clock: ManualClock, seconds: float) -> np.ndarray:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.emulators import served
 
 from hilrec.daemon.so101 import MAX_TICK, Role
 from hilrec.drivers.arm import ArmConfig, FollowerConfig, SO101Follower, SO101Leader
@@ -32,10 +33,8 @@ STEADY_ERROR_DEG = 3.0
 
 @pytest.fixture(scope="module")
 def twin_follower() -> Iterator[EmulatedArm]:
-    arm = EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, motion="twin"))
-    arm.start()
-    yield arm
-    arm.stop()
+    with served(EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, motion="twin"))) as arm:
+        yield arm
 
 
 def test_emulator_uses_the_sims_calibration(twin_follower: EmulatedArm) -> None:
@@ -96,7 +95,7 @@ def test_leader_follows_the_scripted_operators_path(tmp_path: Path) -> None:
     operator = ScriptedOperator(0)
     operator.reset()
     path = operator.leader_path()
-    with leader_emu, SO101Leader(ArmConfig(port=leader_emu.port, calibration=calibration)) as arm:
+    with served(leader_emu), SO101Leader(ArmConfig(port=leader_emu.port, calibration=calibration)) as arm:
         read = []
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
@@ -142,7 +141,7 @@ def test_a_goal_acts_within_a_physics_step_whatever_its_phase() -> None:
     step = emu.motion.twin.timestep
     frame, poll = 1 / 25, 0.0005
     delays_ms = {}
-    with emu, FeetechBus(BusConfig(port=emu.port)) as bus:
+    with served(emu), FeetechBus(BusConfig(port=emu.port)) as bus:
         home = bus.read(1, "Present_Position")
         # 16 phases across a 25 Hz frame (2.66 ms apart: each at another point of its 5 ms step).
         for trial, phase in enumerate(np.arange(16) * frame * 17 / 256):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from support.emulators import served
 
 from hilrec.daemon.so101 import ACTION_KEY, JOINT_NAMES, ROBOT_TYPE, STATE_KEY, so101_features
 
@@ -321,7 +322,7 @@ def record_emulated(
     )
     arm = EmulatedArm(EmulatorConfig(role=Role.FOLLOWER, calibration=calibration), motion=motion, frame=frame)
     states, actions, flags = [], [], []
-    with arm as port, SO101Follower(FollowerConfig(port=port, calibration=calibration)) as follower:
+    with served(arm), SO101Follower(FollowerConfig(port=arm.port, calibration=calibration)) as follower:
         pacer = TickPacer(period, realtime=realtime)
         if realtime:
             motion.start_clock()
