@@ -105,18 +105,14 @@ def test_same_file_as_lerobots_own_calibrate(
     # LeRobot 0.4.4 reads with num_retry=0 while it calibrates, so on a loaded machine one late
     # reply aborts it (ConnectionError, or its connect's motor check finds a servo missing:
     # RuntimeError). That is LeRobot's behaviour, not what is tested here:
-    # run it again on a fresh arm (twice: this machine is shared). A short GIL switch interval
-    # keeps the in-process emulator answering while LeRobot's SDK busy-polls.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    try:
-        for attempt in range(3):
-            failures = run_lerobot_calibrate(emulate, tmp_path / "lerobot", monkeypatch)
-            lost = failures and (isinstance(failures[0], ConnectionError) or missed_a_reply(str(failures[0])))
-            if not lost or attempt == 2:
-                break
-    finally:
-        sys.setswitchinterval(interval)
+    # run it again on a fresh arm (twice: this machine is shared). The fixture `emulate` keeps
+    # the GIL switch interval short meanwhile, so the in-process emulator answers while LeRobot's
+    # SDK busy-polls.
+    for attempt in range(3):
+        failures = run_lerobot_calibrate(emulate, tmp_path / "lerobot", monkeypatch)
+        lost = failures and (isinstance(failures[0], ConnectionError) or missed_a_reply(str(failures[0])))
+        if not lost or attempt == 2:
+            break
     assert not failures, failures
     theirs = tmp_path / "lerobot" / "emulated.json"
     assert ours.read_bytes() == theirs.read_bytes()

@@ -27,9 +27,8 @@ GIL_SWITCH_S = 0.0005
 
 
 def serve_promptly(arm: EmulatedArm) -> EmulatedArm:
-    """Start ``arm`` if it is not running and put its serving thread at real-time priority."""
-    if arm._thread is None:
-        arm.start()
+    """Start ``arm`` and put its serving thread at real-time priority."""
+    arm.start()
     assert arm._thread is not None and arm._thread.native_id is not None
     raise_serving_thread(arm._thread.native_id)
     return arm
