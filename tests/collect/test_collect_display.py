@@ -15,6 +15,7 @@ import pytest
 from _daemon import Daemon, check_passes, emulated_config
 
 from hilrec.daemon.dataset.format.reader import load_episodes
+from hilrec.daemon.dataset.format.sidecar import load_episode_sidecar
 
 # Real daemons, processes or kill loops: the slow tier (make test runs it; make test-fast does not).
 pytestmark = pytest.mark.slow
@@ -98,7 +99,12 @@ def test_collect_display_rerun_writes_the_session_to_an_rrd(tmp_path: Path) -> N
         assert trouble not in result.stdout, said
     check_passes(root)
     lengths = [int(e["length"]) for e in load_episodes(root)]
-    assert len(lengths) == TAKES and min(lengths) >= 0.8 * FPS * TAKE_S, lengths
+    assert len(lengths) == TAKES, lengths
+    # A take's slots are its rows plus the ticks the loop recorded as skipped: on a loaded machine
+    # rows alone fell to 53 of 75 (24 skipped slots recorded), which is the loop measuring its
+    # lateness, not a take cut short (run 98).
+    slots = [n + int(load_episode_sidecar(root, i)[1]["tick_skipped"].sum()) for i, n in enumerate(lengths)]
+    assert min(slots) >= 0.8 * FPS * TAKE_S, (lengths, slots)
 
     summary = display_summary(log_path.read_text())
     found = entities(out)
